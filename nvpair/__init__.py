@@ -1,0 +1,1 @@
+"""nvpair-proxy: carries LLM inference to the machine that should serve it."""

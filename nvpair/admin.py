@@ -1,0 +1,76 @@
+"""The loopback-only admin surface (``--admin-port``): health, status and metrics.
+
+klein is fine here and kept off the proxy hot path. Everything shown is operational state —
+ports, node ids, counts — never request content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from klein import Klein
+
+from nvpair.control import ControlState
+from nvpair.facades import FacadeManager
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Admin:
+    """The admin routes over the live process state.
+
+    :param in_flight: how many proxied requests are in flight right now.
+    """
+
+    app = Klein()
+
+    def __init__(
+        self, control: ControlState, facades: FacadeManager, in_flight: Callable[[], int]
+    ) -> None:
+        self._control = control
+        self._facades = facades
+        self._in_flight = in_flight
+
+    @app.route("/health", methods=["GET"])
+    def health(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps({"status": "ok"}).encode()
+
+    @app.route("/status", methods=["GET"])
+    def status(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        facades = {
+            engine: {"port": live.port, "aliases": list(live.aliases)}
+            for engine, live in self._facades.facades.items()
+        }
+        body = {
+            "facades": facades,
+            "inFlight": self._in_flight(),
+            "control": self._control.snapshot_view(),
+        }
+        return json.dumps(body).encode()
+
+    @app.route("/metrics", methods=["GET"])
+    def metrics(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"text/plain; version=0.0.4")
+        lines = [
+            "# HELP nvpair_requests_in_flight Proxied requests in flight.",
+            "# TYPE nvpair_requests_in_flight gauge",
+            f"nvpair_requests_in_flight {self._in_flight()}",
+            "# HELP nvpair_facade_port The port each enabled facade listens on.",
+            "# TYPE nvpair_facade_port gauge",
+        ]
+        for engine, live in sorted(self._facades.facades.items()):
+            lines.append(f'nvpair_facade_port{{engine="{_label(engine)}"}} {live.port}')
+        lines += [
+            "# HELP nvpair_discovery_nodes Nodes in each engine's discovery snapshot.",
+            "# TYPE nvpair_discovery_nodes gauge",
+        ]
+        for engine in sorted(self._facades.facades):
+            count = len(self._control.discovery(engine).nodes)
+            lines.append(f'nvpair_discovery_nodes{{engine="{_label(engine)}"}} {count}')
+        return ("\n".join(lines) + "\n").encode()

@@ -1,0 +1,175 @@
+"""Control state: what the broker (or the fleet file) has told this process about the fleet.
+
+Per-engine discovery snapshots, the scheduler's priority snapshot with its generation, manual
+pins and each engine's local backend. The request path reads it per request as immutable
+values, so a snapshot that arrives mid-request never changes what that request is looking at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from attrs import field, frozen
+from twisted.logger import Logger
+
+
+@frozen
+class Node:
+    """One node of one engine's discovery snapshot.
+
+    :ivar models: the inventory exactly as the engine names it.
+    :ivar model_keys: the same inventory as comparison keys (engine's normalization).
+    """
+
+    id: str
+    local: bool
+    url: str | None
+    models: tuple[str, ...]
+    model_keys: frozenset[str]
+
+
+@frozen
+class Discovery:
+    """One engine's discovery snapshot; each one replaces the previous wholesale."""
+
+    nodes: tuple[Node, ...] = ()
+
+    def node(self, node_id: str) -> Node | None:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        return None
+
+
+@frozen
+class PriorityEntry:
+    """A scheduler-listed node with the scheduler's own load figures."""
+
+    id: str
+    pending: float
+    gpu_pressure: float
+
+
+@frozen
+class Priority:
+    """The scheduler snapshot: the priority list, best first, and its generation.
+
+    ``generation`` 0 with ``listed`` None is the state before any snapshot has arrived, in which
+    every node counts as listed with no load (contract, "Candidate order").
+    """
+
+    generation: int = 0
+    entries: tuple[PriorityEntry, ...] | None = None
+
+    def entry(self, node_id: str) -> PriorityEntry | None:
+        if self.entries is None:
+            return None
+        for entry in self.entries:
+            if entry.id == node_id:
+                return entry
+        return None
+
+
+DiscoveryListener = Callable[[str, Discovery], None]
+
+
+@frozen
+class _Listeners:
+    discovery: list[DiscoveryListener] = field(factory=list)
+    priority: list[Callable[[Priority], None]] = field(factory=list)
+
+
+class ControlState:
+    """The process-wide control state every facade reads."""
+
+    log = Logger()
+
+    def __init__(self) -> None:
+        self._discovery: dict[str, Discovery] = {}
+        self._priority = Priority()
+        self._pins: dict[str, str] = {}
+        self._local_backends: dict[str, str] = {}
+        self._listeners = _Listeners()
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def discovery(self, engine: str) -> Discovery:
+        return self._discovery.get(engine, Discovery())
+
+    def set_discovery(self, engine: str, nodes: Iterable[Node]) -> None:
+        snapshot = Discovery(tuple(nodes))
+        self._discovery[engine] = snapshot
+        self.log.debug(
+            "discovery for {engine}: {count} nodes", engine=engine, count=len(snapshot.nodes)
+        )
+        for listener in list(self._listeners.discovery):
+            listener(engine, snapshot)
+
+    def on_discovery(self, listener: DiscoveryListener) -> Callable[[], None]:
+        """Call ``listener(engine, snapshot)`` on every new snapshot; returns an unsubscribe."""
+        self._listeners.discovery.append(listener)
+        return lambda: self._listeners.discovery.remove(listener)
+
+    # -- scheduler priority ----------------------------------------------------------------
+
+    @property
+    def priority(self) -> Priority:
+        return self._priority
+
+    def set_priority(self, generation: int, entries: Iterable[PriorityEntry]) -> bool:
+        """Apply a scheduler snapshot at most once; a generation not above the last is dropped.
+
+        A redelivered snapshot must not clear live reservations (spec §6), so the caller
+        learns whether this one was applied.
+        """
+        if generation <= self._priority.generation:
+            self.log.debug(
+                "ignored priority generation {generation} (have {current})",
+                generation=generation,
+                current=self._priority.generation,
+            )
+            return False
+        self._priority = Priority(generation, tuple(entries))
+        for listener in list(self._listeners.priority):
+            listener(self._priority)
+        return True
+
+    def on_priority(self, listener: Callable[[Priority], None]) -> None:
+        self._listeners.priority.append(listener)
+
+    # -- pins and backends -----------------------------------------------------------------
+
+    def pin(self, engine: str) -> str | None:
+        return self._pins.get(engine)
+
+    def set_pin(self, engine: str, node_id: str | None) -> None:
+        if node_id is None:
+            self._pins.pop(engine, None)
+        else:
+            self._pins[engine] = node_id
+
+    def local_backend(self, engine: str) -> str | None:
+        return self._local_backends.get(engine)
+
+    def set_local_backend(self, engine: str, url: str | None) -> None:
+        if url is None:
+            self._local_backends.pop(engine, None)
+        else:
+            self._local_backends[engine] = url
+
+    def snapshot_view(self) -> Mapping[str, object]:
+        """A JSON-able summary for the admin surface (ids and counts only, never content)."""
+        return {
+            "priorityGeneration": self._priority.generation,
+            "engines": {
+                engine: {
+                    "nodes": [
+                        {"id": n.id, "local": n.local, "models": len(n.models)}
+                        for n in snapshot.nodes
+                    ],
+                    "pin": self._pins.get(engine),
+                    "localBackend": self._local_backends.get(engine),
+                }
+                for engine, snapshot in self._discovery.items()
+            },
+        }

@@ -1,0 +1,210 @@
+"""Facade lifecycle: enabling an engine's listener, its aliases, moving it, persisting its port.
+
+Each facade's failures stay its own (spec §3.2): a lost bind race is reported against that
+engine, and no other facade's listener is touched.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from attrs import define, field
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IListeningPort, IReactorTCP
+from twisted.logger import Logger
+
+from nvpair.broker import BIND_FAILED, RpcError, invalid_params
+from nvpair.engines import ENGINES, Engine
+from nvpair.facade import Facade, FacadeSite, RequestHandler
+from nvpair.ports import PortCorrupt, PortFound, read_persisted_port, write_persisted_port
+
+
+class Outbox(Protocol):
+    """Where the process's own messages go: the broker, or (standalone) the log."""
+
+    def notify(self, method: str, params: dict[str, object]) -> None: ...
+
+    def call(self, method: str, params: dict[str, object]) -> Deferred[object]: ...
+
+
+@define(eq=False)
+class LiveFacade:
+    """An enabled facade: its engine, its site and where it listens."""
+
+    engine: Engine
+    site: FacadeSite
+    port: int
+    listener: IListeningPort
+    aliases: list[str] = field(factory=list)
+    alias_listeners: list[IListeningPort] = field(factory=list)
+
+
+def parse_alias(text: object) -> tuple[str, int]:
+    """A loopback ``host:port`` alias (``127.0.0.1:11434``, ``[::1]:11434``); ValueError else."""
+    if not isinstance(text, str):
+        raise ValueError("an alias is a host:port string")
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"alias {text!r} is not host:port")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"alias {text!r} has no valid port")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"alias {text!r} is not a loopback address")
+    return host, port
+
+
+class FacadeManager:
+    """Enables, moves and stops facades; one per process.
+
+    :param reactor: where listeners are opened.
+    :param handler: the request path every facade hands admitted requests to.
+    :param outbox: where ``ready``, ``error`` and ``errors:report`` go.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        reactor: IReactorTCP,
+        handler: RequestHandler,
+        outbox: Outbox,
+        *,
+        state_dir: Path,
+        bind: str,
+        max_request_body: int,
+    ) -> None:
+        self._reactor = reactor
+        self._handler = handler
+        self._outbox = outbox
+        self._state_dir = state_dir
+        self._bind = bind
+        self._max_request_body = max_request_body
+        self.facades: dict[str, LiveFacade] = {}
+
+    def enabled(self, engine: str) -> bool:
+        return engine in self.facades
+
+    def _port_file(self, engine: Engine) -> Path:
+        return self._state_dir / engine.port_file
+
+    def _persisted(self, engine: Engine) -> int | None:
+        read = read_persisted_port(self._port_file(engine))
+        if isinstance(read, PortCorrupt):
+            message = f"persisted port file {engine.port_file} ignored: {read.reason}"
+            self.log.warn("{message}", engine=engine.id, message=message)
+            self._outbox.notify(
+                f"{engine.id}:errors:report",
+                {"severity": "warn", "code": "port-file-corrupt", "message": message},
+            )
+            return None
+        return read.port if isinstance(read, PortFound) else None
+
+    def enable(
+        self,
+        engine_id: str,
+        port: int | None,
+        aliases: Sequence[str],
+        ignore_persisted: bool,
+    ) -> dict[str, object]:
+        """Open ``engine_id``'s facade (spec §8 port rules); the broker's ``facade/enable``.
+
+        :raises RpcError: -32602 for a conflicting re-enable, -32001 (tag ``bind``) when the
+            port is taken.
+        """
+        engine = ENGINES[engine_id]
+        wanted = port or engine.standalone_port
+        if not ignore_persisted:
+            wanted = self._persisted(engine) or wanted
+        live = self.facades.get(engine_id)
+        if live is not None:
+            if live.port != wanted:
+                raise invalid_params("port", f"{engine_id} is already enabled on port {live.port}")
+            return self._result(live)
+        site = FacadeSite(Facade(engine, self._handler), self._max_request_body)
+        listener = self._listen(engine, wanted, site)
+        live = LiveFacade(engine, site, wanted, listener)
+        self.facades[engine_id] = live
+        for alias in aliases:
+            self._listen_alias(live, alias)
+        self.log.info("{engine} facade listening on {port}", engine=engine_id, port=wanted)
+        self._outbox.notify(
+            f"{engine_id}:ready", {"port": wanted, "aliases": list(live.aliases), "tls": False}
+        )
+        return self._result(live)
+
+    def set_port(self, engine_id: str, port: int) -> dict[str, object]:
+        """Move a live facade, then persist the choice atomically (``<engine>:set-port``).
+
+        The new port is bound before the old one is let go, so a failure leaves the facade
+        serving where it was.
+        """
+        live = self.facades[engine_id]
+        if port == live.port:
+            write_persisted_port(self._port_file(live.engine), port)
+            return {"engine": engine_id, "port": port}
+        listener = self._listen(live.engine, port, live.site)
+        old = live.listener
+        live.listener, live.port = listener, port
+        old.stopListening()
+        write_persisted_port(self._port_file(live.engine), port)
+        self.log.info("{engine} facade moved to {port}", engine=engine_id, port=port)
+        self._outbox.notify(
+            f"{engine_id}:ready", {"port": port, "aliases": list(live.aliases), "tls": False}
+        )
+        return {"engine": engine_id, "port": port}
+
+    def _listen(self, engine: Engine, port: int, site: FacadeSite) -> IListeningPort:
+        try:
+            listener: IListeningPort = self._reactor.listenTCP(
+                port, cast(Any, site), interface=self._bind
+            )
+        except CannotListenError as error:
+            message = f"cannot listen on port {port}: {error.socketError}"
+            self.log.warn("{message}", engine=engine.id, message=message)
+            self._outbox.notify(
+                f"{engine.id}:error", {"tag": "bind", "port": port, "message": message}
+            )
+            raise RpcError(
+                BIND_FAILED, message, {"tag": "bind", "engine": engine.id, "port": port}
+            ) from None
+        return listener
+
+    def _listen_alias(self, live: LiveFacade, alias: str) -> None:
+        host, port = parse_alias(alias)
+        try:
+            listener = self._reactor.listenTCP(port, cast(Any, live.site), interface=host)
+        except CannotListenError as error:
+            # Non-fatal (spec §7): the alias's current owner is untouched and the primary
+            # listener stays up.
+            message = f"alias {alias} is occupied: {error.socketError}"
+            self.log.warn("{message}", engine=live.engine.id, message=message)
+            self._outbox.notify(
+                f"{live.engine.id}:errors:report",
+                {"severity": "warn", "code": "alias-occupied", "message": message},
+            )
+            return
+        live.aliases.append(alias)
+        live.alias_listeners.append(listener)
+
+    def _result(self, live: LiveFacade) -> dict[str, object]:
+        return {"engine": live.engine.id, "port": live.port, "aliases": list(live.aliases)}
+
+    def stop(self) -> Deferred[Any]:
+        """Stop accepting on every facade listener."""
+        stops = []
+        for live in self.facades.values():
+            for listener in [live.listener, *live.alias_listeners]:
+                stops.append(defer.maybeDeferred(listener.stopListening))
+        self.facades.clear()
+        return defer.gatherResults(stops, consumeErrors=True)

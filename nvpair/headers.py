@@ -1,0 +1,52 @@
+"""Pure header handling for a reverse proxy: hop-by-hop removal (RFC 9110 §7.6.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+#: Connection-specific headers: they describe one hop and are never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+
+#: Request headers the proxy sets itself for the upstream hop. Host names the upstream (an
+#: engine's DNS-rebinding guard checks it), the body producer sets Content-Length, and the body
+#: has already been read in full, so an Expect: 100-continue would only stall the upstream.
+_REQUEST_OWNED = frozenset({b"host", b"content-length", b"expect"})
+
+
+def _connection_tokens(headers: Iterable[tuple[bytes, list[bytes]]]) -> set[bytes]:
+    tokens: set[bytes] = set()
+    for name, values in headers:
+        if name.lower() == b"connection":
+            for value in values:
+                tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    return tokens
+
+
+def end_to_end(
+    headers: Iterable[tuple[bytes, list[bytes]]], *, request: bool
+) -> list[tuple[bytes, list[bytes]]]:
+    """The headers worth forwarding, repeated values kept in order.
+
+    Drops :data:`HOP_BY_HOP`, anything the ``Connection`` header names, and for a request the
+    headers the proxy sets itself.
+
+    :param headers: raw ``(name, values)`` pairs, as ``Headers.getAllRawHeaders()`` gives them.
+    :param request: True for a client request going upstream, False for a response coming back.
+    """
+    pairs = [(name, list(values)) for name, values in headers]
+    drop = HOP_BY_HOP | _connection_tokens(pairs)
+    if request:
+        drop = drop | _REQUEST_OWNED
+    return [(name, values) for name, values in pairs if name.lower() not in drop]

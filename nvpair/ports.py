@@ -1,0 +1,163 @@
+"""Persisted per-engine ports (spec §8): read and atomically write ``{"port": 11500}`` files.
+
+Which file belongs to which engine, and what to do with the result, is the caller's business
+(``engines.py`` and the service); this module only knows the file format and how to replace
+a file without ever leaving a half-written one behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeAlias
+
+import attrs
+
+__all__ = [
+    "MAX_PORT",
+    "MIN_PORT",
+    "PortAbsent",
+    "PortCorrupt",
+    "PortFound",
+    "PortRead",
+    "read_persisted_port",
+    "write_persisted_port",
+]
+
+MIN_PORT = 1
+MAX_PORT = 65535
+
+# A real port file is about 16 bytes. Reading at most this much keeps a stray multi-gigabyte
+# file in the state directory from being loaded into memory just to be called corrupt.
+_MAX_FILE_BYTES = 4096
+
+
+@attrs.frozen
+class PortFound:
+    """The file holds a usable port."""
+
+    port: int
+
+
+@attrs.frozen
+class PortAbsent:
+    """There is no file (nor, possibly, its directory): nothing was persisted yet."""
+
+
+@attrs.frozen
+class PortCorrupt:
+    """
+    The file exists but cannot be used; the caller reports *reason* and ignores the file.
+
+    An unreadable file (a directory in its place, no permission) lands here too: the
+    contract's answer to a file we cannot use is the same whatever the cause.
+    """
+
+    reason: str
+
+
+# A union of three frozen classes rather than one class with two optional fields, so that
+# "a port and a problem" or "neither" cannot be represented, and a ``match`` over the result
+# is checked for exhaustiveness by mypy.
+PortRead: TypeAlias = PortFound | PortAbsent | PortCorrupt
+
+
+def _valid_port(value: object) -> bool:
+    # bool is an int subclass, and {"port": true} is not a port.
+    return isinstance(value, int) and not isinstance(value, bool) and MIN_PORT <= value <= MAX_PORT
+
+
+def read_persisted_port(path: Path) -> PortRead:
+    """
+    Read a persisted port file.
+
+    Extra keys next to ``port`` are ignored, so a later version may add fields without
+    making this one discard the port.
+
+    :param path: the port file, e.g. ``STATE_DIR/proxy-port.json``.
+    :return: :class:`PortFound` with the port; :class:`PortAbsent` if the file does not
+        exist; :class:`PortCorrupt` with a short one-line reason if it is unreadable, not
+        JSON, not an object, or its ``port`` is missing, not an integer (booleans and
+        ``11500.0`` included) or outside 1-65535.
+    """
+    try:
+        with path.open("rb") as f:
+            data = f.read(_MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return PortAbsent()
+    except OSError as e:
+        return PortCorrupt(f"unreadable: {e.strerror or type(e).__name__}")
+    if len(data) > _MAX_FILE_BYTES:
+        return PortCorrupt(f"larger than {_MAX_FILE_BYTES} bytes")
+    try:
+        document = json.loads(data)
+    # ValueError covers bad JSON and bad UTF-8; RecursionError is what "[[[[..." raises.
+    except (ValueError, RecursionError):
+        return PortCorrupt("not JSON")
+    if not isinstance(document, dict):
+        return PortCorrupt("not a JSON object")
+    if "port" not in document:
+        return PortCorrupt('no "port" key')
+    port = document["port"]
+    if isinstance(port, bool) or not isinstance(port, int):
+        return PortCorrupt('"port" is not an integer')
+    if not _valid_port(port):
+        return PortCorrupt(f'"port" is outside {MIN_PORT}-{MAX_PORT}')
+    return PortFound(port)
+
+
+def write_persisted_port(
+    path: Path,
+    port: int,
+    *,
+    replace: Callable[[str, str], None] = os.replace,
+) -> None:
+    """
+    Atomically write ``{"port": port}`` to *path*.
+
+    The content goes to a temporary file in the same directory (a rename is only atomic
+    within one filesystem), is flushed and fsynced, and then renamed over *path*. A crash at
+    any point leaves either the old file or the new one, never a mixture; on failure the
+    temporary file is removed. Missing directories are created.
+
+    :param path: the port file.
+    :param port: the port, 1-65535.
+    :param replace: the rename step, ``os.replace`` unless a test needs it to fail.
+    :raises ValueError: if *port* is not an integer in 1-65535 (nothing is written).
+    :raises OSError: if the directory or file cannot be written; the old file is untouched.
+    """
+    if not _valid_port(port):
+        raise ValueError(f"port must be an integer in {MIN_PORT}-{MAX_PORT}, not {port!r}")
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    content = json.dumps({"port": port}).encode("ascii") + b"\n"
+    fd, temporary = tempfile.mkstemp(dir=str(directory), prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            # Without this a power cut after the rename can leave an empty file under the
+            # final name on filesystems that reorder data and metadata writes.
+            os.fsync(f.fileno())
+        replace(temporary, str(path))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable, where the platform allows it."""
+    # Best effort: the new file is already in place and readable; some platforms (Windows)
+    # and filesystems cannot open or fsync a directory, and that must not fail the write.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,182 @@
+"""The response body relay: the first-body gate, then streaming with backpressure.
+
+An upstream body is delivered into a :class:`BodyRelay`. Until the attempt commits, the relay
+holds the first chunk and pauses the upstream (spec §5.2: the first body byte, never the
+headers, is evidence that generation has begun). After :meth:`BodyRelay.attach` it splices
+that chunk back onto the front and streams the rest to the client with the upstream transport
+registered as the client's producer, so a slow client slows the engine instead of growing
+this process's memory.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from attrs import frozen
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+
+
+class First(enum.Enum):
+    """What ended the wait for the first body byte."""
+
+    #: A body byte arrived: generation has begun.
+    BYTE = "byte"
+    #: The body ended with no bytes. Counts as a commit (spec §5.2): an engine that answered
+    #: an empty body considers the request answered.
+    EMPTY = "empty"
+
+
+@frozen
+class BodyEnd:
+    """How a relayed body ended.
+
+    :ivar complete: the upstream finished the body cleanly.
+    :ivar reason: the failure when it did not (upstream died, client left).
+    """
+
+    complete: bool
+    reason: Failure | None = None
+
+
+class _State(enum.Enum):
+    WAITING = "waiting"
+    HELD = "held"
+    RELAYING = "relaying"
+    ABANDONED = "abandoned"
+
+
+def _clean_end(reason: Failure) -> bool:
+    # PotentialDataLoss: a body delimited by connection close, which HTTP/1.0-style upstreams
+    # legitimately use; the body is as complete as the upstream meant it.
+    return reason.check(ResponseDone, PotentialDataLoss) is not None
+
+
+class BodyRelay(Protocol):
+    """Receives one upstream body (``response.deliverBody(relay)``).
+
+    :ivar first: fires with :class:`First` when the gate opens, or fails with the transport
+        error that ended the body before any byte.
+    :ivar done: fires with :class:`BodyEnd` once the relayed body has ended (only after
+        :meth:`attach`).
+    """
+
+    def __init__(self) -> None:
+        # Cancelling the wait (first-body timeout, watcher, requester gone) abandons the body.
+        self.first: Deferred[First] = Deferred(lambda _: self.abandon())
+        self.done: Deferred[BodyEnd] = Deferred()
+        self._state = _State.WAITING
+        self._held = b""
+        self._ended: Failure | None = None
+        self._request: Any = None
+        self._client_gone = False
+
+    # -- IProtocol -------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._state is _State.RELAYING:
+            if not self._client_gone:
+                self._request.write(data)
+        elif self._state is _State.WAITING:
+            self._held = data
+            self._state = _State.HELD
+            # Hold the engine where it is until the attempt decides: commit or abandon.
+            self._pause()
+            self.first.callback(First.BYTE)
+        elif self._state is _State.HELD:
+            # A transport may deliver what it already had buffered despite the pause.
+            self._held += data
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._state is _State.WAITING:
+            self._state = _State.HELD
+            self._ended = reason
+            if _clean_end(reason):
+                self.first.callback(First.EMPTY)
+            else:
+                self.first.errback(reason)
+        elif self._state is _State.HELD:
+            self._ended = reason
+        elif self._state is _State.RELAYING:
+            self._finish(reason)
+
+    # -- the attempt's side ----------------------------------------------------------------
+
+    def attach(self, request: Any) -> None:
+        """Commit: splice the held bytes to ``request`` and stream the rest into it.
+
+        The caller has already written the status line and headers.
+        """
+        assert self._state is _State.HELD
+        self._state = _State.RELAYING
+        self._request = request
+        if self._held:
+            request.write(self._held)
+            self._held = b""
+        if self._ended is not None:
+            self._finish(self._ended)
+            return
+        upstream = self._upstream()
+        if upstream is not None:
+            request.registerProducer(upstream, True)
+            upstream.resumeProducing()
+
+    def abandon(self) -> None:
+        """Drop this body without relaying it: close the upstream connection.
+
+        Used when an attempt loses (first-body timeout, cancellation): the engine may keep
+        generating (spec §5.7), but nothing here waits on it.
+        """
+        if self._state is _State.RELAYING:
+            self.client_gone()
+            return
+        self._state = _State.ABANDONED
+        upstream = self._upstream()
+        if upstream is not None:
+            upstream.stopProducing()
+
+    def client_gone(self) -> None:
+        """The client disconnected: stop writing, and stop the upstream (it has no reader)."""
+        if self._client_gone:
+            return
+        self._client_gone = True
+        upstream = self._upstream()
+        if upstream is not None:
+            upstream.stopProducing()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _upstream(self) -> IPushProducer | None:
+        # deliverBody hands us a transport that is a push producer over the upstream
+        # connection (twisted.web._newclient.TransportProxyProducer).
+        return IPushProducer(self.transport, None)
+
+    def _pause(self) -> None:
+        upstream = self._upstream()
+        if upstream is not None:
+            upstream.pauseProducing()
+
+    def _finish(self, reason: Failure) -> None:
+        if self.done.called:
+            return
+        complete = _clean_end(reason) and not self._client_gone
+        if not self._client_gone:
+            request = self._request
+            # The client may already be gone in ways notifyFinish has not reported yet; these
+            # calls raise after a disconnect (reference/twisted-notes.md §3, item 4).
+            try:
+                request.unregisterProducer()
+                if complete:
+                    request.finish()
+                else:
+                    # Closing without the terminating chunk lets the client see the
+                    # truncation instead of a body that looks whole.
+                    request.loseConnection()
+            except (AttributeError, RuntimeError):
+                pass
+        self.done.callback(BodyEnd(complete, None if complete else reason))

@@ -1,0 +1,214 @@
+"""The broker's methods: validate each message's params and apply it to the process.
+
+Every refusal names the offending field (``-32602``, ``error.data.field``). Handlers are small
+and synchronous: they update control state or a facade and return the contract's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from twisted.logger import Logger
+
+from nvpair.broker import Address, Handler, MethodTable, invalid_params
+from nvpair.control import ControlState, Node, PriorityEntry
+from nvpair.engines import ENGINES, Engine
+from nvpair.facades import FacadeManager, parse_alias
+from nvpair.logs import JsonLineObserver, parse_level
+
+
+def _port(params: Mapping[str, Any], name: str = "port") -> int:
+    value = params.get(name, 0)
+    if value is None:
+        value = 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+        raise invalid_params(name, f"{name} must be an integer in 0-65535")
+    return value
+
+
+def _string(params: Mapping[str, Any], name: str, *, nullable: bool = False) -> str | None:
+    value = params.get(name)
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str) or not value:
+        raise invalid_params(name, f"{name} must be a non-empty string")
+    return value
+
+
+def parse_nodes(engine: Engine, params: Mapping[str, Any]) -> list[Node]:
+    """A ``discovery:nodes`` snapshot; each node needs an id and either ``local`` or a URL."""
+    raw = params.get("nodes")
+    if not isinstance(raw, list):
+        raise invalid_params("nodes", "nodes must be a list")
+    nodes: list[Node] = []
+    seen: set[str] = set()
+    for index, item in enumerate(raw):
+        where = f"nodes[{index}]"
+        if not isinstance(item, dict):
+            raise invalid_params(where, f"{where} must be an object")
+        node_id = item.get("id")
+        if not isinstance(node_id, str) or not node_id or node_id in seen:
+            raise invalid_params(f"{where}.id", f"{where}.id must be a unique non-empty string")
+        seen.add(node_id)
+        local = item.get("local", False)
+        if not isinstance(local, bool):
+            raise invalid_params(f"{where}.local", f"{where}.local must be a boolean")
+        url = item.get("url")
+        if url is not None and (
+            not isinstance(url, str)
+            or urlsplit(url).scheme not in ("http", "https")
+            or not urlsplit(url).hostname
+        ):
+            raise invalid_params(f"{where}.url", f"{where}.url must be an http(s) URL")
+        if not local and url is None:
+            raise invalid_params(f"{where}.url", f"{where} is neither local nor has a url")
+        models = item.get("models", [])
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise invalid_params(f"{where}.models", f"{where}.models must be a list of strings")
+        nodes.append(
+            Node(
+                id=node_id,
+                local=local,
+                url=url,
+                models=tuple(models),
+                model_keys=frozenset(engine.model_key(m) for m in models),
+            )
+        )
+    return nodes
+
+
+def parse_priority(params: Mapping[str, Any]) -> tuple[int, list[PriorityEntry]]:
+    generation = params.get("generation")
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        raise invalid_params("generation", "generation must be an integer")
+    raw = params.get("nodes")
+    if not isinstance(raw, list):
+        raise invalid_params("nodes", "nodes must be a list")
+    entries: list[PriorityEntry] = []
+    for index, item in enumerate(raw):
+        where = f"nodes[{index}]"
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            raise invalid_params(f"{where}.id", f"{where}.id must be a string")
+        figures = []
+        for name in ("pending", "gpuPressure"):
+            value = item.get(name, 0)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise invalid_params(f"{where}.{name}", f"{where}.{name} must be a number >= 0")
+            figures.append(float(value))
+        entries.append(PriorityEntry(item["id"], figures[0], figures[1]))
+    return generation, entries
+
+
+class BrokerMethods(MethodTable):
+    """The broker → proxy methods of the contract, bound to this process's state.
+
+    :param on_link_lost: called once when the broker closes the link.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        control: ControlState,
+        facades: FacadeManager,
+        observer: JsonLineObserver,
+        on_link_lost: Callable[[], None],
+        on_enabled: Callable[[str], None],
+    ) -> None:
+        self._control = control
+        self._facades = facades
+        self._observer = observer
+        self._on_link_lost = on_link_lost
+        self._on_enabled = on_enabled
+        self._process: dict[str, Handler] = {
+            "facade/enable": self._enable,
+            "node/set-priority": self._set_priority,
+            "log/set-level": self._set_level,
+        }
+        self._facade: dict[str, Handler] = {
+            "discovery:nodes": self._discovery_nodes,
+            "node/select": self._select,
+            "node/set-local-backend": self._set_local_backend,
+            "set-port": self._set_port,
+        }
+
+    def handler(self, address: Address) -> Handler | None:
+        table = self._process if address.engine is None else self._facade
+        return table.get(address.method)
+
+    def facade_enabled(self, engine: str) -> bool:
+        return self._facades.enabled(engine)
+
+    def link_lost(self) -> None:
+        self._on_link_lost()
+
+    # -- process-scoped --------------------------------------------------------------------
+
+    def _enable(self, address: Address, params: Mapping[str, Any]) -> object:
+        engine = params.get("engine")
+        if not isinstance(engine, str) or engine not in ENGINES:
+            raise invalid_params("engine", f"engine must be one of {', '.join(ENGINES)}")
+        port = _port(params)
+        aliases = params.get("aliases", [])
+        if aliases is None:
+            aliases = []
+        if not isinstance(aliases, list):
+            raise invalid_params("aliases", "aliases must be a list of loopback host:port")
+        for alias in aliases:
+            try:
+                parse_alias(alias)
+            except ValueError as bad:
+                raise invalid_params("aliases", str(bad)) from None
+        ignore = params.get("ignorePersistedPort", False)
+        if not isinstance(ignore, bool):
+            raise invalid_params("ignorePersistedPort", "ignorePersistedPort must be a boolean")
+        already = self._facades.enabled(engine)
+        result = self._facades.enable(engine, port or None, aliases, ignore)
+        if not already:
+            self._on_enabled(engine)
+        return result
+
+    def _set_priority(self, address: Address, params: Mapping[str, Any]) -> object:
+        generation, entries = parse_priority(params)
+        self._control.set_priority(generation, entries)
+        return {}
+
+    def _set_level(self, address: Address, params: Mapping[str, Any]) -> object:
+        level = params.get("level")
+        try:
+            self._observer.set_level(parse_level(level if isinstance(level, str) else ""))
+        except ValueError as bad:
+            raise invalid_params("level", str(bad)) from None
+        return {}
+
+    # -- facade-scoped ---------------------------------------------------------------------
+
+    def _discovery_nodes(self, address: Address, params: Mapping[str, Any]) -> object:
+        assert address.engine is not None
+        nodes = parse_nodes(ENGINES[address.engine], params)
+        self._control.set_discovery(address.engine, nodes)
+        return {}
+
+    def _select(self, address: Address, params: Mapping[str, Any]) -> object:
+        assert address.engine is not None
+        if "nodeId" not in params:
+            raise invalid_params("nodeId", "nodeId is required (null clears the pin)")
+        self._control.set_pin(address.engine, _string(params, "nodeId", nullable=True))
+        return {}
+
+    def _set_local_backend(self, address: Address, params: Mapping[str, Any]) -> object:
+        assert address.engine is not None
+        url = _string(params, "url", nullable=True)
+        if url is not None and (urlsplit(url).scheme != "http" or not urlsplit(url).hostname):
+            raise invalid_params("url", "url must be an http:// URL of the local engine")
+        self._control.set_local_backend(address.engine, url)
+        return {}
+
+    def _set_port(self, address: Address, params: Mapping[str, Any]) -> object:
+        assert address.engine is not None
+        if "port" not in params:
+            raise invalid_params("port", "port is required")
+        port = _port(params) or ENGINES[address.engine].standalone_port
+        return self._facades.set_port(address.engine, port)

@@ -1,0 +1,192 @@
+"""Wires the process together: ``build(reactor, config) -> MultiService``.
+
+Everything is constructed here from injected pieces, so a test builds the same process
+in-memory that ``twistd -n nvpair-proxy`` runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, Any
+
+from twisted.application.internet import TCPServer
+from twisted.application.service import IServiceCollection, MultiService, Service
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import clientFromString
+from twisted.internet.protocol import Factory
+from twisted.internet.stdio import StandardIO
+from twisted.logger import ILogObserver, Logger, globalLogBeginner
+from twisted.python.components import Componentized
+from twisted.web.server import Site
+
+from nvpair.admin import Admin
+from nvpair.broker import BrokerProtocol
+from nvpair.config import Config
+from nvpair.control import ControlState
+from nvpair.dispatch import RequestPath
+from nvpair.facades import FacadeManager
+from nvpair.fleet import FleetService, LogOutbox, load_fleet
+from nvpair.logs import JsonLineObserver
+from nvpair.rpc import BrokerMethods
+from nvpair.upstream import Upstream
+
+
+class BrokerOutbox:
+    """The proxy → broker direction; messages before the link is up are dropped with a log."""
+
+    log = Logger()
+
+    def __init__(self) -> None:
+        self.protocol: BrokerProtocol | None = None
+
+    def notify(self, method: str, params: dict[str, object]) -> None:
+        if self.protocol is None:
+            self.log.warn("no broker link: dropped {method}", method=method)
+            return
+        self.protocol.notify(method, params)
+
+    def call(self, method: str, params: dict[str, object]) -> Deferred[object]:
+        if self.protocol is None:
+            return defer.fail(ConnectionError("no broker link"))
+        return self.protocol.call(method, params)
+
+
+class BrokerLinkService(Service):
+    """Opens the broker link when the process starts: stdio, or a client endpoint string."""
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, endpoint: str, protocol: BrokerProtocol) -> None:
+        self._reactor = reactor
+        self._endpoint = endpoint
+        self._protocol = protocol
+        self._stdio: StandardIO | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        if self._endpoint == "stdio":
+            # Created here, not at import: stdout carries protocol frames and nothing else.
+            self._stdio = StandardIO(self._protocol, reactor=self._reactor)
+            return
+        endpoint = clientFromString(self._reactor, self._endpoint)
+        d = endpoint.connect(Factory.forProtocol(lambda: self._protocol))
+
+        def failed(failure: Any) -> None:
+            self.log.error(
+                "cannot reach the broker at {endpoint}: {why}",
+                endpoint=self._endpoint,
+                why=failure.getErrorMessage(),
+            )
+            self._protocol.connectionLost(failure)
+
+        d.addErrback(failed)
+
+    def stopService(self) -> Deferred[None] | None:
+        super().stopService()
+        return None
+
+
+class ProxyService(MultiService):
+    """The root service: owns the request path, the facades and the shared pool.
+
+    In ``setServiceParent`` it registers the JSON log observer on the twistd Application, so
+    every line twistd itself logs goes to stderr too (twistd -n would otherwise log to stdout,
+    which belongs to the broker).
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        observer: JsonLineObserver,
+        facades: FacadeManager,
+        request_path: RequestPath,
+        upstream: Upstream,
+    ) -> None:
+        super().__init__()
+        self.observer = observer
+        self.facades = facades
+        self.request_path = request_path
+        self.upstream = upstream
+
+    def setServiceParent(self, parent: IServiceCollection) -> None:
+        if isinstance(parent, Componentized):
+            parent.setComponent(ILogObserver, self.observer)
+        super().setServiceParent(parent)
+
+    def stopService(self) -> Deferred[Any]:
+        d = defer.maybeDeferred(super().stopService)
+        d.addBoth(lambda _: self.facades.stop())
+        d.addBoth(lambda _: self.request_path.cancel_all())
+        d.addBoth(lambda _: self.upstream.close())
+        return d
+
+
+def build(
+    reactor: Any,
+    config: Config,
+    *,
+    log_out: IO[str] | None = None,
+) -> ProxyService:
+    """Construct the whole process.
+
+    :param reactor: the reactor (TCP, time, process control).
+    :param log_out: where JSON log lines go (stderr by default).
+    """
+    observer = JsonLineObserver(log_out or sys.stderr, config.log_level)
+    control = ControlState()
+    upstream = Upstream(reactor, config.dial_timeout)
+    request_path = RequestPath(reactor, control, upstream, config)
+
+    outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
+    facades = FacadeManager(
+        reactor,
+        request_path,
+        outbox,
+        state_dir=config.state_dir,
+        bind=config.bind,
+        max_request_body=config.max_request_body,
+    )
+    root = ProxyService(observer, facades, request_path, upstream)
+
+    if config.admin_port is not None:
+        admin = Admin(control, facades, lambda: request_path.in_flight)
+        site = Site(admin.app.resource())
+        site.noisy = False
+        TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(
+            root
+        )
+
+    if config.fleet is not None:
+        FleetService(
+            reactor, load_fleet(config.fleet), control, facades, config.dial_timeout
+        ).setServiceParent(root)
+    else:
+        assert isinstance(outbox, BrokerOutbox)
+        broker_outbox = outbox
+
+        def link_lost() -> None:
+            # Broker EOF is the graceful shutdown signal: stop serving, close the pool, exit 0.
+            root.log.info("broker link closed: shutting down")
+            if reactor.running:
+                reactor.stop()
+
+        def enabled(engine: str) -> None:
+            d = broker_outbox.call(f"{engine}:discovery:subscribe", {})
+            d.addErrback(
+                lambda f: root.log.warn(
+                    "discovery:subscribe failed: {why}", engine=engine, why=f.getErrorMessage()
+                )
+            )
+
+        methods = BrokerMethods(control, facades, observer, link_lost, enabled)
+        protocol = BrokerProtocol(methods)
+        outbox.protocol = protocol
+        BrokerLinkService(reactor, config.broker, protocol).setServiceParent(root)
+    return root
+
+
+def start_logging(observer: JsonLineObserver) -> None:
+    """For running outside twistd (tests, tools): send every log event to ``observer``."""
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)

@@ -1,0 +1,180 @@
+"""``twistd nvpair-proxy``: the command line of the contract, and a thin ``makeService``.
+
+Every option has its contract default; options with an environment variable take it when the
+flag is absent. A malformed value is a usage error naming the option, never a silent default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from twisted.application.service import IService
+from twisted.python import usage
+
+from nvpair.config import Config
+from nvpair.durations import parse_duration
+from nvpair.fleet import FleetFileError, load_fleet
+from nvpair.logs import parse_level
+
+#: option name -> environment variable consulted when the flag is not given.
+ENVIRONMENT = {
+    "state-dir": "NVPAIR_STATE_DIR",
+    "cluster-dir": "NVPAIR_CLUSTER_DIR",
+    "fleet": "NVPAIR_FLEET",
+    "response-header-timeout": "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT",
+    "log-level": "NVPAIR_LOG_LEVEL",
+}
+
+
+#: The contract's defaults, as the text a user would type.
+DEFAULTS = {
+    "broker": "stdio",
+    "bind": "::",
+    "response-header-timeout": "30m",
+    "dial-timeout": "10s",
+    "job-deadline": "10m",
+    "max-dispatch-attempts": "5",
+    "retry-backoff": "250ms",
+    "client-write-timeout": "60s",
+    "max-request-body": "67108864",
+    "log-level": "info",
+}
+
+
+def default_state_dir(environ: Mapping[str, str]) -> Path:
+    """``$XDG_STATE_HOME/nvpair``, else ``~/.local/state/nvpair``."""
+    base = environ.get("XDG_STATE_HOME")
+    if base:
+        return Path(base) / "nvpair"
+    return Path(environ.get("HOME") or Path.home()) / ".local" / "state" / "nvpair"
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _bytes(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{text!r} is not a positive number of bytes")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValueError(f"{text!r} is not a port in 1-65535")
+    return int(text)
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+class Options(usage.Options):
+    """Options for ``twistd -n nvpair-proxy`` (contract cli-and-http.md)."""
+
+    synopsis = "[options]"
+    longdesc = (
+        "One facade per enabled engine; with no --fleet, the broker drives the process over "
+        "JSON-RPC on stdin/stdout. Durations use Go's form: 250ms, 10s, 30m, 1h30m, 0."
+    )
+
+    optParameters: list[list[Any]] = [
+        [
+            name,
+            None,
+            None,
+            f"{help_text} [default: {DEFAULTS.get(name) or 'none'}]"
+            + (f" [env ${ENVIRONMENT[name]}]" if name in ENVIRONMENT else ""),
+        ]
+        for name, help_text in (
+            (
+                "state-dir",
+                "Persisted per-engine ports; default $XDG_STATE_HOME/nvpair, "
+                "else ~/.local/state/nvpair.",
+            ),
+            ("cluster-dir", "Cluster membership, key pair and peer pins."),
+            ("broker", "The broker link: stdio, or a Twisted client endpoint string."),
+            ("fleet", "Standalone mode: facades and nodes from this TOML file."),
+            ("bind", "Facade listen interface."),
+            (
+                "response-header-timeout",
+                "Header cap and first-body cap per attempt; 0 disables both.",
+            ),
+            ("dial-timeout", "Per-attempt connect timeout."),
+            ("job-deadline", "No new attempts after this, from admission."),
+            ("max-dispatch-attempts", "Dispatch budget per inference request."),
+            ("retry-backoff", "First backoff between rounds; doubles, capped at 8x."),
+            ("client-write-timeout", "A client that accepts no bytes this long is dropped."),
+            ("max-request-body", "Larger request bodies (bytes) get 413."),
+            ("log-level", "debug, info, warn or error."),
+            ("admin-port", "Loopback-only admin listener (health, metrics, status)."),
+        )
+    ]
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self._environ = os.environ if environ is None else environ
+        self.config: Config | None = None
+
+    def _value(self, name: str) -> str | None:
+        """The flag if given, else its environment variable, else the contract default."""
+        flag: str | None = self[name]
+        if flag is not None:
+            return flag
+        if name in ENVIRONMENT and ENVIRONMENT[name] in self._environ:
+            return self._environ[ENVIRONMENT[name]]
+        return DEFAULTS.get(name)
+
+    def _parse(self, name: str, parse: Callable[[str], Any]) -> Any:
+        text = self._value(name)
+        if text is None:
+            return None
+        try:
+            return parse(text)
+        except ValueError as bad:
+            raise usage.UsageError(f"--{name}: {bad}") from None
+
+    def postOptions(self) -> None:
+        fleet = self._parse("fleet", _nonempty)
+        if fleet is not None and self["broker"] is not None:
+            raise usage.UsageError("--fleet and --broker are mutually exclusive")
+        if fleet is not None:
+            try:
+                load_fleet(Path(fleet))
+            except FleetFileError as bad:
+                raise usage.UsageError(f"--fleet: {bad}") from None
+        state_dir = self._parse("state-dir", _nonempty)
+        cluster_dir = self._parse("cluster-dir", _nonempty)
+        self.config = Config(
+            state_dir=Path(state_dir) if state_dir else default_state_dir(self._environ),
+            cluster_dir=Path(cluster_dir) if cluster_dir else None,
+            broker=self._parse("broker", _nonempty),
+            fleet=Path(fleet) if fleet else None,
+            bind=self._parse("bind", _nonempty),
+            response_header_timeout=self._parse("response-header-timeout", parse_duration),
+            dial_timeout=self._parse("dial-timeout", parse_duration),
+            job_deadline=self._parse("job-deadline", parse_duration),
+            max_dispatch_attempts=self._parse("max-dispatch-attempts", _count),
+            retry_backoff=self._parse("retry-backoff", parse_duration),
+            client_write_timeout=self._parse("client-write-timeout", parse_duration),
+            max_request_body=self._parse("max-request-body", _bytes),
+            log_level=self._parse("log-level", parse_level),
+            admin_port=self._parse("admin-port", _port),
+        )
+
+
+def makeService(options: Options) -> IService:
+    """Build the process with the global reactor (the only module that imports it)."""
+    from twisted.internet import reactor
+
+    from nvpair import service
+
+    assert options.config is not None
+    return service.build(reactor, options.config)

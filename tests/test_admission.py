@@ -1,0 +1,61 @@
+"""Admission: body rules, model extraction, the loopback gate (contract cli-and-http.md)."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
+
+from nvpair.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.facade import BadBody, is_loopback, model_from_body
+
+INF, OTHER = RouteClass.INFERENCE, RouteClass.OTHER
+
+
+@pytest.mark.parametrize("engine", [OLLAMA, LMSTUDIO, LLAMACPP])
+@pytest.mark.parametrize("body", [b"", b"[]", b'"s"', b"{x", b"\xff\xfe", b"null"])
+def test_inference_body_must_be_a_json_object(engine: object, body: bytes) -> None:
+    with pytest.raises(BadBody) as refused:
+        model_from_body(engine, INF, "/v1/chat/completions", body)  # type: ignore[arg-type]
+    assert refused.value.reason == "bad-json"
+
+
+@pytest.mark.parametrize("body", [b"{}", b'{"model":""}', b'{"model":5}', b'{"model":null}'])
+def test_ollama_requires_a_model(body: bytes) -> None:
+    with pytest.raises(BadBody) as refused:
+        model_from_body(OLLAMA, INF, "/api/chat", body)
+    assert refused.value.reason == "model-missing"
+
+
+@pytest.mark.parametrize("engine", [LMSTUDIO, LLAMACPP])
+def test_other_engines_allow_modelless_inference(engine: object) -> None:
+    assert model_from_body(engine, INF, "/v1/completions", b"{}") is None  # type: ignore[arg-type]
+
+
+def test_model_is_read_from_the_body() -> None:
+    assert model_from_body(OLLAMA, INF, "/api/chat", b'{"model":"llama3"}') == "llama3"
+
+
+def test_other_routes_are_never_refused_and_may_name_a_model() -> None:
+    assert model_from_body(OLLAMA, OTHER, "/api/pull", b"{broken") is None
+    assert model_from_body(OLLAMA, OTHER, "/api/pull", b'{"name":"phi3"}') == "phi3"
+    assert model_from_body(OLLAMA, OTHER, "/api/pull", b'{"model":"a","name":"b"}') == "a"
+    # "name" is only the deprecated spelling on the routes that had it.
+    assert model_from_body(OLLAMA, OTHER, "/api/copy", b'{"name":"phi3"}') is None
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        (IPv4Address("TCP", "127.0.0.1", 5), True),
+        (IPv4Address("TCP", "127.8.9.10", 5), True),
+        (IPv6Address("TCP", "::1", 5), True),
+        (IPv6Address("TCP", "::ffff:127.0.0.1", 5), True),
+        (IPv6Address("TCP", "::ffff:192.168.1.7", 5), False),
+        (IPv4Address("TCP", "192.168.1.7", 5), False),
+        (IPv6Address("TCP", "fe80::1%eth0", 5), False),
+        (UNIXAddress(b"/run/x.sock"), True),
+    ],
+)
+def test_loopback_gate_unwraps_v4_mapped(address: object, loopback: bool) -> None:
+    """On 3.11 ::ffff:127.0.0.1 is not is_loopback by itself: it is unwrapped first."""
+    assert is_loopback(address) is loopback

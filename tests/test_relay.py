@@ -1,0 +1,160 @@
+"""The body relay: first-body gate, splice, backpressure, truncation (spec §5.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from twisted.internet.error import ConnectionLost
+from twisted.internet.interfaces import IPushProducer
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from zope.interface import implementer
+
+from nvpair.relay import BodyEnd, BodyRelay, First
+
+
+@implementer(IPushProducer)
+class Upstream:
+    def __init__(self) -> None:
+        self.state = "producing"
+
+    def pauseProducing(self) -> None:
+        self.state = "paused"
+
+    def resumeProducing(self) -> None:
+        self.state = "producing"
+
+    def stopProducing(self) -> None:
+        self.state = "stopped"
+
+
+class ClientRequest:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.producer: Any = None
+        self.finished = False
+        self.lost = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        assert streaming
+        self.producer = producer
+
+    def unregisterProducer(self) -> None:
+        self.producer = None
+
+    def finish(self) -> None:
+        self.finished = True
+
+    def loseConnection(self) -> None:
+        self.lost = True
+
+
+def connected() -> tuple[BodyRelay, Upstream]:
+    relay, upstream = BodyRelay(), Upstream()
+    relay.makeConnection(upstream)
+    return relay, upstream
+
+
+def result(d: Any) -> Any:
+    out: list[Any] = []
+    d.addBoth(out.append)
+    assert out, "not fired"
+    return out[0]
+
+
+def test_first_byte_opens_the_gate_and_pauses_the_upstream() -> None:
+    relay, upstream = connected()
+    assert not relay.first.called
+    relay.dataReceived(b"{")
+    assert result(relay.first) is First.BYTE
+    assert upstream.state == "paused"
+
+
+def test_held_bytes_are_spliced_back_in_front() -> None:
+    """The client receives the body intact: the gate's byte(s) first, then the rest."""
+    relay, _ = connected()
+    relay.dataReceived(b"ab")
+    relay.dataReceived(b"c")  # delivered despite the pause
+    request = ClientRequest()
+    relay.attach(request)
+    relay.dataReceived(b"de")
+    relay.connectionLost(Failure(ResponseDone()))
+    assert b"".join(request.written) == b"abcde"
+    assert request.finished and request.producer is None
+    assert result(relay.done) == BodyEnd(True)
+
+
+def test_attach_registers_upstream_as_streaming_producer() -> None:
+    """Backpressure: the client's channel pauses the upstream, not this process's memory."""
+    relay, upstream = connected()
+    relay.dataReceived(b"x")
+    request = ClientRequest()
+    relay.attach(request)
+    assert request.producer is upstream and upstream.state == "producing"
+
+
+def test_eof_without_bytes_commits_as_empty() -> None:
+    relay, _ = connected()
+    relay.connectionLost(Failure(ResponseDone()))
+    assert result(relay.first) is First.EMPTY
+    request = ClientRequest()
+    relay.attach(request)
+    assert request.finished and request.written == []
+
+
+def test_transport_error_before_first_byte_fails_the_gate() -> None:
+    relay, _ = connected()
+    relay.connectionLost(Failure(ConnectionLost()))
+    assert isinstance(result(relay.first), Failure)
+
+
+def test_cancelling_the_wait_abandons_the_upstream() -> None:
+    relay, upstream = connected()
+    relay.first.cancel()
+    assert upstream.state == "stopped"
+    relay.dataReceived(b"late")  # ignored, no AlreadyCalledError
+    relay.connectionLost(Failure(ConnectionLost()))
+
+
+def test_truncated_body_closes_the_client_without_finishing() -> None:
+    """A node dying mid-copy: the client sees the connection close, not a whole body."""
+    relay, _ = connected()
+    relay.dataReceived(b"x")
+    request = ClientRequest()
+    relay.attach(request)
+    relay.connectionLost(Failure(ConnectionLost()))
+    assert request.lost and not request.finished
+    end = result(relay.done)
+    assert end.complete is False and end.reason is not None
+
+
+def test_client_gone_stops_the_upstream_and_writes_nothing_more() -> None:
+    relay, upstream = connected()
+    relay.dataReceived(b"x")
+    request = ClientRequest()
+    relay.attach(request)
+    relay.client_gone()
+    assert upstream.state == "stopped"
+    relay.dataReceived(b"more")
+    relay.connectionLost(Failure(ConnectionLost()))
+    assert request.written == [b"x"] and not request.finished
+    assert result(relay.done).complete is False
+
+
+@pytest.mark.parametrize("error", [AttributeError, RuntimeError])
+def test_finish_after_an_unreported_disconnect_is_tolerated(error: type[Exception]) -> None:
+    relay, _ = connected()
+    relay.dataReceived(b"x")
+    request = ClientRequest()
+
+    def boom() -> None:
+        raise error("gone")
+
+    request.finish = boom  # type: ignore[method-assign]
+    relay.attach(request)
+    relay.connectionLost(Failure(ResponseDone()))
+    assert result(relay.done).complete is True

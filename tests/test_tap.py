@@ -1,0 +1,83 @@
+"""The command line of the contract: defaults, env vars, Go durations, usage errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from twisted.logger import LogLevel
+from twisted.python.usage import UsageError
+
+from nvpair.tap import Options
+
+
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> Options:
+    options = Options(environ or {"HOME": "/home/u"})
+    options.parseOptions(argv)
+    return options
+
+
+def test_defaults_are_the_specs_values() -> None:
+    config = parse([]).config
+    assert config is not None
+    assert config.state_dir == Path("/home/u/.local/state/nvpair")
+    assert (config.broker, config.bind, config.fleet, config.cluster_dir) == (
+        "stdio",
+        "::",
+        None,
+        None,
+    )
+    assert config.response_header_timeout == 1800 and config.dial_timeout == 10
+    assert config.job_deadline == 600 and config.max_dispatch_attempts == 5
+    assert config.retry_backoff == 0.25 and config.client_write_timeout == 60
+    assert config.max_request_body == 67108864 and config.log_level == LogLevel.info
+    assert config.admin_port is None
+
+
+def test_xdg_state_home() -> None:
+    config = parse([], {"XDG_STATE_HOME": "/x"}).config
+    assert config is not None and config.state_dir == Path("/x/nvpair")
+
+
+def test_environment_fills_in_and_flags_win() -> None:
+    env = {
+        "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT": "0",
+        "NVPAIR_LOG_LEVEL": "debug",
+        "NVPAIR_STATE_DIR": "/s",
+        "HOME": "/h",
+    }
+    config = parse([], env).config
+    assert config is not None
+    assert config.response_header_timeout == 0 and config.log_level == LogLevel.debug
+    assert config.state_dir == Path("/s")
+    config = parse(["--log-level", "warn", "--state-dir", "/t"], env).config
+    assert config is not None and config.log_level == LogLevel.warn
+    assert config.state_dir == Path("/t")
+
+
+def test_go_durations() -> None:
+    config = parse(["--job-deadline", "1h30m", "--retry-backoff", "10ms"]).config
+    assert config is not None and config.job_deadline == 5400 and config.retry_backoff == 0.01
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--dial-timeout", "5"], "--dial-timeout"),
+        (["--job-deadline", "-1s"], "--job-deadline"),
+        (["--max-dispatch-attempts", "two"], "--max-dispatch-attempts"),
+        (["--max-request-body", "0"], "--max-request-body"),
+        (["--log-level", "trace"], "--log-level"),
+        (["--admin-port", "0"], "--admin-port"),
+    ],
+)
+def test_malformed_values_name_the_option(argv: list[str], names: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        parse(argv)
+    assert str(refused.value).startswith(names)
+
+
+def test_malformed_environment_value_names_the_option() -> None:
+    with pytest.raises(UsageError) as refused:
+        parse([], {"NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT": "soon"})
+    assert "--response-header-timeout" in str(refused.value)
