@@ -134,6 +134,9 @@ class BrokerProtocol(Protocol):
                 # The tail of an over-long line: already answered.
                 self._discarding = False
                 continue
+            if len(line) > MAX_LINE:
+                self._send_error(None, INVALID_REQUEST, "line exceeds 1 MiB")
+                continue
             self._line_received(line)
         if len(self._buffer) > MAX_LINE and not self._discarding:
             self._buffer = b""

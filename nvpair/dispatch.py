@@ -1,101 +1,111 @@
-"""The request path after admission: resolve candidates, dispatch, commit, relay.
+"""The request path after admission: the failover loop, the answer, the relay (spec §5, §6).
 
-This is the first round of the spec's loop (§5 steps 1-4 for one candidate): owners are
-filtered from the live snapshot, ordered pin → priority → default, and the first one is
-dispatched to. The attempt commits at the first body byte (§5.2) and the body is relayed with
-backpressure.
+For an inference request: resolve owners from the live snapshot every round, reserve the
+least-loaded listed candidate, fail over through the round on a retryable status or transport
+error, back off between rounds, and stop at the dispatch budget or the job deadline — both
+checked before every dispatch, neither truncating one in flight. Commit is the first body byte.
+Other routes are resolved once and each candidate tried at most once.
 """
 
 from __future__ import annotations
 
+import enum
+import math
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
-from twisted.internet.interfaces import IReactorTime
+from attrs import define
+from twisted.internet import task
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 
 from nvpair.answers import write_error
+from nvpair.attempt import Attempts, Dispatch, Failed, Fault, Served
 from nvpair.config import Config
-from nvpair.control import ControlState, Node
+from nvpair.control import ControlState, Node, Priority
 from nvpair.engines import RouteClass
 from nvpair.facade import Admitted, RequestHandler, upstream_headers
 from nvpair.headers import end_to_end
-from nvpair.relay import BodyRelay
-from nvpair.routing import owners, plan
+from nvpair.relay import BodyRelay, WriteDeadline
+from nvpair.reservations import Reservation, Reservations
+from nvpair.routing import Plan, owners, plan
 from nvpair.upstream import Upstream
 
+#: Backoff between rounds doubles each round up to this multiple of ``--retry-backoff``.
+BACKOFF_CAP = 8
 
-class NoAddress(Exception):
+
+class Ending(enum.Enum):
+    """Why a request stopped early; read by outcome classification, never inferred from an
+    exception (an attempt's own cancellation must not look like the requester leaving)."""
+
+    REQUESTER_GONE = "requester-gone"
+    CLIENT_WRITE_TIMEOUT = "client-write-timeout"
+    SHUTDOWN = "shutdown"
+
+
+@define(eq=False)
+class Job:
+    """One request's life: its scope (cancellation reason) and its budget."""
+
+    admitted: Admitted
+    request: Any
+    created: float
+    ending: Ending | None = None
+    attempts: int = 0
+    reservation: Reservation | None = None
+    deferred: Deferred[None] | None = None
+
+    def cancel(self, ending: Ending) -> None:
+        """Cancel the whole request (the parent scope); the first reason sticks."""
+        if self.ending is None:
+            self.ending = ending
+        if self.deferred is not None:
+            self.deferred.cancel()
+
+
+class NoAddress(LookupError):
     """The node has no address to dial (a local node before ``node/set-local-backend``)."""
 
 
 class RequestPath(RequestHandler):
     """Serves admitted requests for every facade (one per process).
 
-    :param clock: for the header and first-body timeouts.
-    :param control: the live control state, read per request.
-    :param upstream: the process-wide upstream client.
+    :param clock: timeouts, backoff and the job deadline.
+    :param control: the live control state, read per round.
+    :param reservations: the process-wide reservation map.
     """
 
     log = Logger()
 
     def __init__(
-        self, clock: IReactorTime, control: ControlState, upstream: Upstream, config: Config
+        self,
+        clock: IReactorTime,
+        control: ControlState,
+        upstream: Upstream,
+        config: Config,
+        reservations: Reservations,
     ) -> None:
         self._clock = clock
         self._control = control
-        self._upstream = upstream
         self._config = config
-        self._in_flight: set[Deferred[None]] = set()
+        self._reservations = reservations
+        self._attempts = Attempts(
+            clock, control, upstream, config.response_header_timeout, self.base_url
+        )
+        self._jobs: set[Job] = set()
 
     @property
     def in_flight(self) -> int:
         """Requests admitted and not yet ended."""
-        return len(self._in_flight)
+        return len(self._jobs)
 
     def cancel_all(self) -> None:
-        """Process shutdown: cancel every request in flight (each ends as cancelled)."""
-        for d in list(self._in_flight):
-            d.cancel()
-
-    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
-        d = Deferred.fromCoroutine(self._serve(admitted, request))
-        # The requester leaving cancels whatever the request is waiting on; the coroutine's
-        # cleanup closes the upstream.
-        request.notifyFinish().addErrback(lambda _: d.cancel())
-        self._in_flight.add(d)
-
-        def ended(result: object) -> object:
-            self._in_flight.discard(d)
-            return result
-
-        def cancelled(failure: Failure) -> None:
-            failure.trap(CancelledError)
-            # Shutdown (or the requester leaving): whoever is still connected sees the
-            # connection close rather than wait on an answer that will never come.
-            if not request.finished and request.channel is not None:
-                request.loseConnection()
-
-        d.addBoth(ended)
-        d.addErrback(cancelled)
-        return d
-
-    def candidates(self, admitted: Admitted) -> list[Node]:
-        """This round's candidates in dispatch order, from the live snapshot."""
-        engine = admitted.engine
-        discovery = self._control.discovery(engine.id)
-        if admitted.route is RouteClass.INFERENCE:
-            eligible = owners(discovery, admitted.model_key)
-        else:
-            # Other routes go to the named model's owners when any node has it, else to any
-            # node of the engine (contract, "Inference vs other routes").
-            named = owners(discovery, admitted.model_key) if admitted.model_key else []
-            eligible = named or list(discovery.nodes)
-        ordered = plan(eligible, self._control.pin(engine.id), self._control.priority, {})
-        return list(ordered.candidates)
+        """Process shutdown: cancel everything in flight (each ends as cancelled)."""
+        for job in list(self._jobs):
+            job.cancel(Ending.SHUTDOWN)
 
     def base_url(self, engine: str, node: Node) -> str:
         url = self._control.local_backend(engine) if node.local else node.url
@@ -103,56 +113,193 @@ class RequestPath(RequestHandler):
             raise NoAddress(f"node {node.id} has no address")
         return url
 
-    async def _serve(self, admitted: Admitted, request: Any) -> None:
-        engine = admitted.engine
-        candidates = self.candidates(admitted)
-        if not candidates:
+    # -- entry -----------------------------------------------------------------------------
+
+    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+        job = Job(admitted, request, self._clock.seconds())
+        if admitted.route is RouteClass.INFERENCE:
+            coroutine = self._serve_inference(job)
+        else:
+            coroutine = self._serve_once_each(job)
+        d = Deferred.fromCoroutine(coroutine)
+        job.deferred = d
+        self._jobs.add(job)
+        # The requester leaving ends the loop at once: whatever the request is waiting on is
+        # cancelled, and the cleanup below closes the upstream.
+        request.notifyFinish().addErrback(lambda _: job.cancel(Ending.REQUESTER_GONE))
+
+        def ended(result: object) -> object:
+            self._jobs.discard(job)
+            self._reservations.release(job.reservation)
+            job.reservation = None
+            return result
+
+        def cancelled(failure: Failure) -> None:
+            failure.trap(CancelledError)
+            # Shutdown or a stuck client: whoever is still connected sees the connection close
+            # rather than wait on an answer that will never come.
+            if not request.finished and request.channel is not None:
+                request.loseConnection()
+
+        d.addBoth(ended)
+        d.addErrback(cancelled)
+        return d
+
+    # -- candidates ------------------------------------------------------------------------
+
+    def _plan(self, admitted: Admitted) -> Plan:
+        """This round's candidates from the live snapshot (never a memory of past nodes)."""
+        engine = admitted.engine.id
+        discovery = self._control.discovery(engine)
+        if admitted.route is RouteClass.INFERENCE:
+            eligible = owners(discovery, admitted.model_key)
+        else:
+            # Other routes go to the named model's owners when any node has it, else to any
+            # node of the engine (contract, "Inference vs other routes").
+            named = owners(discovery, admitted.model_key) if admitted.model_key else []
+            eligible = named or list(discovery.nodes)
+        priority: Priority = self._control.priority
+        return plan(eligible, self._control.pin(engine), priority, self._reservations.counts)
+
+    def _dispatch(self, job: Job) -> Dispatch:
+        admitted = job.admitted
+        headers = Headers()
+        for name, values in upstream_headers(job.request):
+            headers.setRawHeaders(name, values)
+        return Dispatch(
+            admitted.engine.id,
+            admitted.route,
+            admitted.method,
+            admitted.uri,
+            headers,
+            admitted.body,
+        )
+
+    # -- inference: the failover loop ------------------------------------------------------
+
+    async def _serve_inference(self, job: Job) -> None:
+        config = self._config
+        engine = job.admitted.engine
+        deadline = job.created + config.job_deadline
+        backoff = config.retry_backoff
+        dispatch = self._dispatch(job)
+        request = job.request
+
+        round_plan = self._plan(job.admitted)
+        if not round_plan.candidates:
+            # No owner at admission: a model nobody advertises will not become servable by
+            # waiting, and nothing has been dispatched.
             write_error(request, engine, "no-owner")
             return
-        node = candidates[0]
-        headers = Headers()
-        for name, values in upstream_headers(request):
-            headers.setRawHeaders(name, values)
-        timeout = self._config.response_header_timeout
-        try:
-            base = self.base_url(engine.id, node)
-            dispatched = self._upstream.request(
-                base, admitted.method, admitted.uri, headers, admitted.body
-            )
-            if timeout:
-                dispatched.addTimeout(timeout, self._clock)
-            response: IResponse = await dispatched
-        except CancelledError:
-            raise
-        except Exception as failure:
-            self.log.debug(
-                "dispatch to {node} failed: {why}",
-                engine=engine.id,
-                node=node.id,
-                why=type(failure).__name__,
-            )
-            write_error(request, engine, "upstream-transport")
-            return
 
-        relay = BodyRelay()
-        response.deliverBody(relay)
-        first = relay.first
-        if timeout:
-            first.addTimeout(timeout, self._clock)
-        try:
-            await first
-        except TimeoutError:
-            write_error(request, engine, "first-body-timeout")
-            return
-        except CancelledError:
-            raise
-        except Exception:
-            write_error(request, engine, "upstream-transport")
-            return
+        while True:
+            if not round_plan.candidates:
+                # An owner existed within this request's life and went away: wait for one,
+                # at no attempt's cost, until the deadline.
+                if self._clock.seconds() >= deadline:
+                    write_error(
+                        request, engine, "no-owner-timeout", retry_after=self._retry_after(backoff)
+                    )
+                    return
+                await self._sleep(min(backoff, deadline - self._clock.seconds()))
+                backoff = min(backoff * 2, config.retry_backoff * BACKOFF_CAP)
+                round_plan = self._plan(job.admitted)
+                continue
 
+            # The plan names a node to reserve unless an eligible pin applies; the claim then
+            # follows each dispatch (the node that refused is not doing the work).
+            reserving = round_plan.reserve is not None
+            for node in round_plan.candidates:
+                # Both bounds are checked before every dispatch, never during one.
+                if job.attempts >= config.max_dispatch_attempts:
+                    write_error(
+                        request,
+                        engine,
+                        "attempts-exhausted",
+                        retry_after=self._retry_after(backoff),
+                    )
+                    return
+                if self._clock.seconds() >= deadline:
+                    write_error(request, engine, "deadline", retry_after=self._retry_after(backoff))
+                    return
+                job.attempts += 1
+                final = job.attempts == config.max_dispatch_attempts
+                if reserving:
+                    job.reservation = self._reservations.move(job.reservation, node.id)
+                outcome = await self._attempts.run(dispatch, node, final)
+                if isinstance(outcome, Served):
+                    await self._deliver(job, node, outcome)
+                    return
+                self._failed(job, node, outcome)
+                if final:
+                    self._answer_final(job, outcome)
+                    return
+
+            # The round is exhausted: nothing runs between attempts, so the claim goes now
+            # (a stale one would push the other engines' traffic off a free node).
+            self._reservations.release(job.reservation)
+            job.reservation = None
+            remaining = deadline - self._clock.seconds()
+            if remaining <= 0:
+                write_error(request, engine, "deadline", retry_after=self._retry_after(backoff))
+                return
+            await self._sleep(min(backoff, remaining))
+            backoff = min(backoff * 2, config.retry_backoff * BACKOFF_CAP)
+            round_plan = self._plan(job.admitted)
+
+    def _answer_final(self, job: Job, failed: Failed) -> None:
+        """The final permitted attempt answers for itself (spec §5.4)."""
+        reason = (
+            "first-body-timeout"
+            if failed.why is Fault.FIRST_BODY_TIMEOUT
+            else ("upstream-transport")
+        )
+        write_error(job.request, job.admitted.engine, reason)
+
+    # -- other routes: each candidate at most once ------------------------------------------
+
+    async def _serve_once_each(self, job: Job) -> None:
+        engine = job.admitted.engine
+        candidates = self._plan(job.admitted).candidates
+        if not candidates:
+            write_error(job.request, engine, "no-owner")
+            return
+        dispatch = self._dispatch(job)
+        for index, node in enumerate(candidates):
+            final = index == len(candidates) - 1
+            outcome = await self._attempts.run(dispatch, node, final)
+            if isinstance(outcome, Served):
+                await self._deliver(job, node, outcome)
+                return
+            self._failed(job, node, outcome)
+            if final:
+                self._answer_final(job, outcome)
+
+    # -- shared ----------------------------------------------------------------------------
+
+    def _failed(self, job: Job, node: Node, failed: Failed) -> None:
+        self.log.debug(
+            "attempt {attempt} to {node} failed: {why} {status}",
+            engine=job.admitted.engine.id,
+            attempt=job.attempts,
+            node=node.id,
+            why=failed.why.value,
+            status=failed.status,
+        )
+
+    async def _deliver(self, job: Job, node: Node, served: Served) -> None:
+        """Write the served response's status and headers, then relay its body."""
+        request = job.request
+        response = served.response
         request.setResponseCode(response.code, response.phrase)
         for name, values in end_to_end(response.headers.getAllRawHeaders(), request=False):
             request.responseHeaders.setRawHeaders(name, values)
+        # Twisted's client moves Content-Length out of the headers into ``length``; putting it
+        # back keeps the engine's framing (otherwise the client would get chunked encoding).
+        if isinstance(response.length, int):
+            request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % response.length])
+        relay: BodyRelay = served.relay
+        relay.set_deadline(lambda upstream: self._write_deadline(job, upstream))
         relay.attach(request)
         try:
             end = await relay.done
@@ -161,9 +308,29 @@ class RequestPath(RequestHandler):
             raise
         self.log.debug(
             "{path} served by {node}: {status} complete={complete}",
-            engine=engine.id,
-            path=admitted.path,
+            engine=job.admitted.engine.id,
+            path=job.admitted.path,
             node=node.id,
             status=response.code,
             complete=end.complete,
         )
+
+    def _write_deadline(self, job: Job, upstream: IPushProducer) -> IPushProducer:
+        def expired() -> None:
+            self.log.debug(
+                "client accepted nothing for {seconds}s: dropped",
+                engine=job.admitted.engine.id,
+                seconds=self._config.client_write_timeout,
+            )
+            job.cancel(Ending.CLIENT_WRITE_TIMEOUT)
+            channel = job.request.channel
+            if channel is not None and channel.transport is not None:
+                channel.transport.abortConnection()
+
+        return WriteDeadline(upstream, self._clock, self._config.client_write_timeout, expired)
+
+    def _sleep(self, seconds: float) -> Deferred[None]:
+        return task.deferLater(self._clock, max(0.0, seconds), lambda: None)
+
+    def _retry_after(self, backoff: float) -> int:
+        return max(1, math.ceil(backoff))

@@ -29,6 +29,7 @@ from nvpair.control import ControlState, Node
 from nvpair.durations import parse_duration
 from nvpair.engines import ENGINES
 from nvpair.facades import FacadeManager, parse_alias
+from nvpair.upstream import quiet_pool
 
 #: Bound on one inventory poll beyond the dial timeout (contract: dial timeout plus 30 s).
 POLL_GRACE = 30.0
@@ -172,7 +173,7 @@ class FleetService(Service):
         self._fleet = fleet
         self._control = control
         self._facades = facades
-        self._agent = Agent(reactor, connectTimeout=dial_timeout or None)
+        self._agent = Agent(reactor, connectTimeout=dial_timeout or None, pool=quiet_pool(reactor))
         self._timeout = (dial_timeout or 10.0) + POLL_GRACE
         # engine -> node id -> models from that node's last successful poll
         self._answered: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in fleet.facades}

@@ -11,15 +11,17 @@ this process's memory.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
+from zope.interface import implementer
 
 
 class First(enum.Enum):
@@ -57,6 +59,52 @@ def _clean_end(reason: Failure) -> bool:
     return reason.check(ResponseDone, PotentialDataLoss) is not None
 
 
+@implementer(IPushProducer)
+class WriteDeadline:
+    """The upstream as the client's producer, with a deadline on how long the client may stall.
+
+    The client's channel pauses its producer when the client stops reading; a client that
+    accepts nothing for ``timeout`` seconds is dropped (``--client-write-timeout``), so a dead
+    reader cannot hold an engine's stream, and the request ends as cancelled.
+    """
+
+    def __init__(
+        self,
+        upstream: IPushProducer,
+        clock: IReactorTime,
+        timeout: float,
+        expired: Callable[[], None],
+    ) -> None:
+        self._upstream = upstream
+        self._clock = clock
+        self._timeout = timeout
+        self._expired = expired
+        self._timer: IDelayedCall | None = None
+
+    def pauseProducing(self) -> None:
+        self._upstream.pauseProducing()
+        if self._timer is None and self._timeout > 0:
+            self._timer = self._clock.callLater(self._timeout, self._expire)
+
+    def resumeProducing(self) -> None:
+        self._disarm()
+        self._upstream.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._disarm()
+        self._upstream.stopProducing()
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        self._expired()
+
+
 class BodyRelay(Protocol):
     """Receives one upstream body (``response.deliverBody(relay)``).
 
@@ -67,6 +115,7 @@ class BodyRelay(Protocol):
     """
 
     def __init__(self) -> None:
+        self._deadline: Callable[[IPushProducer], IPushProducer] | None = None
         # Cancelling the wait (first-body timeout, watcher, requester gone) abandons the body.
         self.first: Deferred[First] = Deferred(lambda _: self.abandon())
         self.done: Deferred[BodyEnd] = Deferred()
@@ -107,13 +156,23 @@ class BodyRelay(Protocol):
 
     # -- the attempt's side ----------------------------------------------------------------
 
+    def set_deadline(self, wrap: Callable[[IPushProducer], IPushProducer]) -> None:
+        """Wrap the upstream before it is registered as the client's producer (for a
+        :class:`WriteDeadline`)."""
+        self._deadline = wrap
+
     def attach(self, request: Any) -> None:
         """Commit: splice the held bytes to ``request`` and stream the rest into it.
 
         The caller has already written the status line and headers.
         """
-        assert self._state is _State.HELD
+        # HELD: the gate committed it. WAITING: an answer served without the gate (not a 2xx,
+        # or not an inference route), so nothing was held and the upstream was never paused.
+        assert self._state in (_State.HELD, _State.WAITING)
         self._state = _State.RELAYING
+        # Nobody waits on the gate once the body is being relayed; a failure it holds (the
+        # body ended badly before attach) is reported by ``done`` instead.
+        self.first.addErrback(lambda _: None)
         self._request = request
         if self._held:
             request.write(self._held)
@@ -123,7 +182,8 @@ class BodyRelay(Protocol):
             return
         upstream = self._upstream()
         if upstream is not None:
-            request.registerProducer(upstream, True)
+            producer = upstream if self._deadline is None else self._deadline(upstream)
+            request.registerProducer(producer, True)
             upstream.resumeProducing()
 
     def abandon(self) -> None:

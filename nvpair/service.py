@@ -28,6 +28,7 @@ from nvpair.dispatch import RequestPath
 from nvpair.facades import FacadeManager
 from nvpair.fleet import FleetService, LogOutbox, load_fleet
 from nvpair.logs import JsonLineObserver
+from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
 from nvpair.upstream import Upstream
 
@@ -137,7 +138,10 @@ def build(
     observer = JsonLineObserver(log_out or sys.stderr, config.log_level)
     control = ControlState()
     upstream = Upstream(reactor, config.dial_timeout)
-    request_path = RequestPath(reactor, control, upstream, config)
+    reservations = Reservations()
+    # A newer scheduler snapshot already counts the work reserved before it (spec §6).
+    control.on_priority(lambda priority: reservations.new_snapshot(priority.generation))
+    request_path = RequestPath(reactor, control, upstream, config, reservations)
 
     outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
     facades = FacadeManager(

@@ -11,7 +11,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IConsumer
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
 from zope.interface import implementer
@@ -50,6 +50,19 @@ class BytesBody:
         """The whole body is written at once: nothing to stop."""
 
 
+class _QuietClientFactory(_HTTP11ClientFactory):
+    # One factory per upstream connection: at Twisted's default every connection would log
+    # "Starting factory"/"Stopping factory" at info.
+    noisy = False
+
+
+def quiet_pool(reactor: Any) -> HTTPConnectionPool:
+    """A persistent pool whose connections do not log their factories' lifecycles."""
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool._factory = _QuietClientFactory
+    return pool
+
+
 class Upstream:
     """Sends one request to one engine URL through the process-wide pool.
 
@@ -58,7 +71,7 @@ class Upstream:
     """
 
     def __init__(self, reactor: Any, dial_timeout: float) -> None:
-        self._pool = HTTPConnectionPool(reactor, persistent=True)
+        self._pool = quiet_pool(reactor)
         self._pool.maxPersistentPerHost = MAX_PERSISTENT_PER_HOST
         self._pool.retryAutomatically = False
         self._agent = Agent(reactor, connectTimeout=dial_timeout or None, pool=self._pool)

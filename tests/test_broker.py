@@ -137,6 +137,17 @@ def test_over_long_line_is_answered_and_discarded(link: Any) -> None:
     assert len(table.calls) == 1
 
 
+def test_over_long_line_arriving_whole_is_refused(link: Any) -> None:
+    """A valid JSON line over 1 MiB delivered in one read is still -32600, not served."""
+    protocol, transport, table = link
+    pad = b"a" * MAX_LINE
+    protocol.dataReceived(
+        b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"p":"' + pad + b'"}}\n'
+    )
+    assert [a["error"]["code"] for a in frames(transport)] == [-32600]
+    assert table.calls == []
+
+
 def test_line_of_exactly_one_mib_is_accepted(link: Any) -> None:
     protocol, transport, _ = link
     head = b'{"jsonrpc":"2.0","id":3,"method":"echo","params":{"pad":"'

@@ -6,27 +6,11 @@ from typing import Any
 
 import pytest
 from twisted.internet.error import ConnectionLost
-from twisted.internet.interfaces import IPushProducer
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
-from zope.interface import implementer
 
 from nvpair.relay import BodyEnd, BodyRelay, First
-
-
-@implementer(IPushProducer)
-class Upstream:
-    def __init__(self) -> None:
-        self.state = "producing"
-
-    def pauseProducing(self) -> None:
-        self.state = "paused"
-
-    def resumeProducing(self) -> None:
-        self.state = "producing"
-
-    def stopProducing(self) -> None:
-        self.state = "stopped"
+from tests.fakes import UpstreamConnection as Upstream
 
 
 class ClientRequest:

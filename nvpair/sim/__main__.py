@@ -1,0 +1,110 @@
+# -*- test-case-name: tests.test_sim -*-
+"""Run simulated engines on loopback until SIGINT/SIGTERM (``make demo``).
+
+``python -m nvpair.sim --serve ollama 21434 node-a llama3:latest,qwen2:7b --serve ...``
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorThreads
+from twisted.logger import (
+    FilteringLogObserver,
+    LogLevel,
+    LogLevelFilterPredicate,
+    globalLogBeginner,
+    textFileLogObserver,
+)
+
+from nvpair.sim.engine import DIALECTS, SimEngine
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nvpair.sim",
+        description="Serve simulated Ollama / LM Studio / llama.cpp engines on 127.0.0.1.",
+    )
+    parser.add_argument(
+        "--serve",
+        nargs=4,
+        action="append",
+        required=True,
+        metavar=("ENGINE", "PORT", "NODE", "MODELS"),
+        help=f"one engine: ENGINE in {{{','.join(DIALECTS)}}}, PORT (0 = any free), NODE name, "
+        "MODELS comma-separated (may be empty)",
+    )
+    parser.add_argument(
+        "--chunk-interval",
+        type=float,
+        default=0.05,
+        metavar="SECONDS",
+        help="delay between streamed chunks (default 0.05, so a demo visibly streams)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    specs: list[tuple[str, int, str, list[str]]] = []
+    for engine, port, node, models in args.serve:
+        if engine not in DIALECTS:
+            parser.error(f"unknown ENGINE {engine!r}; choose from {', '.join(DIALECTS)}")
+        if not port.isdigit() or int(port) > 65535:
+            parser.error(f"PORT must be 0-65535, got {port!r}")
+        names = [m.strip() for m in models.split(",") if m.strip()]
+        specs.append((engine, int(port), node, names))
+
+    # The one place the global reactor is imported: this is the program's edge.
+    from twisted.internet import reactor
+
+    # Warnings and failures (a dialect raising, say) go to stderr next to the listener lines;
+    # stdout stays untouched.
+    observer = FilteringLogObserver(
+        textFileLogObserver(sys.stderr), [LogLevelFilterPredicate(LogLevel.warn)]
+    )
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
+
+    engines: list[SimEngine] = []
+    for engine, port, node, names in specs:
+        sim = SimEngine(
+            reactor, engine, models=names, node=node, chunk_interval=args.chunk_interval
+        )
+        try:
+            bound = sim.listen(port, "127.0.0.1")
+        except Exception as e:  # a bind failure (port in use, ...) ends the run with a message
+            sys.stderr.write(f"nvpair.sim: cannot listen for {engine} {node} on {port}: {e}\n")
+            for started in engines:
+                started.stop()
+            return 1
+        engines.append(sim)
+        sys.stderr.write(
+            f"nvpair.sim: {engine} node {node} on {sim.url} (port {bound}) "
+            f"models: {', '.join(names) or '(none)'}\n"
+        )
+        sys.stderr.flush()
+
+    def shutdown() -> Deferred[object]:
+        return DeferredList([sim.stop() for sim in engines]).addCallback(lambda _: None)
+
+    def stop(signum: int, frame: object) -> None:
+        if reactor.running:
+            # callFromThread wakes the reactor out of its poll; a bare stop() would wait for it.
+            IReactorThreads(reactor).callFromThread(reactor.stop)
+
+    # Our own handlers: reactor.run leaves SIGINT alone when it starts out ignored, which is how
+    # a shell starts a background job (``python -m nvpair.sim ... &`` in a Makefile).
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    reactor.addSystemEventTrigger("before", "shutdown", shutdown)
+    reactor.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

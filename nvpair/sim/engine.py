@@ -1,0 +1,489 @@
+# -*- test-case-name: tests.test_sim -*-
+"""A simulated engine on a real socket: :class:`SimEngine` with its :class:`Faults` knobs, the
+record of what it received, and the machinery that delivers a dialect's reply over time.
+
+The dialect (:mod:`nvpair.sim.ollama`, :mod:`~nvpair.sim.lmstudio`, :mod:`~nvpair.sim.llamacpp`)
+decides *what* to answer; this module decides *when*: header and first-byte delays, a stall, a
+connection killed mid-stream, chunks spaced by ``chunk_interval``, and a client going away.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from typing import IO, Protocol, cast
+
+import attrs
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IListeningPort,
+    IReactorTCP,
+    IReactorTime,
+    ITCPTransport,
+    ITransport,
+)
+from twisted.internet.protocol import ServerFactory
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import NOT_DONE_YET, Site
+
+from nvpair.sim.cors import CorsPolicy, LlamaCppCors, LMStudioCors, OllamaCors, parse_origins
+from nvpair.sim.generation import default_tokens
+from nvpair.sim.llamacpp import LlamaCppDialect
+from nvpair.sim.lmstudio import LMStudioDialect
+from nvpair.sim.ollama import OllamaDialect
+from nvpair.sim.wire import Call, Dialect, Reply, RouteKind
+
+DIALECTS = ("ollama", "lmstudio", "llamacpp")
+
+CorsSetting = bool | str | Sequence[str] | None
+"""The ``cors`` argument of :class:`SimEngine`, per dialect:
+
+- ``ollama``: extra allowed origins (``OLLAMA_ORIGINS``: a list, or a comma-separated string;
+  ``*`` allows all); the local origins Ollama always allows stay allowed. Default none extra.
+- ``lmstudio``: ``True`` for the "Enable CORS" server setting. Default ``False``.
+- ``llamacpp``: ``--cors-origins`` (a list or a comma-separated string; ``localhost`` stands for
+  any loopback origin). Default ``"*"``: the ``Origin`` is reflected on every response.
+"""
+
+
+@attrs.define
+class Faults:
+    """Failure knobs, read when a request arrives (a change affects the next request, not one
+    already being answered). The inference knobs shape whatever the route answers, errors
+    included; ``stall`` wins over ``die_after_chunks``; CORS preflights and denials ignore them.
+
+    :param status: answer every inference request with this status and the dialect's error body.
+    :param header_delay: seconds before the headers of an inference answer are sent.
+    :param first_byte_delay: seconds between those headers and the first body byte (streamed or
+        not: a whole body is sent in one piece after the delay).
+    :param stall: inference: send the headers, then nothing, keeping the connection open.
+    :param die_after_chunks: streamed inference: abort the TCP connection after this many body
+        chunks (``0``: right after the headers).
+    :param inventory_status: model-list routes answer this status with the dialect's error body.
+    :param inventory_invalid: model-list routes answer 200 with a body that is not the envelope.
+    :param inventory_delay: seconds before the headers of a model-list answer are sent.
+    """
+
+    status: int | None = None
+    header_delay: float = 0.0
+    first_byte_delay: float = 0.0
+    stall: bool = False
+    die_after_chunks: int | None = None
+    inventory_status: int | None = None
+    inventory_invalid: bool = False
+    inventory_delay: float = 0.0
+
+    def clear(self) -> None:
+        """Turn every knob off."""
+        for field in attrs.fields(Faults):
+            setattr(self, field.name, field.default)
+
+
+@attrs.frozen
+class RecordedRequest:
+    """One request as the engine received it.
+
+    :param method: e.g. ``"POST"``.
+    :param path: the request target as received, query string included.
+    :param headers: lower-cased header names to their values.
+    :param body: the request body.
+    """
+
+    method: str
+    path: str
+    headers: dict[str, list[str]]
+    body: bytes
+
+    def json(self) -> object:
+        """The body parsed as JSON."""
+        return json.loads(self.body)
+
+
+class _WebRequest(Protocol):
+    """The part of ``twisted.web.server.Request`` used here, typed (Twisted's is not)."""
+
+    method: bytes
+    uri: bytes
+    content: IO[bytes] | None
+    requestHeaders: Headers
+    responseHeaders: Headers
+    defaultContentType: bytes | None
+    transport: object
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None: ...
+
+    def setHeader(self, name: bytes | str, value: bytes | str) -> None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def notifyFinish(self) -> Deferred[None]: ...
+
+
+def _abort(transport: object) -> None:
+    """Reset the connection (RST), dropping anything not yet flushed."""
+    if ITCPTransport.providedBy(transport):
+        ITCPTransport(transport).abortConnection()
+    elif ITransport.providedBy(transport):
+        ITransport(transport).loseConnection()
+
+
+def _write_head(request: _WebRequest, reply: Reply) -> None:
+    request.setResponseCode(reply.status)
+    if reply.content_type is not None:
+        request.setHeader(b"content-type", reply.content_type.encode("latin-1"))
+    for name, value in reply.headers:
+        request.responseHeaders.addRawHeader(name, value.encode("latin-1"))
+    if not reply.streamed:
+        request.setHeader(b"content-length", str(len(reply.body)).encode("ascii"))
+
+
+@attrs.frozen
+class _Plan:
+    """The timing of one answer, from the fault knobs that apply to its route."""
+
+    header_delay: float = 0.0
+    first_byte_delay: float = 0.0
+    stall: bool = False
+    die_after: int | None = None
+
+    @property
+    def immediate(self) -> bool:
+        return self == _Plan()
+
+
+class _Delivery:
+    """Writes one reply to one request over time, and stops when the client goes away."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        request: _WebRequest,
+        reply: Reply,
+        plan: _Plan,
+        interval: float,
+        ended: Callable[[_Delivery, bool], None],
+    ) -> None:
+        self._clock = clock
+        self._request = request
+        self._reply = reply
+        self._plan = plan
+        self._interval = interval
+        self._ended = ended
+        self._pending: IDelayedCall | None = None
+        self._sent = 0
+        self._done = False
+
+    def start(self) -> None:
+        # Registered before anything is written: notifyFinish after finish never fires.
+        self._request.notifyFinish().addErrback(self._lost)
+        if self._plan.header_delay > 0:
+            self._later(self._plan.header_delay, self._send_headers)
+        else:
+            self._send_headers()
+
+    def cancel(self) -> None:
+        """Stop writing (the engine is shutting down); the connection is aborted separately."""
+        self._end(abandoned=False)
+
+    def _later(self, delay: float, step: Callable[[], None]) -> None:
+        self._pending = self._clock.callLater(delay, self._fire, step)
+
+    def _fire(self, step: Callable[[], None]) -> None:
+        self._pending = None
+        step()
+
+    def _end(self, abandoned: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._pending is not None and self._pending.active():
+            self._pending.cancel()
+        self._pending = None
+        self._ended(self, abandoned)
+
+    def _lost(self, reason: Failure) -> None:
+        # The client went away (or the connection was aborted): cancel whatever was scheduled.
+        self._end(abandoned=True)
+
+    def _send_headers(self) -> None:
+        _write_head(self._request, self._reply)
+        self._request.write(b"")  # sends the headers now, before any body
+        if self._plan.stall:
+            return
+        if self._plan.die_after == 0:
+            self._die_soon()
+        elif self._plan.first_byte_delay > 0 or self._reply.streamed:
+            # Even without a delay a stream yields to the reactor between pieces.
+            self._later(self._plan.first_byte_delay, self._send_next)
+        else:
+            self._send_next()
+
+    def _send_next(self) -> None:
+        chunks = self._reply.chunks if self._reply.streamed else (self._reply.body,)
+        if self._sent < len(chunks):
+            self._request.write(chunks[self._sent])
+            self._sent += 1
+        if self._plan.die_after is not None and self._sent >= self._plan.die_after:
+            self._die_soon()
+        elif self._sent < len(chunks):
+            self._later(self._interval, self._send_next)
+        else:
+            self._end(abandoned=False)
+            self._request.finish()
+
+    def _die_soon(self) -> None:
+        # An abort drops whatever the transport has not flushed yet, and a write is flushed by the
+        # reactor's next I/O poll -- which can come after the next timed call when the write
+        # happened during I/O handling. Two turns always put a poll between write and abort.
+        self._later(0, lambda: self._later(0, self._die))
+
+    def _die(self) -> None:
+        self._end(abandoned=False)
+        _abort(self._request.transport)
+
+
+class _QuietSite(Site):
+    """A Site without the access log: the demo's stderr carries the listener lines only."""
+
+    def log(self, request: object) -> None:
+        pass
+
+
+class _Connections(WrappingFactory[ProtocolWrapper]):
+    """The site's factory, wrapped to know its open connections so they can be aborted."""
+
+    def abort_all(self) -> None:
+        for wrapper in list(self.protocols):
+            if wrapper.transport is not None:
+                _abort(wrapper.transport)
+
+
+class _SimResource(Resource):
+    isLeaf = True
+
+    def __init__(self, render: Callable[[_WebRequest], bytes | int]) -> None:
+        super().__init__()
+        self._render = render
+
+    def render(self, request: object) -> bytes | int:
+        return self._render(cast(_WebRequest, request))
+
+
+def _dialect(name: str) -> Dialect:
+    if name == "ollama":
+        return OllamaDialect()
+    if name == "lmstudio":
+        return LMStudioDialect()
+    if name == "llamacpp":
+        return LlamaCppDialect()
+    raise ValueError(f"unknown dialect {name!r}; expected one of {', '.join(DIALECTS)}")
+
+
+def _cors_policy(dialect: str, setting: CorsSetting) -> CorsPolicy:
+    if dialect == "lmstudio":
+        if setting is None or isinstance(setting, bool):
+            return LMStudioCors(bool(setting))
+        raise TypeError("lmstudio cors is a bool (the 'Enable CORS' setting)")
+    if isinstance(setting, bool):
+        raise TypeError(f"{dialect} cors is a list of origins, not a bool")
+    if dialect == "ollama":
+        return OllamaCors(parse_origins(setting) if setting is not None else ())
+    return LlamaCppCors(parse_origins(setting) if setting is not None else ("*",))
+
+
+class SimEngine:
+    """A simulated Ollama, LM Studio or llama.cpp server.
+
+    :param reactor: the reactor; its time schedules every delay and :meth:`listen` needs it to
+        provide ``IReactorTCP`` as well.
+    :param dialect: ``"ollama"``, ``"lmstudio"`` or ``"llamacpp"``.
+    :param models: the models the engine advertises (and answers for).
+    :param node: a name that appears in the generated text, so a test can tell who answered.
+    :param faults: failure knobs (a fresh, all-off :class:`Faults` by default).
+    :param tokens: the completion, one streamed chunk per token (default
+        ``["Hello", " from", " <node>", "."]``). See :mod:`nvpair.sim.generation` for the exact
+        usage figures.
+    :param cors: the dialect's CORS setting, see :data:`CorsSetting`.
+    :param chunk_interval: seconds between streamed chunks (0 still yields to the reactor).
+    """
+
+    def __init__(
+        self,
+        reactor: IReactorTime,
+        dialect: str,
+        *,
+        models: Sequence[str],
+        node: str = "sim",
+        faults: Faults | None = None,
+        tokens: Sequence[str] | None = None,
+        cors: CorsSetting = None,
+        chunk_interval: float = 0.0,
+    ) -> None:
+        self._reactor = reactor
+        self._impl = _dialect(dialect)
+        self._cors = _cors_policy(dialect, cors)
+        self.dialect = dialect
+        self.node = node
+        self.models: list[str] = list(models)
+        self.faults = faults if faults is not None else Faults()
+        self.tokens: list[str] = list(tokens) if tokens is not None else list(default_tokens(node))
+        self.chunk_interval = chunk_interval
+        self.requests: list[RecordedRequest] = []
+        self.abandoned = 0
+        """How many answers the client abandoned (disconnected) before they were complete."""
+        self._ids = itertools.count(1)
+        self._deliveries: dict[_Delivery, RouteKind] = {}
+        self._resource = _SimResource(self._render)
+        self._connections = _Connections(_QuietSite(self._resource, reactor=reactor))
+        self._listening: IListeningPort | None = None
+        self._port = 0
+        self._interface = "127.0.0.1"
+
+    # -- EngineView (what the dialects read) ---------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Inference answers still being delivered (delayed, streaming or stalled)."""
+        return sum(1 for kind in self._deliveries.values() if kind is RouteKind.INFERENCE)
+
+    def now(self) -> float:
+        return self._reactor.seconds()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def resource(self) -> IResource:
+        """The engine as a ``twisted.web`` resource (for ``StubTreq`` or a Site of your own)."""
+        return self._resource
+
+    def listen(self, port: int = 0, interface: str = "127.0.0.1") -> int:
+        """Start listening; returns the port actually bound."""
+        if self._listening is not None:
+            raise RuntimeError(f"{self.dialect} sim {self.node} is already listening")
+        # Twisted's Factory generic is invariant, so even a plain Site fails listenTCP's check.
+        factory = cast(ServerFactory, self._connections)
+        self._listening = IReactorTCP(self._reactor).listenTCP(port, factory, interface=interface)
+        address = self._listening.getHost()
+        assert isinstance(address, IPv4Address | IPv6Address)
+        self._port, self._interface = address.port, interface
+        return self._port
+
+    def refuse(self) -> Deferred[None]:
+        """Stop listening (new connections are refused) and abort every open connection.
+
+        The Deferred fires once the listening socket is closed.
+        """
+        listening, self._listening = self._listening, None
+        for delivery in list(self._deliveries):
+            delivery.cancel()
+        self._connections.abort_all()
+        if listening is None:
+            return succeed(None)
+        return maybeDeferred(listening.stopListening).addCallback(lambda _: None)
+
+    def resume(self) -> int:
+        """Listen again on the same port and interface; returns the port."""
+        if self._listening is not None:
+            return self._port
+        if not self._port:
+            raise RuntimeError("resume() needs an earlier listen()")
+        return self.listen(self._port, self._interface)
+
+    def stop(self) -> Deferred[None]:
+        """Stop listening and abort open connections (test teardown); safe to call twice."""
+        return self.refuse()
+
+    @property
+    def port(self) -> int:
+        """The port last listened on (0 before :meth:`listen`)."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://<interface>:<port>``."""
+        host = f"[{self._interface}]" if ":" in self._interface else self._interface
+        return f"http://{host}:{self._port}"
+
+    # -- answering -----------------------------------------------------------------------------
+
+    def _render(self, request: _WebRequest) -> bytes | int:
+        call = self._record(request)
+        # Our replies say what they are; never let twisted.web call a body text/html.
+        request.defaultContentType = None
+        cors = self._cors.decide(call)
+        if cors.answer is not None:
+            return self._send_now(request, cors.answer)
+        kind = self._impl.classify(call)
+        faults = attrs.evolve(self.faults)  # knobs as they were when the request arrived
+        reply = self._reply(call, kind, faults).with_headers(cors.headers)
+        plan = _plan(kind, faults, reply)
+        if plan.immediate and not reply.streamed:
+            return self._send_now(request, reply)
+        delivery = _Delivery(
+            self._reactor, request, reply, plan, self.chunk_interval, self._delivery_ended
+        )
+        self._deliveries[delivery] = kind
+        delivery.start()
+        return NOT_DONE_YET
+
+    def _reply(self, call: Call, kind: RouteKind, faults: Faults) -> Reply:
+        if kind is RouteKind.INFERENCE and faults.status is not None:
+            message = f"simulated failure on {self.node} (HTTP {faults.status})"
+            return self._impl.failure(call, faults.status, message)
+        if kind is RouteKind.INVENTORY and faults.inventory_status is not None:
+            status = faults.inventory_status
+            message = f"simulated model-list failure on {self.node} (HTTP {status})"
+            return self._impl.failure(call, status, message)
+        if kind is RouteKind.INVENTORY and faults.inventory_invalid:
+            return Reply(200, (b"not json",), "application/json; charset=utf-8")
+        return self._impl.answer(self, call)
+
+    def _send_now(self, request: _WebRequest, reply: Reply) -> bytes:
+        _write_head(request, reply)
+        # HEAD keeps the Content-Length of the GET body but sends none (twisted.web would only
+        # log a warning and drop it).
+        return b"" if request.method == b"HEAD" else reply.body
+
+    def _delivery_ended(self, delivery: _Delivery, abandoned: bool) -> None:
+        self._deliveries.pop(delivery, None)
+        if abandoned:
+            self.abandoned += 1
+
+    def _record(self, request: _WebRequest) -> Call:
+        target = request.uri.decode("latin-1")
+        path, _, query = target.partition("?")
+        headers: dict[str, list[str]] = {}
+        for name, values in request.requestHeaders.getAllRawHeaders():
+            headers.setdefault(name.decode("latin-1").lower(), []).extend(
+                v.decode("latin-1") for v in values
+            )
+        body = b""
+        if request.content is not None:
+            request.content.seek(0)
+            body = request.content.read()
+        method = request.method.decode("ascii", "replace")
+        self.requests.append(RecordedRequest(method, target, headers, body))
+        return Call(method, path, query, headers, body)
+
+
+def _plan(kind: RouteKind, faults: Faults, reply: Reply) -> _Plan:
+    if kind is RouteKind.INFERENCE:
+        return _Plan(
+            header_delay=faults.header_delay,
+            first_byte_delay=faults.first_byte_delay,
+            stall=faults.stall,
+            die_after=faults.die_after_chunks if reply.streamed else None,
+        )
+    if kind is RouteKind.INVENTORY:
+        return _Plan(header_delay=faults.inventory_delay)
+    return _Plan()

@@ -1,0 +1,374 @@
+# -*- test-case-name: tests.test_sim -*-
+"""The llama.cpp ``llama-server`` dialect in single-model mode (engine-dialects.md §3): native
+``/completion`` (SSE without ``[DONE]``, ``stop``/``stop_type``/``timings``), OpenAI-compatible
+routes carrying ``usage`` and ``timings``, the combined ``/models`` list, ``/health``, ``/props``,
+``/slots``, embeddings and rerank, and ``{"error":{code,message,type}}`` errors.
+
+The request's ``model`` is ignored: the server's model (the first configured name) answers and is
+named in every response. Every configured name is listed by ``/models``. With no model configured
+the server behaves as while loading: inference answers 503 ``Loading model``.
+"""
+
+from __future__ import annotations
+
+from nvpair.sim import openai
+from nvpair.sim.generation import (
+    EVAL_MS_PER_TOKEN,
+    PROMPT_MS_PER_TOKEN,
+    Generation,
+    count_words,
+    embedding,
+    generate,
+    texts,
+)
+from nvpair.sim.wire import (
+    SSE_TYPE,
+    BadJSON,
+    Call,
+    EngineView,
+    Reply,
+    RouteKind,
+    Routes,
+    get_int,
+    include_usage,
+    json_reply,
+    parse_object,
+    sse_data,
+)
+
+BUILD = "b0-nvpair-sim"
+N_CTX = 4096
+CREATED = 1_767_225_600  # 2026-01-01T00:00:00Z, the model file's (fixed) creation time
+
+Json = dict[str, object]
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+def _error_type(status: int) -> str:
+    default = "server_error" if status >= 500 else "invalid_request_error"
+    return _ERROR_TYPES.get(status, default)
+
+
+def error_reply(status: int, message: str) -> Reply:
+    """llama-server's ``format_error_response``: the status is the ``code``."""
+    error = {"message": message, "type": _error_type(status), "code": status}
+    return json_reply(status, {"error": error})
+
+
+def timings(gen: Generation) -> Json:
+    """``server_slot_stats`` for ``gen``, from the simulated model's fixed speeds."""
+    prompt_per_token = float(PROMPT_MS_PER_TOKEN)
+    predicted_per_token = float(EVAL_MS_PER_TOKEN)
+    return {
+        "cache_n": 0,
+        "prompt_n": gen.prompt_tokens,
+        "prompt_ms": float(gen.prompt_ms),
+        "prompt_per_token_ms": prompt_per_token,
+        "prompt_per_second": 1000.0 / prompt_per_token,
+        "predicted_n": gen.completion_tokens,
+        "predicted_ms": float(gen.eval_ms),
+        "predicted_per_token_ms": predicted_per_token,
+        "predicted_per_second": 1000.0 / predicted_per_token,
+    }
+
+
+FLAVOR = openai.Flavor(
+    fingerprint=BUILD,
+    role_chunk=True,
+    role_chunk_content=None,
+    usage_details=True,
+    extra=lambda gen: {"timings": timings(gen)},
+)
+
+
+def _parse_error(bad: BadJSON) -> str:
+    # nlohmann::json's wording, which llama-server passes through.
+    if bad.reason == "empty":
+        where, what = "line 1, column 1", "attempting to parse an empty input"
+    else:
+        where, what = f"line {bad.line}, column {bad.column}", "syntax error while parsing value"
+    return f"[json.exception.parse_error.101] parse error at {where}: {what}"
+
+
+class LlamaCppDialect:
+    """Answers calls the way ``llama-server -m <model>`` does."""
+
+    def __init__(self) -> None:
+        routes = Routes()
+        inference, inventory, other = RouteKind.INFERENCE, RouteKind.INVENTORY, RouteKind.OTHER
+        # cpp-httplib answers HEAD wherever it answers GET.
+        routes.add("GET HEAD", "/health", other, self._health)
+        routes.add("GET HEAD", "/v1/health", other, self._health)
+        routes.add("GET HEAD", "/models", inventory, self._models)
+        routes.add("GET HEAD", "/v1/models", inventory, self._models)
+        routes.add("GET HEAD", "/props", other, self._props)
+        routes.add("GET HEAD", "/slots", other, self._slots)
+        for path in ("/completion", "/completions", "/infill"):
+            routes.add("POST", path, inference, self._native_completion)
+        routes.add("POST", "/v1/completions", inference, self._oai_completions)
+        routes.add("POST", "/chat/completions", inference, self._oai_chat)
+        routes.add("POST", "/v1/chat/completions", inference, self._oai_chat)
+        routes.add("POST", "/embedding", inference, self._native_embeddings)
+        routes.add("POST", "/embeddings", inference, self._native_embeddings)
+        routes.add("POST", "/v1/embeddings", inference, self._oai_embeddings)
+        for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
+            routes.add("POST", path, inference, self._rerank)
+        self._routes = routes
+
+    # -- Dialect -------------------------------------------------------------------------------
+
+    def classify(self, call: Call) -> RouteKind:
+        return self._routes.kind(call)
+
+    def answer(self, view: EngineView, call: Call) -> Reply:
+        route = self._routes.find(call.method, call.path)
+        if route is None:
+            # cpp-httplib has no 405: a wrong method is as unknown as a wrong path.
+            return error_reply(404, "File Not Found")
+        return route.handler(view, call)
+
+    def failure(self, call: Call, status: int, message: str) -> Reply:
+        return error_reply(status, message)
+
+    # -- shared request handling ---------------------------------------------------------------
+
+    def _prepare(self, view: EngineView, call: Call) -> tuple[dict[str, object], str] | Reply:
+        """The body and the server's model, or the error reply."""
+        if not view.models:
+            return error_reply(503, "Loading model")
+        body = parse_object(call.body)
+        if isinstance(body, BadJSON):
+            if body.reason == "not-object":
+                return error_reply(400, "request body must be a JSON object")
+            return error_reply(400, _parse_error(body))
+        return body, view.models[0]
+
+    # -- health and inventory ------------------------------------------------------------------
+
+    def _health(self, view: EngineView, call: Call) -> Reply:
+        return json_reply(200, {"status": "ok"})
+
+    def _models(self, view: EngineView, call: Call) -> Reply:
+        # One object carrying both the Ollama-style and the OpenAI-style list (§3.2).
+        models = [
+            {
+                "name": m,
+                "model": m,
+                "modified_at": "",
+                "size": "",
+                "digest": "",
+                "type": "model",
+                "description": "",
+                "tags": [""],
+                "capabilities": ["completion"],
+                "parameters": "",
+                "details": {
+                    "parent_model": "",
+                    "format": "gguf",
+                    "family": "",
+                    "families": [""],
+                    "parameter_size": "",
+                    "quantization_level": "",
+                },
+            }
+            for m in view.models
+        ]
+        data = [
+            {
+                "id": m,
+                "aliases": [m],
+                "tags": [],
+                "object": "model",
+                "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                "created": CREATED,
+                "owned_by": "llamacpp",
+                "meta": {
+                    "vocab_type": 1,
+                    "n_vocab": 32000,
+                    "n_ctx": N_CTX,
+                    "n_ctx_train": N_CTX,
+                    "n_embd": 4096,
+                    "n_params": 8_000_000_000,
+                    "size": 4_000_000_000,
+                    "ftype": "Q4_0",
+                },
+            }
+            for m in view.models
+        ]
+        return json_reply(200, {"models": models, "object": "list", "data": data})
+
+    def _props(self, view: EngineView, call: Call) -> Reply:
+        model = view.models[0] if view.models else ""
+        props: Json = {
+            "default_generation_settings": {
+                "id": 0,
+                "n_ctx": N_CTX,
+                "is_processing": False,
+                "params": {"n_predict": -1, "temperature": 0.8, "seed": 4294967295},
+            },
+            "total_slots": 1,
+            "model_alias": model,
+            "model_path": f"/models/{model}.gguf",
+            "modalities": {"vision": False, "audio": False},
+            "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "build_info": BUILD,
+            "webui": False,
+        }
+        return json_reply(200, props)
+
+    def _slots(self, view: EngineView, call: Call) -> Reply:
+        # One slot, busy while any inference answer is still being delivered.
+        busy = view.in_flight > 0
+        if busy and "fail_on_no_slot=1" in call.query.split("&"):
+            return error_reply(503, "no slot available")
+        slot = {"id": 0, "id_task": -1, "n_ctx": N_CTX, "speculative": False, "is_processing": busy}
+        return json_reply(200, [slot])
+
+    # -- native inference ----------------------------------------------------------------------
+
+    def _native_completion(self, view: EngineView, call: Call) -> Reply:
+        prepared = self._prepare(view, call)
+        if isinstance(prepared, Reply):
+            return prepared
+        body, model = prepared
+        if call.path == "/infill":
+            prompt: object = [
+                body.get("input_prefix"),
+                body.get("prompt"),
+                body.get("input_suffix"),
+            ]
+        elif "prompt" in body:
+            prompt = body["prompt"]
+        else:
+            return error_reply(400, "'prompt' is required")
+        limit = get_int(body, "n_predict")
+        gen = generate(view.tokens, count_words(prompt), limit)
+        final = _native_final(model, gen, prompt, limit)
+        if body.get("stream") is not True:
+            return json_reply(200, {**final, "content": gen.text})
+        events = [
+            sse_data(
+                {
+                    "index": 0,
+                    "content": token,
+                    "tokens": [],
+                    "stop": False,
+                    "id_slot": -1,
+                    "tokens_predicted": i + 1,
+                    "tokens_evaluated": gen.prompt_tokens,
+                }
+            )
+            for i, token in enumerate(gen.tokens)
+        ]
+        # The native stream ends with the stop chunk; it sends no [DONE].
+        events.append(sse_data(final))
+        return Reply(200, tuple(events), SSE_TYPE, streamed=True)
+
+    def _native_embeddings(self, view: EngineView, call: Call) -> Reply:
+        prepared = self._prepare(view, call)
+        if isinstance(prepared, Reply):
+            return prepared
+        body, _ = prepared
+        inputs = body.get("content", body.get("input"))
+        # Pooled embeddings still come as a one-row matrix on the native route.
+        answer = [{"index": i, "embedding": [embedding(t)]} for i, t in enumerate(texts(inputs))]
+        return json_reply(200, answer)
+
+    # -- OpenAI-compatible inference -----------------------------------------------------------
+
+    def _oai(self, view: EngineView, call: Call, chat: bool) -> Reply:
+        prepared = self._prepare(view, call)
+        if isinstance(prepared, Reply):
+            return prepared
+        body, model = prepared
+        key = "messages" if chat else "prompt"
+        if key not in body:
+            return error_reply(400, f"'{key}' is required")
+        limit = get_int(body, "max_tokens")
+        if limit is None:
+            limit = get_int(body, "max_completion_tokens")
+        gen = generate(view.tokens, count_words(body[key]), limit)
+        prefix = "chatcmpl" if chat else "cmpl"
+        head = openai.Head(f"{prefix}-{view.next_id()}", int(view.now()), model)
+        if body.get("stream") is True:
+            stream = openai.chat_stream if chat else openai.text_stream
+            return stream(FLAVOR, head, gen, include_usage(body))
+        build = openai.chat_body if chat else openai.text_body
+        return json_reply(200, build(FLAVOR, head, gen, {}))
+
+    def _oai_chat(self, view: EngineView, call: Call) -> Reply:
+        return self._oai(view, call, chat=True)
+
+    def _oai_completions(self, view: EngineView, call: Call) -> Reply:
+        return self._oai(view, call, chat=False)
+
+    def _oai_embeddings(self, view: EngineView, call: Call) -> Reply:
+        prepared = self._prepare(view, call)
+        if isinstance(prepared, Reply):
+            return prepared
+        body, model = prepared
+        if "input" not in body:
+            return error_reply(400, "'input' is required")
+        inputs = body["input"]
+        return json_reply(200, openai.embeddings_body(model, inputs, count_words(inputs)))
+
+    def _rerank(self, view: EngineView, call: Call) -> Reply:
+        prepared = self._prepare(view, call)
+        if isinstance(prepared, Reply):
+            return prepared
+        body, model = prepared
+        query, documents = body.get("query"), texts(body.get("documents"))
+        if not isinstance(query, str) or not documents:
+            return error_reply(400, '"query" and "documents" are required')
+        words = set(query.lower().split())
+        # Relevance = the share of query words the document contains; best first.
+        scores = [
+            (len(words & set(doc.lower().split())) / len(words) if words else 0.0, i)
+            for i, doc in enumerate(documents)
+        ]
+        scores.sort(key=lambda pair: -pair[0])
+        top_n = get_int(body, "top_n")
+        if top_n is not None:
+            scores = scores[:top_n]
+        results = [{"index": i, "relevance_score": score} for score, i in scores]
+        tokens = count_words(query) + count_words(documents)
+        answer: Json = {
+            "model": model,
+            "object": "list",
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "results": results,
+        }
+        return json_reply(200, answer)
+
+
+def _native_final(model: str, gen: Generation, prompt: object, limit: int | None) -> Json:
+    """The last (``stop``) object of a native completion, without the content."""
+    return {
+        "index": 0,
+        "content": "",
+        "tokens": [],
+        "id_slot": 0,
+        "stop": True,
+        "model": model,
+        "tokens_predicted": gen.completion_tokens,
+        "tokens_evaluated": gen.prompt_tokens,
+        "generation_settings": {"n_predict": -1 if limit is None else limit, "temperature": 0.8},
+        "prompt": prompt if isinstance(prompt, str) else "",
+        "has_new_line": False,
+        "truncated": False,
+        "stop_type": "limit" if gen.truncated else "eos",
+        "stopping_word": "",
+        "tokens_cached": gen.total_tokens,
+        "timings": timings(gen),
+    }

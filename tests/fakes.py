@@ -1,0 +1,264 @@
+"""In-memory stand-ins for the request path's edges: a client request and scripted upstreams."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, cast
+
+from attrs import define, field
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionLost, ConnectionRefusedError
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http_headers import Headers
+from zope.interface import implementer
+
+from nvpair.config import Config
+from nvpair.control import ControlState, Node
+from nvpair.dispatch import RequestPath
+from nvpair.engines import ENGINES
+from nvpair.facade import Admitted
+from nvpair.reservations import Reservations
+
+
+class ClientTransport:
+    def __init__(self) -> None:
+        self.aborted = False
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+
+
+@define(eq=False)
+class Channel:
+    transport: ClientTransport = field(factory=ClientTransport)
+
+
+class ClientRequest:
+    """Enough of ``twisted.web.server.Request`` for the request path."""
+
+    def __init__(self, method: bytes = b"POST", path: bytes = b"/api/chat") -> None:
+        self.method = method
+        self.path = path
+        self.uri = path
+        self.requestHeaders = Headers({b"content-type": [b"application/json"]})
+        self.responseHeaders = Headers()
+        self.code: int | None = None
+        self.chunks: list[bytes] = []
+        self.finished = False
+        self.startedWriting = False
+        self.lost = False
+        self.channel: Channel | None = Channel()
+        self.producer: Any = None
+        self._finish_waiters: list[Deferred[None]] = []
+
+    # -- what the request path calls -------------------------------------------------------
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        self.code = code
+
+    def write(self, data: bytes) -> None:
+        assert not self.finished
+        self.startedWriting = True
+        self.chunks.append(data)
+
+    def finish(self) -> None:
+        assert not self.finished
+        self.finished = True
+        for d in self._finish_waiters:
+            d.callback(None)
+
+    def loseConnection(self) -> None:
+        self.lost = True
+
+    def notifyFinish(self) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        self._finish_waiters.append(d)
+        return d
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        assert self.producer is None and streaming
+        self.producer = producer
+
+    def unregisterProducer(self) -> None:
+        self.producer = None
+
+    # -- what a test does ------------------------------------------------------------------
+
+    def disconnect(self) -> None:
+        """The client goes away."""
+        self.channel = None
+        waiters, self._finish_waiters = self._finish_waiters, []
+        for d in waiters:
+            d.errback(Failure(ConnectionLost()))
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def reason(self) -> str | None:
+        values = self.responseHeaders.getRawHeaders(b"x-nvpair-error")
+        return values[0].decode() if values else None
+
+
+@implementer(IPushProducer)
+class UpstreamConnection:
+    def __init__(self) -> None:
+        self.state = "producing"
+
+    def pauseProducing(self) -> None:
+        self.state = "paused"
+
+    def resumeProducing(self) -> None:
+        self.state = "producing"
+
+    def stopProducing(self) -> None:
+        self.state = "stopped"
+
+
+class Response:
+    """A scripted upstream response: headers now, body when the test says."""
+
+    def __init__(self, code: int, body: bytes | None = None, headers: Headers | None = None):
+        self.code = code
+        self.phrase = b"Status"
+        self.headers = headers or Headers({b"content-type": [b"application/json"]})
+        self.length = None
+        self.connection = UpstreamConnection()
+        self._protocol: Protocol | None = None
+        self._pending = body
+
+    def deliverBody(self, protocol: Protocol) -> None:
+        self._protocol = protocol
+        protocol.makeConnection(cast(Any, self.connection))
+        if self._pending is not None:
+            body, self._pending = self._pending, None
+            if body:
+                protocol.dataReceived(body)
+            protocol.connectionLost(Failure(ResponseDone()))
+
+    def send(self, data: bytes) -> None:
+        assert self._protocol is not None
+        self._protocol.dataReceived(data)
+
+    def end(self) -> None:
+        assert self._protocol is not None
+        self._protocol.connectionLost(Failure(ResponseDone()))
+
+    def die(self) -> None:
+        assert self._protocol is not None
+        self._protocol.connectionLost(Failure(ConnectionLost()))
+
+
+@define(eq=False)
+class Call:
+    """One request the proxy sent upstream."""
+
+    base: str
+    method: bytes
+    uri: bytes
+    headers: Headers
+    body: bytes | None
+    deferred: Deferred[Response]
+    cancelled: bool = False
+
+    def answer(self, response: Response) -> Response:
+        self.deferred.callback(response)
+        return response
+
+    def refuse(self) -> None:
+        self.deferred.errback(Failure(ConnectionRefusedError()))
+
+
+class ScriptedUpstream:
+    """Records every dispatch; the test answers each one."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+
+    def request(
+        self, base_url: str, method: bytes, uri: bytes, headers: Headers, body: bytes | None
+    ) -> Deferred[Response]:
+        def cancel(_: Deferred[Response]) -> None:
+            call.cancelled = True
+
+        d: Deferred[Response] = Deferred(cancel)
+        call = Call(base_url, method, uri, headers, body, d)
+        self.calls.append(call)
+        return d
+
+    def open(self) -> list[Call]:
+        return [c for c in self.calls if not c.deferred.called]
+
+    @property
+    def bases(self) -> list[str]:
+        return [c.base for c in self.calls]
+
+    def close(self) -> Deferred[None]:
+        return Deferred()
+
+
+def node(node_id: str, *models: str) -> Node:
+    return Node(node_id, False, f"http://{node_id}", models, frozenset(models))
+
+
+@define(eq=False)
+class Harness:
+    """A RequestPath on a Clock with scripted upstreams."""
+
+    clock: Clock
+    control: ControlState
+    upstream: ScriptedUpstream
+    reservations: Reservations
+    path: RequestPath
+
+    def serve(
+        self,
+        model: str = "m",
+        engine: str = "lmstudio",
+        route_path: str = "/v1/chat/completions",
+        method: bytes = b"POST",
+    ) -> tuple[ClientRequest, Deferred[None]]:
+        eng = ENGINES[engine]
+        route = eng.classify(method, route_path)
+        request = ClientRequest(method, route_path.encode())
+        admitted = Admitted(
+            engine=eng,
+            route=route,
+            method=method,
+            path=route_path,
+            uri=route_path.encode(),
+            body=json.dumps({"model": model}).encode(),
+            model=model,
+            model_key=eng.model_key(model),
+        )
+        return request, self.path.handle(admitted, request)
+
+    def nodes(self, *nodes: Node, engine: str = "lmstudio") -> None:
+        self.control.set_discovery(engine, nodes)
+
+
+def harness(**overrides: Any) -> Harness:
+    clock = Clock()
+    control = ControlState()
+    upstream = ScriptedUpstream()
+    reservations = Reservations()
+    control.on_priority(lambda p: reservations.new_snapshot(p.generation))
+    settings: dict[str, Any] = {
+        "state_dir": Path("/nonexistent"),
+        "response_header_timeout": 30.0,
+        "retry_backoff": 1.0,
+        "job_deadline": 600.0,
+        "client_write_timeout": 60.0,
+    }
+    settings.update(overrides)
+    config = Config(**settings)
+    path = RequestPath(clock, control, cast(Any, upstream), config, reservations)
+    return Harness(clock, control, upstream, reservations, path)

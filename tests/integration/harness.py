@@ -1,0 +1,215 @@
+"""Runs the real ``twistd -n nvpair-proxy`` process and plays the broker on its stdio."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from twisted.internet import defer, reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.protocol import ProcessProtocol
+from twisted.python.failure import Failure
+
+TWISTD = str(Path(sys.executable).parent / "twistd")
+
+Frame = dict[str, Any]
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class _Waiter:
+    def __init__(self, predicate: Callable[[Frame], bool], d: Deferred[Frame]) -> None:
+        self.predicate = predicate
+        self.d = d
+
+
+class ProxyProcess(ProcessProtocol):
+    """The proxy as a child process; this side is its broker.
+
+    :ivar frames: every JSON-RPC frame the proxy wrote to stdout, in order.
+    :ivar raw_stdout: every byte of stdout (to prove nothing else is written there).
+    :ivar logs: every stderr line parsed as JSON (non-JSON lines land in ``bad_log_lines``).
+    """
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self.raw_stdout = b""
+        self.logs: list[dict[str, Any]] = []
+        self.raw_stderr = b""
+        self.bad_log_lines: list[bytes] = []
+        self._out_buffer = b""
+        self._err_buffer = b""
+        self._waiters: list[_Waiter] = []
+        self._log_waiters: list[_Waiter] = []
+        self._next_id = 1000
+        self.ended: Deferred[int] = Deferred()
+        self.exit_code: int | None = None
+
+    # -- process protocol ------------------------------------------------------------------
+
+    def outReceived(self, data: bytes) -> None:
+        self.raw_stdout += data
+        self._out_buffer += data
+        *lines, self._out_buffer = self._out_buffer.split(b"\n")
+        for line in lines:
+            frame = json.loads(line)
+            self.frames.append(frame)
+            self._wake(self._waiters, frame)
+
+    def errReceived(self, data: bytes) -> None:
+        self.raw_stderr += data
+        self._err_buffer += data
+        *lines, self._err_buffer = self._err_buffer.split(b"\n")
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                self.bad_log_lines.append(line)
+                continue
+            self.logs.append(record)
+            self._wake(self._log_waiters, record)
+
+    def processEnded(self, reason: Failure) -> None:
+        if reason.check(ProcessDone):
+            self.exit_code = 0
+        elif reason.check(ProcessTerminated):
+            value = reason.value
+            assert isinstance(value, ProcessTerminated)
+            self.exit_code = value.exitCode if value.exitCode is not None else -1
+        self.ended.callback(self.exit_code if self.exit_code is not None else -1)
+
+    @staticmethod
+    def _wake(waiters: list[_Waiter], item: Frame) -> None:
+        for waiter in list(waiters):
+            if waiter.predicate(item):
+                waiters.remove(waiter)
+                waiter.d.callback(item)
+
+    # -- playing the broker ----------------------------------------------------------------
+
+    def send(self, message: Frame | bytes) -> None:
+        line = message if isinstance(message, bytes) else json.dumps(message).encode()
+        assert self.transport is not None
+        self.transport.write(line + b"\n")
+
+    def notify(self, method: str, params: Frame) -> None:
+        self.send({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def request(
+        self, method: str, params: dict[str, object], timeout: float = 10
+    ) -> Deferred[Frame]:
+        """Send a request; fires with the whole answer frame (``result`` or ``error``)."""
+        self._next_id += 1
+        request_id = self._next_id
+        d = self.wait_for(
+            lambda f: f.get("id") == request_id and "method" not in f, timeout=timeout
+        )
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        return d
+
+    def wait_for(self, predicate: Callable[[Frame], bool], timeout: float = 10) -> Deferred[Frame]:
+        """The first frame (already seen or still to come) matching ``predicate``."""
+        for frame in self.frames:
+            if predicate(frame):
+                return defer.succeed(frame)
+        d: Deferred[Frame] = Deferred()
+        self._waiters.append(_Waiter(predicate, d))
+        d.addTimeout(timeout, reactor)
+        return d
+
+    def wait_for_method(self, method: str, timeout: float = 10) -> Deferred[Frame]:
+        return self.wait_for(lambda f: f.get("method") == method, timeout)
+
+    def wait_for_log(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 10
+    ) -> Deferred[dict[str, Any]]:
+        for record in self.logs:
+            if predicate(record):
+                return defer.succeed(record)
+        d: Deferred[dict[str, Any]] = Deferred()
+        self._log_waiters.append(_Waiter(predicate, d))
+        d.addTimeout(timeout, reactor)
+        return d
+
+    async def barrier(self) -> None:
+        """Wait until the proxy has handled every line sent so far.
+
+        Lines are handled in order, so the answer to a request sent now (an unknown method:
+        -32601) proves every notification before it was applied.
+        """
+        answer = await self.request("test/barrier", {})
+        assert answer["error"]["code"] == -32601
+
+    def close_stdin(self) -> None:
+        assert self.transport is not None
+        self.transport.closeStdin()
+
+    def answer_subscribes(self) -> None:
+        """Answer every ``<engine>:discovery:subscribe`` the proxy sends with ``{}``."""
+
+        def answered(frame: Frame) -> bool:
+            if str(frame.get("method", "")).endswith(":discovery:subscribe") and "id" in frame:
+                self.send({"jsonrpc": "2.0", "id": frame["id"], "result": {}})
+            return False
+
+        for frame in self.frames:
+            answered(frame)
+        self._waiters.append(_Waiter(answered, Deferred()))
+
+    def terminate(self) -> Deferred[int]:
+        if self.exit_code is None and self.transport is not None:
+            with contextlib.suppress(Exception):  # already gone
+                self.transport.signalProcess("TERM")
+        return self.ended
+
+    async def enable(self, engine: str, port: int, **extra: Any) -> Frame:
+        answer = await self.request("facade/enable", {"engine": engine, "port": port, **extra})
+        assert "result" in answer, answer
+        return answer
+
+    def discovery(self, engine: str, nodes: Sequence[Frame]) -> None:
+        self.notify(f"{engine}:discovery:nodes", {"nodes": list(nodes)})
+
+
+def run_twistd(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``twistd -n nvpair-proxy ARGS`` to completion (for usage errors)."""
+    return subprocess.run(
+        [TWISTD, "--pidfile=", "-n", "nvpair-proxy", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+
+
+def start_proxy(state_dir: Path, *args: str, env: dict[str, str] | None = None) -> ProxyProcess:
+    """Spawn ``twistd -n nvpair-proxy`` with this side as its broker.
+
+    ``--pidfile=`` keeps parallel test processes from fighting over one twistd.pid.
+    """
+    proxy = ProxyProcess()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("NVPAIR_")}
+    environ.update(env or {})
+    reactor.spawnProcess(
+        proxy,
+        TWISTD,
+        [TWISTD, "--pidfile=", "-n", "nvpair-proxy", "--state-dir", str(state_dir), *args],
+        env=environ,
+        path=str(state_dir),
+    )
+    return proxy

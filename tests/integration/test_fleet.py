@@ -1,0 +1,85 @@
+"""Standalone fleet mode: the default a new user starts with (contract "Standalone fleet file")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest_twisted
+import treq
+from twisted.internet import reactor, task
+
+from tests.integration.conftest import running_proxy, sims
+from tests.integration.harness import free_port, run_twistd
+
+
+async def eventually(check: object, context: object = None, timeout: float = 10.0) -> None:
+    """Poll ``check()`` (an async callable returning bool) until it holds."""
+    for _ in range(int(timeout / 0.1)):
+        if await check():  # type: ignore[operator]
+            return
+        await task.deferLater(reactor, 0.1, lambda: None)
+    raise AssertionError(f"condition never held; {context}")
+
+
+@pytest_twisted.ensureDeferred
+async def test_fleet_polls_inventories_and_routes(tmp_path: Path) -> None:
+    """Facades from the file; a node whose poll fails leaves discovery until it answers."""
+    async with sims(("ollama", ["llama3:latest"], "a"), ("ollama", ["qwen2:7b"], "b")) as (a, b):
+        port = free_port()
+        fleet = tmp_path / "fleet.toml"
+        fleet.write_text(
+            f'inventory-interval = "100ms"\n'
+            f"[facades.ollama]\nport = {port}\n"
+            f'[[nodes]]\nid = "a"\n[nodes.engines]\nollama = "{a.url}"\n'
+            f'[[nodes]]\nid = "b"\n[nodes.engines]\nollama = "{b.url}"\n'
+        )
+        # A request caught between the node going and its poll failing waits for an owner
+        # until the job deadline (spec §5.1); keep that short here.
+        args = ("--fleet", str(fleet), "--job-deadline", "1s", "--retry-backoff", "50ms")
+        async with running_proxy(tmp_path, *args) as proxy:
+            url = f"http://127.0.0.1:{port}/api/generate"
+
+            async def status(model: str) -> int:
+                try:
+                    response = await treq.post(
+                        url,
+                        json.dumps({"model": model, "prompt": "x", "stream": False}).encode(),
+                        timeout=5,
+                    )
+                except Exception:
+                    return 0
+                await response.content()
+                return int(response.code)
+
+            async def served(model: str) -> bool:
+                return await status(model) == 200
+
+            async def gone(model: str) -> bool:
+                return await status(model) in (502, 503)
+
+            await eventually(lambda: served("qwen2:7b"), proxy.logs)
+            await eventually(lambda: served("llama3"))
+            await b.refuse()
+            await eventually(lambda: gone("qwen2:7b"))
+            assert await served("llama3")
+            b.resume()
+            await eventually(lambda: served("qwen2:7b"))
+            # A model that appears on a node is picked up by the next poll.
+            a.models.append("phi3:latest")
+            await eventually(lambda: served("phi3"))
+            assert proxy.raw_stdout == b""
+
+
+def test_fleet_and_broker_are_exclusive(tmp_path: Path) -> None:
+    fleet = tmp_path / "f.toml"
+    fleet.write_text("[facades.ollama]\n")
+    result = run_twistd(tmp_path, "--fleet", str(fleet), "--broker", "unix:path=/nonexistent")
+    assert result.returncode != 0 and "mutually exclusive" in result.stderr + result.stdout
+
+
+def test_bad_fleet_file_names_the_key(tmp_path: Path) -> None:
+    fleet = tmp_path / "f.toml"
+    fleet.write_text("[facades.vllm]\n")
+    result = run_twistd(tmp_path, "--fleet", str(fleet))
+    assert result.returncode != 0 and "facades.vllm" in result.stderr + result.stdout
