@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest_twisted
 import treq
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import UNIXServerEndpoint
+from twisted.internet.protocol import Factory
+from twisted.protocols.basic import LineOnlyReceiver
 from twisted.web.http_headers import Headers
 
 from tests.integration.conftest import enabled_proxy_for, running_proxy, sims
@@ -200,3 +205,61 @@ async def test_log_level_changes_live_and_canary_never_logged(tmp_path: Path) ->
         await proxy.ended
     assert canary.encode() not in proxy.raw_stderr
     assert canary.encode() not in proxy.raw_stdout
+
+
+class _BrokerSide(LineOnlyReceiver):
+    delimiter = b"\n"
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, object]] = []
+        self.linked: Deferred[_BrokerSide] = Deferred()
+        self.arrived: Deferred[None] | None = None
+
+    def connectionMade(self) -> None:
+        self.linked.callback(self)
+
+    def lineReceived(self, line: bytes) -> None:
+        self.frames.append(json.loads(line))
+        if self.arrived is not None:
+            arrived, self.arrived = self.arrived, None
+            arrived.callback(None)
+
+    async def next_frame(self) -> dict[str, object]:
+        while not self.frames:
+            self.arrived = Deferred()
+            await self.arrived.addTimeout(10, reactor)
+        return self.frames.pop(0)
+
+
+@pytest_twisted.ensureDeferred
+async def test_broker_endpoint_is_the_alternative_link(tmp_path: Path) -> None:
+    """--broker unix:path=...: same framing over a socket; its close ends the process (0)."""
+    socket_path = tmp_path / "broker.sock"
+    side = _BrokerSide()
+    endpoint = UNIXServerEndpoint(reactor, str(socket_path))
+    listening = await endpoint.listen(Factory.forProtocol(lambda: side))
+    try:
+        async with running_proxy(tmp_path, "--broker", f"unix:path={socket_path}") as proxy:
+            await side.linked.addTimeout(20, reactor)
+            port = free_port()
+            side.sendLine(
+                json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "facade/enable",
+                        "params": {"engine": "llamacpp", "port": port},
+                    }
+                ).encode()
+            )
+            methods = []
+            for _ in range(3):
+                frame = await side.next_frame()
+                methods.append(frame.get("method", f"answer {frame.get('id')}"))
+            assert methods == ["llamacpp:ready", "llamacpp:discovery:subscribe", "answer 1"]
+            assert side.transport is not None
+            side.transport.loseConnection()
+            assert await proxy.ended == 0
+            assert proxy.raw_stdout == b""
+    finally:
+        await listening.stopListening()
