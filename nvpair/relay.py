@@ -10,6 +10,7 @@ this process's memory.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from attrs import frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
@@ -114,6 +116,8 @@ class BodyRelay(Protocol):
         :meth:`attach`).
     """
 
+    log = Logger()
+
     def __init__(self) -> None:
         self._deadline: Callable[[IPushProducer], IPushProducer] | None = None
         # Cancelling the wait (first-body timeout, watcher, requester gone) abandons the body.
@@ -130,7 +134,10 @@ class BodyRelay(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._state is _State.RELAYING:
             if not self._client_gone:
-                self._request.write(data)
+                try:
+                    self._request.write(data)
+                except Exception:
+                    self._copy_failed(Failure())
         elif self._state is _State.WAITING:
             self._held = data
             self._state = _State.HELD
@@ -210,6 +217,19 @@ class BodyRelay(Protocol):
             upstream.stopProducing()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _copy_failed(self, failure: Failure) -> None:
+        """Copying to the client failed: close the client, stop the upstream (§3.2).
+
+        The upstream's end then settles :attr:`done` as incomplete, so the request's terminal
+        reporting and reservation release still run.
+        """
+        self.log.failure("copying a response body to the client failed", failure)
+        request = self._request
+        self.client_gone()
+        with contextlib.suppress(AttributeError, RuntimeError):
+            request.unregisterProducer()
+        request.loseConnection()
 
     def _upstream(self) -> IPushProducer | None:
         # deliverBody hands us a transport that is a push producer over the upstream
