@@ -146,11 +146,17 @@ class Attempts:
         self._timeout = header_timeout
         self._address = address
 
-    async def run(self, dispatch: Dispatch, node: Node, final: bool) -> Outcome:
+    async def run(
+        self, dispatch: Dispatch, node: Node, final: bool, cancelled: Callable[[], bool]
+    ) -> Outcome:
         """Dispatch to ``node``; see the module docstring for how it ends.
 
         :param final: the last permitted attempt: a retryable status is then served as the
             answer (its status and body unchanged) instead of failing.
+        :param cancelled: whether the request itself (the parent scope) was cancelled. A
+            failure is classified by reading it, never by the exception's type: a cancelled
+            dial fails with ``ConnectingCancelledError`` or ``ResponseNeverReceived``, which
+            would otherwise pass for a transport error and keep a gone requester's loop going.
         """
         state = AttemptState()
         waiting: list[Deferred[Any]] = []
@@ -165,7 +171,7 @@ class Attempts:
 
         unsubscribe = self._control.on_discovery(watch)
         try:
-            return await self._run(dispatch, node, final, state, waiting)
+            return await self._run(dispatch, node, final, state, waiting, cancelled)
         finally:
             unsubscribe()
 
@@ -176,6 +182,7 @@ class Attempts:
         final: bool,
         state: AttemptState,
         waiting: list[Deferred[Any]],
+        cancelled: Callable[[], bool],
     ) -> Outcome:
         try:
             base = self._address(dispatch.engine, node)
@@ -184,17 +191,29 @@ class Attempts:
         sent = self._upstream.request(
             base, dispatch.method, dispatch.uri, dispatch.headers, dispatch.body
         )
-        if self._timeout:
-            sent.addTimeout(self._timeout, self._clock)
         waiting.append(sent)
+        # Not Deferred.addTimeout: a cancelled Agent request fails with ResponseNeverReceived,
+        # which addTimeout would not translate, so expiry is recorded here instead.
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            sent.cancel()
+
+        timer = self._clock.callLater(self._timeout, expire) if self._timeout else None
         try:
             response: IResponse = await sent
-        except CancelledError:
+        except Exception as error:
+            if cancelled():
+                raise CancelledError() from error
             if state.abandoned():
                 return Failed(Fault.NODE_LEFT)
-            raise
-        except Exception as error:
+            if expired:
+                return Failed(Fault.TRANSPORT, detail="header timeout")
             return Failed(Fault.TRANSPORT, detail=type(error).__name__)
+        finally:
+            if timer is not None and timer.active():
+                timer.cancel()
         if state.abandoned():
             # The watcher fired while the headers were being delivered.
             response.deliverBody(_Discard())
@@ -222,10 +241,12 @@ class Attempts:
                 return Failed(Fault.FIRST_BODY_TIMEOUT, status=response.code)
             except CancelledError:
                 relay.abandon()
-                if state.abandoned():
+                if state.abandoned() and not cancelled():
                     return Failed(Fault.NODE_LEFT)
                 raise
             except Exception as error:
+                if cancelled():
+                    raise CancelledError() from error
                 return Failed(Fault.TRANSPORT, detail=type(error).__name__)
         if not state.claim_commit():
             # A committed first byte wins the claim, so this is the watcher having won before

@@ -21,6 +21,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
+from nvpair.activity import NodeActivity
 from nvpair.answers import write_error
 from nvpair.attempt import Attempts, Dispatch, Failed, Fault, Served
 from nvpair.config import Config
@@ -28,10 +29,12 @@ from nvpair.control import ControlState, Node, Priority
 from nvpair.engines import RouteClass
 from nvpair.facade import Admitted, RequestHandler, upstream_headers
 from nvpair.headers import end_to_end
+from nvpair.inferstats import Stats, StatsReader
 from nvpair.relay import BodyRelay, WriteDeadline
 from nvpair.reservations import Reservation, Reservations
 from nvpair.routing import Plan, owners, plan
 from nvpair.upstream import Upstream
+from nvpair.workload import State, Workload, Workloads
 
 #: Backoff between rounds doubles each round up to this multiple of ``--retry-backoff``.
 BACKOFF_CAP = 8
@@ -57,6 +60,16 @@ class Job:
     attempts: int = 0
     reservation: Reservation | None = None
     deferred: Deferred[None] | None = None
+    workload: Workload | None = None
+    #: The status of the response served as the answer (the commit), if one was.
+    served_status: int | None = None
+    #: The reason of the proxy-generated answer, if the proxy answered.
+    refused: str | None = None
+    stats: Stats | None = None
+
+    def cancelled(self) -> bool:
+        """Whether the request itself was cancelled (the parent scope)."""
+        return self.ending is not None
 
     def cancel(self, ending: Ending) -> None:
         """Cancel the whole request (the parent scope); the first reason sticks."""
@@ -87,11 +100,15 @@ class RequestPath(RequestHandler):
         upstream: Upstream,
         config: Config,
         reservations: Reservations,
+        workloads: Workloads,
+        activity: NodeActivity,
     ) -> None:
         self._clock = clock
         self._control = control
         self._config = config
         self._reservations = reservations
+        self._workloads = workloads
+        self._activity = activity
         self._attempts = Attempts(
             clock, control, upstream, config.response_header_timeout, self.base_url
         )
@@ -129,9 +146,14 @@ class RequestPath(RequestHandler):
         request.notifyFinish().addErrback(lambda _: job.cancel(Ending.REQUESTER_GONE))
 
         def ended(result: object) -> object:
+            # Every exit path runs this: a normal end, the requester leaving, shutdown, a node
+            # dying mid-copy, a bug. Exactly one terminal event per admitted request.
             self._jobs.discard(job)
             self._reservations.release(job.reservation)
             job.reservation = None
+            if job.workload is not None:
+                state, error = self._terminal(job, result)
+                job.workload.terminal(state, error, job.stats)
             return result
 
         def cancelled(failure: Failure) -> None:
@@ -144,6 +166,32 @@ class RequestPath(RequestHandler):
         d.addBoth(ended)
         d.addErrback(cancelled)
         return d
+
+    @staticmethod
+    def _terminal(job: Job, result: object) -> tuple[State, str | None]:
+        """The workload's terminal state (spec §5.4's outcome table)."""
+        if job.ending is not None:
+            # The requester left, stopped reading, or we shut down: never a node failure.
+            return State.CANCELLED, job.ending.value
+        if isinstance(result, Failure):
+            return State.FAILED, "internal"
+        if job.served_status is not None:
+            if 200 <= job.served_status < 300:
+                # A stream truncated by its node dying still completed: it started, and the
+                # proxy cannot tell truncated from whole (spec §1.1).
+                return State.COMPLETED, None
+            return State.FAILED, f"upstream status {job.served_status}"
+        return State.FAILED, job.refused or "internal"
+
+    def _refuse(self, job: Job, reason: str, retry_after: float | None = None) -> None:
+        """Answer with a proxy-generated error and remember why, for the terminal event."""
+        job.refused = reason
+        write_error(
+            job.request,
+            job.admitted.engine,
+            reason,
+            retry_after=None if retry_after is None else self._retry_after(retry_after),
+        )
 
     # -- candidates ------------------------------------------------------------------------
 
@@ -188,18 +236,19 @@ class RequestPath(RequestHandler):
         round_plan = self._plan(job.admitted)
         if not round_plan.candidates:
             # No owner at admission: a model nobody advertises will not become servable by
-            # waiting, and nothing has been dispatched.
+            # waiting, and nothing has been dispatched. Never admitted: no workload events.
             write_error(request, engine, "no-owner")
             return
+        model = job.admitted.model
+        workload = self._workloads.admit(engine.id, engine.model_display(model) if model else "")
+        job.workload = workload
 
         while True:
             if not round_plan.candidates:
                 # An owner existed within this request's life and went away: wait for one,
                 # at no attempt's cost, until the deadline.
                 if self._clock.seconds() >= deadline:
-                    write_error(
-                        request, engine, "no-owner-timeout", retry_after=self._retry_after(backoff)
-                    )
+                    self._refuse(job, "no-owner-timeout", backoff)
                     return
                 await self._sleep(min(backoff, deadline - self._clock.seconds()))
                 backoff = min(backoff * 2, config.retry_backoff * BACKOFF_CAP)
@@ -212,28 +261,27 @@ class RequestPath(RequestHandler):
             for node in round_plan.candidates:
                 # Both bounds are checked before every dispatch, never during one.
                 if job.attempts >= config.max_dispatch_attempts:
-                    write_error(
-                        request,
-                        engine,
-                        "attempts-exhausted",
-                        retry_after=self._retry_after(backoff),
-                    )
+                    self._refuse(job, "attempts-exhausted", backoff)
                     return
                 if self._clock.seconds() >= deadline:
-                    write_error(request, engine, "deadline", retry_after=self._retry_after(backoff))
+                    self._refuse(job, "deadline", backoff)
                     return
                 job.attempts += 1
                 final = job.attempts == config.max_dispatch_attempts
                 if reserving:
                     job.reservation = self._reservations.move(job.reservation, node.id)
-                outcome = await self._attempts.run(dispatch, node, final)
-                if isinstance(outcome, Served):
-                    await self._deliver(job, node, outcome)
-                    return
+                workload.submitted(node.id)
+                with self._activity.tracking(engine.id, node.id):
+                    outcome = await self._attempts.run(dispatch, node, final, job.cancelled)
+                    if isinstance(outcome, Served):
+                        await self._deliver(job, node, outcome)
+                        return
                 self._failed(job, node, outcome)
                 if final:
                     self._answer_final(job, outcome)
                     return
+                # Between attempts the job is placed nowhere.
+                workload.submitted(None)
 
             # The round is exhausted: nothing runs between attempts, so the claim goes now
             # (a stale one would push the other engines' traffic off a free node).
@@ -241,7 +289,7 @@ class RequestPath(RequestHandler):
             job.reservation = None
             remaining = deadline - self._clock.seconds()
             if remaining <= 0:
-                write_error(request, engine, "deadline", retry_after=self._retry_after(backoff))
+                self._refuse(job, "deadline", backoff)
                 return
             await self._sleep(min(backoff, remaining))
             backoff = min(backoff * 2, config.retry_backoff * BACKOFF_CAP)
@@ -249,12 +297,8 @@ class RequestPath(RequestHandler):
 
     def _answer_final(self, job: Job, failed: Failed) -> None:
         """The final permitted attempt answers for itself (spec §5.4)."""
-        reason = (
-            "first-body-timeout"
-            if failed.why is Fault.FIRST_BODY_TIMEOUT
-            else ("upstream-transport")
-        )
-        write_error(job.request, job.admitted.engine, reason)
+        timed_out = failed.why is Fault.FIRST_BODY_TIMEOUT
+        self._refuse(job, "first-body-timeout" if timed_out else "upstream-transport")
 
     # -- other routes: each candidate at most once ------------------------------------------
 
@@ -267,10 +311,11 @@ class RequestPath(RequestHandler):
         dispatch = self._dispatch(job)
         for index, node in enumerate(candidates):
             final = index == len(candidates) - 1
-            outcome = await self._attempts.run(dispatch, node, final)
-            if isinstance(outcome, Served):
-                await self._deliver(job, node, outcome)
-                return
+            with self._activity.tracking(engine.id, node.id):
+                outcome = await self._attempts.run(dispatch, node, final, job.cancelled)
+                if isinstance(outcome, Served):
+                    await self._deliver(job, node, outcome)
+                    return
             self._failed(job, node, outcome)
             if final:
                 self._answer_final(job, outcome)
@@ -279,12 +324,13 @@ class RequestPath(RequestHandler):
 
     def _failed(self, job: Job, node: Node, failed: Failed) -> None:
         self.log.debug(
-            "attempt {attempt} to {node} failed: {why} {status}",
+            "attempt {attempt} to {node} failed: {why} {status} {detail}",
             engine=job.admitted.engine.id,
             attempt=job.attempts,
             node=node.id,
             why=failed.why.value,
             status=failed.status,
+            detail=failed.detail,
         )
 
     async def _deliver(self, job: Job, node: Node, served: Served) -> None:
@@ -300,12 +346,24 @@ class RequestPath(RequestHandler):
             request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % response.length])
         relay: BodyRelay = served.relay
         relay.set_deadline(lambda upstream: self._write_deadline(job, upstream))
+        job.served_status = response.code
+        reader: StatsReader | None = None
+        if job.workload is not None:
+            job.workload.started(node.id)
+            if response.code < 400:
+                # Only a committed answer below 400 is measured: never an error body.
+                reader = StatsReader(job.created)
+                clock, feed = self._clock, reader.feed
+                relay.set_tap(lambda chunk: feed(chunk, clock.seconds()))
         relay.attach(request)
         try:
             end = await relay.done
         except CancelledError:
             relay.client_gone()
             raise
+        finally:
+            if reader is not None:
+                job.stats = reader.finish(self._clock.seconds())
         self.log.debug(
             "{path} served by {node}: {status} complete={complete}",
             engine=job.admitted.engine.id,

@@ -120,6 +120,7 @@ class BodyRelay(Protocol):
 
     def __init__(self) -> None:
         self._deadline: Callable[[IPushProducer], IPushProducer] | None = None
+        self._tap: Callable[[bytes], None] | None = None
         # Cancelling the wait (first-body timeout, watcher, requester gone) abandons the body.
         self.first: Deferred[First] = Deferred(lambda _: self.abandon())
         self.done: Deferred[BodyEnd] = Deferred()
@@ -134,6 +135,8 @@ class BodyRelay(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._state is _State.RELAYING:
             if not self._client_gone:
+                if self._tap is not None:
+                    self._tap(data)
                 try:
                     self._request.write(data)
                 except Exception:
@@ -168,6 +171,10 @@ class BodyRelay(Protocol):
         :class:`WriteDeadline`)."""
         self._deadline = wrap
 
+    def set_tap(self, tap: Callable[[bytes], None]) -> None:
+        """See every relayed chunk as it goes by (stats measurement); never buffers it."""
+        self._tap = tap
+
     def attach(self, request: Any) -> None:
         """Commit: splice the held bytes to ``request`` and stream the rest into it.
 
@@ -182,6 +189,8 @@ class BodyRelay(Protocol):
         self.first.addErrback(lambda _: None)
         self._request = request
         if self._held:
+            if self._tap is not None:
+                self._tap(self._held)
             request.write(self._held)
             self._held = b""
         if self._ended is not None:

@@ -20,6 +20,7 @@ from twisted.logger import ILogObserver, Logger, globalLogBeginner
 from twisted.python.components import Componentized
 from twisted.web.server import Site
 
+from nvpair.activity import NodeActivity
 from nvpair.admin import Admin
 from nvpair.broker import BrokerProtocol
 from nvpair.config import Config
@@ -31,6 +32,7 @@ from nvpair.logs import JsonLineObserver
 from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
 from nvpair.upstream import Upstream
+from nvpair.workload import Workloads
 
 
 class BrokerOutbox:
@@ -141,9 +143,12 @@ def build(
     reservations = Reservations()
     # A newer scheduler snapshot already counts the work reserved before it (spec §6).
     control.on_priority(lambda priority: reservations.new_snapshot(priority.generation))
-    request_path = RequestPath(reactor, control, upstream, config, reservations)
-
     outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
+    workloads = Workloads(outbox.notify, lambda: int(reactor.seconds() * 1000))
+    activity = NodeActivity(reactor, outbox.notify)
+    request_path = RequestPath(
+        reactor, control, upstream, config, reservations, workloads, activity
+    )
     facades = FacadeManager(
         reactor,
         request_path,

@@ -7,22 +7,24 @@ from pathlib import Path
 from typing import Any, cast
 
 from attrs import define, field
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
+from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
+from nvpair.activity import NodeActivity
 from nvpair.config import Config
 from nvpair.control import ControlState, Node
 from nvpair.dispatch import RequestPath
 from nvpair.engines import ENGINES
 from nvpair.facade import Admitted
 from nvpair.reservations import Reservations
+from nvpair.workload import Workloads
 
 
 class ClientTransport:
@@ -190,12 +192,17 @@ class ScriptedUpstream:
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
+        #: What a cancelled dial fails with. Agent uses ResponseNeverReceived once connected
+        #: and ConnectingCancelledError while connecting: never plain CancelledError.
+        self.cancel_error: Exception = ResponseNeverReceived([Failure(CancelledError())])
 
     def request(
         self, base_url: str, method: bytes, uri: bytes, headers: Headers, body: bytes | None
     ) -> Deferred[Response]:
-        def cancel(_: Deferred[Response]) -> None:
+        def cancel(d: Deferred[Response]) -> None:
+            # As Agent does: a cancelled request fails with ResponseNeverReceived.
             call.cancelled = True
+            d.errback(self.cancel_error)
 
         d: Deferred[Response] = Deferred(cancel)
         call = Call(base_url, method, uri, headers, body, d)
@@ -226,6 +233,11 @@ class Harness:
     upstream: ScriptedUpstream
     reservations: Reservations
     path: RequestPath
+    events: list[tuple[str, dict[str, Any]]]
+
+    def workload_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """``(method, workloadInfo)`` of every workload event so far."""
+        return [(m, p["workloadInfo"]) for m, p in self.events if m.startswith("workload:")]
 
     def serve(
         self,
@@ -268,5 +280,14 @@ def harness(**overrides: Any) -> Harness:
     }
     settings.update(overrides)
     config = Config(**settings)
-    path = RequestPath(clock, control, cast(Any, upstream), config, reservations)
-    return Harness(clock, control, upstream, reservations, path)
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(method: str, params: dict[str, Any]) -> None:
+        events.append((method, params))
+
+    workloads = Workloads(emit, lambda: int(clock.seconds() * 1000), run_id="0123456789abcdef")
+    activity = NodeActivity(clock, emit)
+    path = RequestPath(
+        clock, control, cast(Any, upstream), config, reservations, workloads, activity
+    )
+    return Harness(clock, control, upstream, reservations, path, events)

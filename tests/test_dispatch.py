@@ -327,6 +327,20 @@ def test_requester_leaving_mid_dial_cancels_it() -> None:
     assert h.upstream.calls[0].cancelled
 
 
+def test_requester_leaving_while_connecting_is_not_a_transport_failure() -> None:
+    """However the dial fails when cancelled, the parent scope decides: no further attempt."""
+    from twisted.internet.endpoints import HostnameEndpoint
+    from twisted.internet.error import ConnectingCancelledError
+
+    h = harness()
+    h.upstream.cancel_error = ConnectingCancelledError(HostnameEndpoint)
+    h.nodes(A, B)
+    request, d = h.serve()
+    request.disconnect()
+    h.clock.advance(100)
+    assert len(h.upstream.calls) == 1 and fired(d)
+
+
 def test_shutdown_cancels_what_is_in_flight() -> None:
     h = harness()
     h.nodes(A)

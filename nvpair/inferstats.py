@@ -1,0 +1,208 @@
+"""Token statistics from a response body as it streams, never buffering it (spec §5.5).
+
+The reader sees every chunk once, keeps only the last few KiB (the tail, where every engine
+puts its usage report: the OpenAI ``usage`` chunk or field, Ollama's final counts, llama.cpp's
+``timings``, LM Studio's ``stats``) and counts stream events on the way, so that a stream
+without a report still yields an estimate. It never parses content and never raises: any body
+at all, split anywhere, produces stats or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from attrs import frozen
+
+#: How much of the body's end is kept for reading the engine's report.
+TAIL_BYTES = 8 * 1024
+
+#: Longest partial line carried between chunks for event counting; longer lines are counted
+#: without being kept (an event's content does not matter, only that it has some).
+_LINE_CARRY = 512
+
+#: A body that arrived faster than this was not streamed at a measurable rate (a whole answer
+#: in a few reads): no throughput is derived from it.
+MIN_SPAN = 0.05
+
+_DECODER = json.JSONDecoder()
+_NUMBER = rb"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+# Keys whose value is an object holding the report.
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_TIMINGS = re.compile(rb'"timings"\s*:\s*\{')
+_LMSTATS = re.compile(rb'"stats"\s*:\s*\{')
+# Ollama reports at the top level of its final object.
+_OLLAMA = {
+    key: re.compile(rb'"' + key.encode() + rb'"\s*:\s*' + _NUMBER)
+    for key in ("prompt_eval_count", "eval_count", "eval_duration")
+}
+# A stream event "with content": a generated piece of text that is not empty.
+_CONTENT = re.compile(rb'"(?:content|text|response)"\s*:\s*"(?:[^"\\]|\\.)')
+
+
+@frozen
+class Stats:
+    """What could be measured; fields that could not be are None."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    tokens_per_second: float | None
+    ttft_ms: int | None
+    estimated: bool
+
+    def to_json(self) -> dict[str, object]:
+        """The contract's ``stats`` object (only measured fields)."""
+        out: dict[str, object] = {}
+        if self.prompt_tokens is not None:
+            out["promptTokens"] = self.prompt_tokens
+        if self.completion_tokens is not None:
+            out["completionTokens"] = self.completion_tokens
+        if self.tokens_per_second is not None:
+            out["tokensPerSecond"] = self.tokens_per_second
+        if self.ttft_ms is not None:
+            out["ttftMs"] = self.ttft_ms
+        out["estimated"] = self.estimated
+        return out
+
+
+def _last_object(tail: bytes, pattern: re.Pattern[bytes]) -> dict[str, object] | None:
+    """The last ``"key": {...}`` object in ``tail`` that parses whole."""
+    for match in reversed(list(pattern.finditer(tail))):
+        start = match.end() - 1
+        try:
+            value, _ = _DECODER.raw_decode(tail[start:].decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _last_number(tail: bytes, pattern: re.Pattern[bytes]) -> float | None:
+    matches = pattern.findall(tail)
+    if not matches:
+        return None
+    try:
+        return float(matches[-1])
+    except ValueError:
+        return None
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return int(value)
+
+
+def _rate(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return None
+    rate = float(value)
+    return round(rate, 2) if rate < 1e9 else None
+
+
+class StatsReader:
+    """Fed each body chunk with its arrival time; asked for :class:`Stats` at the end.
+
+    :param admitted_at: admission time (seconds), for ``ttftMs``.
+    """
+
+    def __init__(self, admitted_at: float) -> None:
+        self._admitted_at = admitted_at
+        self._tail = b""
+        self._carry = b""
+        self._carry_overflowed = False
+        self._events = 0
+        self._first_at: float | None = None
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """One chunk of the body, as relayed."""
+        if not chunk:
+            return
+        if self._first_at is None:
+            self._first_at = now
+        tail = self._tail + chunk
+        self._tail = tail[-TAIL_BYTES:]
+        self._count_events(chunk)
+
+    def _count_events(self, chunk: bytes) -> None:
+        # An event is a line: an SSE "data:" line or an NDJSON object. Lines may span chunks,
+        # so only a bounded prefix of the unfinished one is carried over, and every line is
+        # judged by that same prefix: the count does not depend on where chunks were split.
+        lines = chunk.split(b"\n")
+        for line in lines[:-1]:
+            self._carry_append(line)
+            self._event(self._carry, self._carry_overflowed)
+            self._carry, self._carry_overflowed = b"", False
+        self._carry_append(lines[-1])
+
+    def _carry_append(self, piece: bytes) -> None:
+        room = _LINE_CARRY - len(self._carry)
+        if len(piece) > room:
+            self._carry_overflowed = True
+        self._carry += piece[: max(0, room)]
+
+    def _event(self, line: bytes, overflowed: bool) -> None:
+        line = line.strip()
+        if line.startswith(b"data:"):
+            line = line[5:].strip()
+        elif not line.startswith(b"{"):
+            return
+        if not line or line.startswith(b"[DONE]"):
+            return
+        # A line too long to keep is content-bearing by any measure that matters here.
+        if overflowed or _CONTENT.search(line):
+            self._events += 1
+
+    def finish(self, now: float) -> Stats | None:
+        """The stats for the whole body (None when nothing could be measured)."""
+        if self._carry:
+            self._event(self._carry, self._carry_overflowed)
+            self._carry, self._carry_overflowed = b"", False
+        ttft = None
+        if self._first_at is not None:
+            ttft = max(0, round((self._first_at - self._admitted_at) * 1000))
+        prompt, completion, rate = self._report()
+        estimated = False
+        if completion is None and self._events:
+            completion, estimated = self._events, True
+        if rate is None and completion and self._first_at is not None:
+            span = now - self._first_at
+            rate = _rate(completion / span) if span >= MIN_SPAN else None
+        if prompt is None and completion is None and ttft is None:
+            return None
+        return Stats(prompt, completion, rate, ttft, estimated)
+
+    def _report(self) -> tuple[int | None, int | None, float | None]:
+        """Token counts and decode rate from the engine's own report in the tail."""
+        tail = self._tail
+        prompt = completion = None
+        rate: float | None = None
+        usage = _last_object(tail, _USAGE)
+        if usage is not None:
+            prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+            completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+        timings = _last_object(tail, _TIMINGS)
+        if timings is not None:
+            prompt = prompt if prompt is not None else _count(timings.get("prompt_n"))
+            completion = (
+                completion if completion is not None else _count(timings.get("predicted_n"))
+            )
+            rate = _rate(timings.get("predicted_per_second"))
+        lmstats = _last_object(tail, _LMSTATS)
+        if lmstats is not None:
+            # LM Studio: REST v0 "stats" carry the rate; REST v1 "stats" the counts as well.
+            prompt = prompt if prompt is not None else _count(lmstats.get("input_tokens"))
+            completion = (
+                completion if completion is not None else _count(lmstats.get("total_output_tokens"))
+            )
+            rate = rate if rate is not None else _rate(lmstats.get("tokens_per_second"))
+        eval_count = _last_number(tail, _OLLAMA["eval_count"])
+        if eval_count is not None:
+            prompt_count = _last_number(tail, _OLLAMA["prompt_eval_count"])
+            prompt = prompt if prompt is not None else _count(prompt_count)
+            completion = completion if completion is not None else _count(eval_count)
+            duration_ns = _last_number(tail, _OLLAMA["eval_duration"])
+            if rate is None and duration_ns:
+                rate = _rate(eval_count / (duration_ns / 1e9))
+        return prompt, completion, rate

@@ -1,0 +1,167 @@
+"""Stats from a streamed body's tail (spec §5.5): each engine's report, the fallback, bounds."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nvpair.inferstats import _LINE_CARRY, TAIL_BYTES, Stats, StatsReader
+
+
+def read(body: bytes, *, first: float = 1.25, end: float = 2.25, admitted: float = 1.0) -> Stats:
+    reader = StatsReader(admitted)
+    reader.feed(body, first)
+    stats = reader.finish(end)
+    assert stats is not None
+    return stats
+
+
+def sse(*events: object) -> bytes:
+    return b"".join(
+        b"data: " + (e if isinstance(e, bytes) else json.dumps(e).encode()) + b"\n\n"
+        for e in events
+    )
+
+
+def chunk(content: str) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+
+
+def test_openai_usage_chunk() -> None:
+    body = sse(
+        {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+        chunk("Hi"),
+        chunk(" there"),
+        {"choices": [{"delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}},
+        b"[DONE]",
+    )
+    stats = read(body)
+    assert (stats.prompt_tokens, stats.completion_tokens, stats.estimated) == (9, 2, False)
+    assert stats.ttft_ms == 250
+    assert stats.tokens_per_second == 2.0  # 2 tokens over 1 s of streaming
+
+
+def test_openai_whole_body_usage() -> None:
+    body = json.dumps(
+        {
+            "choices": [{"message": {"content": "Hi"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 7},
+        }
+    ).encode()
+    stats = read(body, first=1.5, end=1.5)
+    assert (stats.prompt_tokens, stats.completion_tokens) == (3, 7)
+    assert stats.tokens_per_second is None  # no streaming time, no engine figure
+
+
+def test_ollama_final_counts_in_nanoseconds() -> None:
+    lines = [{"message": {"content": "a"}, "done": False}] * 3 + [
+        {
+            "message": {"content": ""},
+            "done": True,
+            "prompt_eval_count": 12,
+            "eval_count": 340,
+            "eval_duration": 8_000_000_000,
+        }
+    ]
+    stats = read(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    assert (stats.prompt_tokens, stats.completion_tokens) == (12, 340)
+    assert stats.tokens_per_second == 42.5 and not stats.estimated
+
+
+def test_ollama_v1_completions_zero_usage_quirk_takes_the_last() -> None:
+    zero = {"prompt_tokens": 0, "completion_tokens": 0}
+    body = sse(
+        {"choices": [{"text": "a"}], "usage": zero},
+        {"choices": [{"text": "b"}], "usage": zero},
+        {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}},
+        b"[DONE]",
+    )
+    stats = read(body)
+    assert (stats.prompt_tokens, stats.completion_tokens) == (4, 2)
+
+
+def test_llamacpp_timings() -> None:
+    final = {
+        "content": "",
+        "stop": True,
+        "timings": {"prompt_n": 5, "predicted_n": 4, "predicted_per_second": 50.0},
+    }
+    stats = read(sse({"content": "a"}, {"content": "b"}, final))
+    assert (stats.prompt_tokens, stats.completion_tokens, stats.tokens_per_second) == (5, 4, 50.0)
+
+
+def test_lmstudio_stats_give_the_rate() -> None:
+    body = json.dumps(
+        {
+            "usage": {"prompt_tokens": 2, "completion_tokens": 4},
+            "stats": {"tokens_per_second": 37.5, "time_to_first_token": 0.1},
+        }
+    ).encode()
+    stats = read(body)
+    assert (stats.completion_tokens, stats.tokens_per_second) == (4, 37.5)
+
+
+def test_fallback_counts_content_events_and_is_estimated() -> None:
+    body = sse(
+        {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+        chunk("a"),
+        chunk("b"),
+        chunk("c"),
+        {"choices": [{"delta": {}, "finish_reason": "stop"}]},
+        b"[DONE]",
+    )
+    stats = read(body)
+    assert (stats.completion_tokens, stats.estimated, stats.prompt_tokens) == (3, True, None)
+    assert stats.tokens_per_second == 3.0
+
+
+def test_fallback_counts_ndjson_lines_with_content() -> None:
+    body = b"".join(json.dumps({"response": t, "done": False}).encode() + b"\n" for t in "xyz")
+    stats = read(body)
+    assert (stats.completion_tokens, stats.estimated) == (3, True)
+
+
+def test_nothing_measured_without_a_body() -> None:
+    assert StatsReader(0.0).finish(1.0) is None
+
+
+def test_to_json_has_only_measured_fields() -> None:
+    assert Stats(None, 3, None, 10, True).to_json() == {
+        "completionTokens": 3,
+        "ttftMs": 10,
+        "estimated": True,
+    }
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=40_000), cuts=st.lists(st.integers(min_value=0), max_size=40))
+def test_never_raises_stays_bounded_and_ignores_split_points(body: bytes, cuts: list[int]) -> None:
+    points = sorted({c % (len(body) + 1) for c in cuts})
+    pieces = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    reader = StatsReader(0.0)
+    for piece in pieces:
+        reader.feed(piece, 1.0)
+        assert len(reader._tail) <= TAIL_BYTES and len(reader._carry) <= _LINE_CARRY
+    whole = StatsReader(0.0)
+    whole.feed(body, 1.0)
+    assert reader.finish(2.0) == whole.finish(2.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    events=st.lists(st.sampled_from([chunk("tok"), chunk(""), {"done": True}]), max_size=30),
+    cuts=st.lists(st.integers(min_value=0), max_size=20),
+)
+def test_event_counts_survive_any_split(events: list[dict[str, object]], cuts: list[int]) -> None:
+    body = sse(*events)
+    points = sorted({c % (len(body) + 1) for c in cuts})
+    reader = StatsReader(0.0)
+    for a, b in zip([0, *points], [*points, len(body)], strict=True):
+        reader.feed(body[a:b], 1.0)
+    stats = reader.finish(2.0)
+    expected = sum(1 for e in events if e == chunk("tok"))
+    if expected:
+        assert stats is not None and stats.completion_tokens == expected and stats.estimated
