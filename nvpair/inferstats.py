@@ -109,7 +109,7 @@ class StatsReader:
 
     def __init__(self, admitted_at: float) -> None:
         self._admitted_at = admitted_at
-        self._tail = b""
+        self._tail = bytearray()
         self._carry = b""
         self._carry_overflowed = False
         self._events = 0
@@ -121,8 +121,12 @@ class StatsReader:
             return
         if self._first_at is None:
             self._first_at = now
-        tail = self._tail + chunk
-        self._tail = tail[-TAIL_BYTES:]
+        # Trimmed in batches rather than per chunk: copying the window on every small SSE
+        # chunk would cost more than everything else here. Bounded by 2 x TAIL_BYTES.
+        tail = self._tail
+        tail += chunk
+        if len(tail) > 2 * TAIL_BYTES:
+            del tail[:-TAIL_BYTES]
         self._count_events(chunk)
 
     def _count_events(self, chunk: bytes) -> None:
@@ -175,7 +179,7 @@ class StatsReader:
 
     def _report(self) -> tuple[int | None, int | None, float | None]:
         """Token counts and decode rate from the engine's own report in the tail."""
-        tail = self._tail
+        tail = bytes(self._tail[-TAIL_BYTES:])
         prompt = completion = None
         rate: float | None = None
         usage = _last_object(tail, _USAGE)

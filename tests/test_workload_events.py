@@ -215,3 +215,19 @@ def test_node_activity_is_coalesced_to_ten_per_second() -> None:
     assert sent[-1]["inFlight"] == 1
     clock.advance(10)
     assert len(sent) == 3
+
+
+def test_a_bug_mid_request_still_ends_with_one_terminal_event() -> None:
+    h = harness()
+    h.nodes(A)
+
+    def broken(*args: object) -> object:
+        raise RuntimeError("a bug in the dispatch path")
+
+    h.upstream.request = broken  # type: ignore[method-assign]
+    _, d = h.serve()
+    failures: list[object] = []
+    d.addErrback(failures.append)
+    info = terminal(h)
+    assert (info["state"], info["error"]) == ("failed", "internal") and len(failures) == 1
+    assert h.path.in_flight == 0 and dict(h.reservations.counts) == {}
