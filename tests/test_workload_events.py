@@ -224,7 +224,7 @@ def test_a_bug_mid_request_still_ends_with_one_terminal_event() -> None:
     def broken(*args: object) -> object:
         raise RuntimeError("a bug in the dispatch path")
 
-    h.upstream.request = broken  # type: ignore[method-assign]
+    h.upstream.request = broken  # type: ignore[method-assign,assignment]
     _, d = h.serve()
     failures: list[object] = []
     d.addErrback(failures.append)
