@@ -4,7 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean chromium
+
+# The browser test (tests/integration/test_browser.py) drives Debian's headless Chromium.
+CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # A default editable install hides twisted plugins; compat mode keeps twisted/plugins visible.
 $(STAMP): pyproject.toml
@@ -16,7 +20,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m nvpair.demo
 
-test: $(STAMP)
+# Installed only when missing; quiet unless apt-get fails.
+chromium:
+	@for binary in $(CHROMIUM_BINARIES); do [ -x $$binary ] || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian's chromium and chromium-driver for the browser test"; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium chromium-driver >/dev/null; \
+	fi
+
+test: $(STAMP) chromium
 	$(BIN)/pytest -q
 
 lint: $(STAMP)

@@ -6,6 +6,7 @@ permission: every header the response already held (an engine's, a default) is c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from nvpair.engines import Engine
@@ -36,11 +37,14 @@ def write_error(
     *,
     retry_after: int | None = None,
     message: str | None = None,
+    cors: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     """Answer ``request`` with the proxy-generated error ``reason`` and finish it.
 
     :param request: a ``twisted.web.server.Request`` whose response has not started.
     :param retry_after: seconds for ``Retry-After`` (503 answers), at least 1.
+    :param cors: the one exception to "no CORS headers": ``inventory-invalid`` carries the
+        intersected headers when every responder granted (contract engine-routes.md).
     """
     status, default_message = REASONS[reason]
     path = request.path.decode("latin-1")
@@ -54,6 +58,8 @@ def write_error(
     headers.setRawHeaders(b"x-nvpair-error", [reason.encode()])
     if retry_after is not None:
         headers.setRawHeaders(b"retry-after", [str(max(1, retry_after)).encode()])
+    for name, value in cors:
+        headers.addRawHeader(name, value)
     if request.method != b"HEAD":
         request.write(body)
     request.finish()

@@ -164,6 +164,9 @@ class Attempts:
         def watch(engine: str, snapshot: Discovery) -> None:
             # The target left discovery: cancel promptly instead of waiting out the
             # first-content timeout while the broker already calls the workload failed.
+            # (A peer's request targets this node's own engine, which is no discovery entry.)
+            if dispatch.route is RouteClass.PEER:
+                return
             if engine != dispatch.engine or snapshot.node(node.id) is not None:
                 return
             if state.claim_abandon() and waiting:

@@ -8,6 +8,7 @@ values, so a snapshot that arrives mid-request never changes what that request i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from urllib.parse import urlsplit
 
 from attrs import field, frozen
 from twisted.logger import Logger
@@ -104,6 +105,17 @@ class ControlState:
         )
         for listener in list(self._listeners.discovery):
             listener(engine, snapshot)
+
+    def node_for_address(self, host: str, port: int) -> str | None:
+        """The node whose ``https://`` URL is ``host:port`` in any engine's snapshot."""
+        for snapshot in self._discovery.values():
+            for node in snapshot.nodes:
+                if node.url is None or not node.url.startswith("https://"):
+                    continue
+                parts = urlsplit(node.url)
+                if parts.hostname == host and (parts.port or 443) == port:
+                    return node.id
+        return None
 
     def on_discovery(self, listener: DiscoveryListener) -> Callable[[], None]:
         """Call ``listener(engine, snapshot)`` on every new snapshot; returns an unsubscribe."""

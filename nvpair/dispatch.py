@@ -26,15 +26,21 @@ from nvpair.answers import write_error
 from nvpair.attempt import Attempts, Dispatch, Failed, Fault, Served
 from nvpair.config import Config
 from nvpair.control import ControlState, Node, Priority
+from nvpair.cors import Reply, inventory_grant, preflight
 from nvpair.engines import RouteClass
 from nvpair.facade import Admitted, RequestHandler, upstream_headers
+from nvpair.fanout import Answer, ask_all
 from nvpair.headers import end_to_end
 from nvpair.inferstats import Stats, StatsReader
+from nvpair.inventory import InvalidInventory, merge_inventories
 from nvpair.relay import BodyRelay, WriteDeadline
 from nvpair.reservations import Reservation, Reservations
-from nvpair.routing import Plan, owners, plan
+from nvpair.routing import Plan, order, owners, plan
 from nvpair.upstream import Upstream
 from nvpair.workload import State, Workload, Workloads
+
+#: Caller credentials never sent along with a preflight (contract "Browser policy").
+_CREDENTIALS = (b"cookie", b"authorization", b"proxy-authorization", b"x-api-key")
 
 #: Backoff between rounds doubles each round up to this multiple of ``--retry-backoff``.
 BACKOFF_CAP = 8
@@ -109,6 +115,7 @@ class RequestPath(RequestHandler):
         self._reservations = reservations
         self._workloads = workloads
         self._activity = activity
+        self._upstream = upstream
         self._attempts = Attempts(
             clock, control, upstream, config.response_header_timeout, self.base_url
         )
@@ -136,6 +143,12 @@ class RequestPath(RequestHandler):
         job = Job(admitted, request, self._clock.seconds())
         if admitted.route is RouteClass.INFERENCE:
             coroutine = self._serve_inference(job)
+        elif admitted.route is RouteClass.INVENTORY:
+            coroutine = self._serve_inventory(job)
+        elif admitted.route is RouteClass.PREFLIGHT:
+            coroutine = self._serve_preflight(job)
+        elif admitted.route is RouteClass.PEER:
+            coroutine = self._serve_peer(job)
         else:
             coroutine = self._serve_once_each(job)
         d = Deferred.fromCoroutine(coroutine)
@@ -319,6 +332,125 @@ class RequestPath(RequestHandler):
             self._failed(job, node, outcome)
             if final:
                 self._answer_final(job, outcome)
+
+    # -- cluster peers ---------------------------------------------------------------------
+
+    async def _serve_peer(self, job: Job) -> None:
+        """A pinned peer's request: the local engine answers it, never another node.
+
+        The peer that sent it already chose this node and runs its own failover; re-routing
+        here could bounce a request around the cluster.
+        """
+        engine = job.admitted.engine.id
+        local = Node(id="local", local=True, url=None, models=(), model_keys=frozenset())
+        with self._activity.tracking(engine, local.id):
+            outcome = await self._attempts.run(self._dispatch(job), local, True, job.cancelled)
+            if isinstance(outcome, Served):
+                await self._deliver(job, local, outcome)
+                return
+        self._failed(job, local, outcome)
+        self._answer_final(job, outcome)
+
+    # -- fan-out: inventories and preflights -----------------------------------------------
+
+    async def _ask_every_node(
+        self, job: Job, method: bytes, path: str, headers: Headers
+    ) -> list[Answer]:
+        """Every node of the engine, concurrently, in candidate order; responders only.
+
+        No reservations and no workload events: nothing is dispatched for inference.
+        """
+        engine = job.admitted.engine.id
+        control = self._control
+        nodes = order(control.discovery(engine).nodes, control.pin(engine), control.priority)
+        query = job.admitted.uri[len(job.admitted.path.encode("latin-1")) :]
+        bases = [self._maybe_base_url(engine, node) for node in nodes]
+        answers = await ask_all(
+            self._upstream,
+            self._clock,
+            self._config.dial_timeout,
+            bases,
+            method,
+            path.encode("latin-1") + query,
+            headers,
+        )
+        if job.cancelled():
+            raise CancelledError()
+        return [answer for answer in answers if answer is not None]
+
+    def _maybe_base_url(self, engine: str, node: Node) -> str | None:
+        try:
+            return self.base_url(engine, node)
+        except NoAddress:
+            return None
+
+    async def _serve_inventory(self, job: Job) -> None:
+        """The fleet's model list: every node asked, merged (contract "Fleet inventories")."""
+        admitted = job.admitted
+        engine = admitted.engine
+        request = job.request
+        route = engine.inventory[admitted.path]
+        origin = request.requestHeaders.getRawHeaders(b"origin", [None])[0]
+        # A HEAD is decided like a GET (validity needs the bodies) and answered without one.
+        answers = await self._ask_every_node(
+            job, b"GET", route.upstream_path or admitted.path, self._dispatch(job).headers
+        )
+        if not answers:
+            self._refuse(job, "no-responders")
+            return
+        replies = [Reply(a.status, a.headers) for a in answers]
+        grant = inventory_grant(origin, replies) if origin is not None else None
+        # With an Origin, only granting responders are judged for validity; a denial is a
+        # denial, not an invalid list.
+        judged = [
+            a
+            for a, r in zip(answers, replies, strict=True)
+            if origin is None or inventory_grant(origin, [r]).granted
+        ]
+        merged = b""
+        invalid = any(not 200 <= a.status < 300 for a in judged)
+        if not invalid:
+            try:
+                merged = merge_inventories(engine, admitted.path, [a.body for a in judged])
+            except InvalidInventory:
+                invalid = True
+        if invalid:
+            # No partial list. CORS headers only when every responder granted.
+            cors = grant.headers if grant is not None and grant.granted else ()
+            job.refused = "inventory-invalid"
+            write_error(request, engine, "inventory-invalid", cors=cors)
+            return
+        if grant is not None and not grant.granted:
+            self._refuse(job, "cors-denied")
+            return
+        request.setResponseCode(200)
+        request.responseHeaders.setRawHeaders(b"content-type", [b"application/json; charset=utf-8"])
+        request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % len(merged)])
+        for name, value in grant.headers if grant is not None else ():
+            request.responseHeaders.addRawHeader(name, value)
+        if admitted.method != b"HEAD":
+            request.write(merged)
+        request.finish()
+
+    async def _serve_preflight(self, job: Job) -> None:
+        """A CORS preflight: every node asked without credentials, permissions intersected."""
+        request = job.request
+        headers = self._dispatch(job).headers
+        for name in _CREDENTIALS:
+            headers.removeHeader(name)
+        answers = await self._ask_every_node(job, b"OPTIONS", job.admitted.path, headers)
+        if not answers:
+            self._refuse(job, "no-responders")
+            return
+        origin = request.requestHeaders.getRawHeaders(b"origin")[0]
+        decision = preflight(origin, [Reply(a.status, a.headers) for a in answers])
+        # A denial passes through as a denial: the engine's status, nothing else. It is not
+        # proxy-generated, so it carries no X-Nvpair-Error.
+        request.setResponseCode(decision.status)
+        request.responseHeaders.setRawHeaders(b"content-length", [b"0"])
+        for name, value in decision.headers:
+            request.responseHeaders.addRawHeader(name, value)
+        request.finish()
 
     # -- shared ----------------------------------------------------------------------------
 

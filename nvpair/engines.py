@@ -22,6 +22,11 @@ class RouteClass(enum.Enum):
     INFERENCE = "inference"
     INVENTORY = "inventory"
     OTHER = "other"
+    #: A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method) on any path:
+    #: decided by the request, not the route table.
+    PREFLIGHT = "preflight"
+    #: A pinned cluster peer's request: forwarded to the local engine, never re-routed.
+    PEER = "peer"
 
 
 class ErrorStyle(enum.Enum):
@@ -41,12 +46,14 @@ class InventoryRoute:
     :ivar key_field: the entry field that identifies a model (``name``, ``id``, ``key``).
     :ivar empty: the engine's own empty envelope, byte for byte what the engine sends.
     :ivar upstream_path: the path asked of each node, when it differs from the client's.
+    :ivar newest_first: the timestamp field a merged list stays sorted by, newest first.
     """
 
     list_field: str
     key_field: str
     empty: Mapping[str, object]
     upstream_path: str | None = None
+    newest_first: str | None = None
 
 
 def _exact(name: str) -> str:
@@ -159,7 +166,7 @@ OLLAMA = Engine(
         }
     ),
     inventory={
-        "/api/tags": InventoryRoute("models", "name", {"models": []}),
+        "/api/tags": InventoryRoute("models", "name", {"models": []}, newest_first="modified_at"),
         "/api/ps": InventoryRoute("models", "name", {"models": []}),
         "/v1/models": InventoryRoute("data", "id", {"object": "list", "data": None}),
     },

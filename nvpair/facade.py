@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import ipaddress
 import json
+from collections.abc import Callable
 from typing import Any
 
 from attrs import frozen
@@ -21,6 +22,7 @@ from twisted.web import server
 from twisted.web.resource import Resource
 
 from nvpair.answers import write_error
+from nvpair.cluster import Membership
 from nvpair.engines import Engine, RouteClass
 from nvpair.headers import end_to_end
 
@@ -90,6 +92,16 @@ def is_loopback(address: object) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return ip.is_loopback
+
+
+def is_preflight(request: Any) -> bool:
+    """A CORS preflight: ``OPTIONS`` carrying ``Origin`` and ``Access-Control-Request-Method``."""
+    headers = request.requestHeaders
+    return bool(
+        request.method == b"OPTIONS"
+        and headers.hasHeader(b"origin")
+        and headers.hasHeader(b"access-control-request-method")
+    )
 
 
 @frozen
@@ -163,10 +175,19 @@ class Facade(Resource):
     isLeaf = True
     log = Logger()
 
-    def __init__(self, engine: Engine, handler: RequestHandler) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        handler: RequestHandler,
+        *,
+        peer: Callable[[], Membership | None] | None = None,
+    ) -> None:
+        """:param peer: serve the cluster personality with this live membership: every request
+        is a pinned peer's and goes to the local engine as it is."""
         super().__init__()
         self.engine = engine
         self._handler = handler
+        self._peer = peer
 
     def render(self, request: Any) -> object:
         # Pass the engine's headers through as they are: no invented Content-Type, no
@@ -183,7 +204,10 @@ class Facade(Resource):
 
     def _admit(self, request: Any) -> object:
         engine = self.engine
-        if not is_loopback(request.getClientAddress()):
+        if self._peer is not None:
+            if not self._still_pinned(request):
+                return server.NOT_DONE_YET
+        elif not is_loopback(request.getClientAddress()):
             write_error(request, engine, "forbidden")
             return server.NOT_DONE_YET
         if request.too_large:
@@ -192,13 +216,20 @@ class Facade(Resource):
             request.loseConnection()
             return server.NOT_DONE_YET
         path = request.path.decode("latin-1")
-        route = engine.classify(request.method, path)
         body = request.content.getvalue()
-        try:
-            model = model_from_body(engine, route, path, body)
-        except BadBody as refused:
-            write_error(request, engine, refused.reason)
-            return server.NOT_DONE_YET
+        if self._peer is not None:
+            route, model = RouteClass.PEER, None
+        else:
+            route = (
+                RouteClass.PREFLIGHT
+                if is_preflight(request)
+                else engine.classify(request.method, path)
+            )
+            try:
+                model = model_from_body(engine, route, path, body)
+            except BadBody as refused:
+                write_error(request, engine, refused.reason)
+                return server.NOT_DONE_YET
         admitted = Admitted(
             engine=engine,
             route=route,
@@ -220,6 +251,28 @@ class Facade(Resource):
         d = self._handler.handle(admitted, request)
         d.addErrback(self._contained, request)
         return server.NOT_DONE_YET
+
+    def _still_pinned(self, request: Any) -> bool:
+        """Membership and pins are checked per request, not only at the handshake: a
+        connection admitted before this node left the cluster (or before the peer's pin was
+        removed) carries nothing further. The connection is dropped, which the peer sees as a
+        transport failure and fails over from."""
+        assert self._peer is not None
+        membership = self._peer()
+        transport = request.channel.transport if request.channel is not None else None
+        certificate = transport.getPeerCertificate() if transport is not None else None
+        if (
+            membership is not None
+            and certificate is not None
+            and membership.pinned(certificate) is not None
+        ):
+            return True
+        self.log.info(
+            "dropped a peer request: no longer a member or not pinned", engine=self.engine.id
+        )
+        if transport is not None:
+            transport.abortConnection()
+        return False
 
     def _contained(self, failure: Failure, request: Any) -> None:
         """An unexpected failure answers this request 500 and touches nothing else (§3.2)."""

@@ -7,20 +7,22 @@ engine, and no other facade's listener is touched.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from attrs import define, field
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort, IReactorTCP
+from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
 from nvpair.broker import BIND_FAILED, RpcError, invalid_params
+from nvpair.cluster import Membership
 from nvpair.engines import ENGINES, Engine
 from nvpair.facade import Facade, FacadeSite, RequestHandler
+from nvpair.listener import SniffingFactory
 from nvpair.ports import PortCorrupt, PortFound, read_persisted_port, write_persisted_port
 
 
@@ -34,10 +36,10 @@ class Outbox(Protocol):
 
 @define(eq=False)
 class LiveFacade:
-    """An enabled facade: its engine, its site and where it listens."""
+    """An enabled facade: its engine, its listening factory and where it listens."""
 
     engine: Engine
-    site: FacadeSite
+    factory: SniffingFactory
     port: int
     listener: IListeningPort
     aliases: list[str] = field(factory=list)
@@ -76,15 +78,19 @@ class FacadeManager:
 
     def __init__(
         self,
-        reactor: IReactorTCP,
+        reactor: Any,
         handler: RequestHandler,
         outbox: Outbox,
         *,
         state_dir: Path,
         bind: str,
         max_request_body: int,
+        membership: Callable[[], Membership | None] = lambda: None,
     ) -> None:
+        """:param reactor: IReactorTCP and IReactorTime.
+        :param membership: the live cluster membership (None: plaintext personality only)."""
         self._reactor = reactor
+        self._membership = membership
         self._handler = handler
         self._outbox = outbox
         self._state_dir = state_dir
@@ -131,17 +137,32 @@ class FacadeManager:
             if live.port != wanted:
                 raise invalid_params("port", f"{engine_id} is already enabled on port {live.port}")
             return self._result(live)
-        site = FacadeSite(Facade(engine, self._handler), self._max_request_body)
-        listener = self._listen(engine, wanted, site)
-        live = LiveFacade(engine, site, wanted, listener)
+        factory = SniffingFactory(
+            self._reactor,
+            FacadeSite(Facade(engine, self._handler), self._max_request_body),
+            FacadeSite(
+                Facade(engine, self._handler, peer=self._membership), self._max_request_body
+            ),
+            self._membership,
+        )
+        listener = self._listen(engine, wanted, factory)
+        live = LiveFacade(engine, factory, wanted, listener)
         self.facades[engine_id] = live
         for alias in aliases:
             self._listen_alias(live, alias)
         self.log.info("{engine} facade listening on {port}", engine=engine_id, port=wanted)
-        self._outbox.notify(
-            f"{engine_id}:ready", {"port": wanted, "aliases": list(live.aliases), "tls": False}
-        )
+        self._ready(live)
         return self._result(live)
+
+    def _ready(self, live: LiveFacade) -> None:
+        tls = self._membership() is not None
+        params = {"port": live.port, "aliases": list(live.aliases), "tls": tls}
+        self._outbox.notify(f"{live.engine.id}:ready", dict(params))
+
+    def membership_changed(self) -> None:
+        """Joining or leaving the cluster changes every facade's ``tls``: announce it."""
+        for live in self.facades.values():
+            self._ready(live)
 
     def set_port(self, engine_id: str, port: int) -> dict[str, object]:
         """Move a live facade, then persist the choice atomically (``<engine>:set-port``).
@@ -153,22 +174,18 @@ class FacadeManager:
         if port == live.port:
             write_persisted_port(self._port_file(live.engine), port)
             return {"engine": engine_id, "port": port}
-        listener = self._listen(live.engine, port, live.site)
+        listener = self._listen(live.engine, port, live.factory)
         old = live.listener
         live.listener, live.port = listener, port
         old.stopListening()
         write_persisted_port(self._port_file(live.engine), port)
         self.log.info("{engine} facade moved to {port}", engine=engine_id, port=port)
-        self._outbox.notify(
-            f"{engine_id}:ready", {"port": port, "aliases": list(live.aliases), "tls": False}
-        )
+        self._ready(live)
         return {"engine": engine_id, "port": port}
 
-    def _listen(self, engine: Engine, port: int, site: FacadeSite) -> IListeningPort:
+    def _listen(self, engine: Engine, port: int, factory: SniffingFactory) -> IListeningPort:
         try:
-            listener: IListeningPort = self._reactor.listenTCP(
-                port, cast(Any, site), interface=self._bind
-            )
+            listener: IListeningPort = self._reactor.listenTCP(port, factory, interface=self._bind)
         except CannotListenError as error:
             message = f"cannot listen on port {port}: {error.socketError}"
             self.log.warn("{message}", engine=engine.id, message=message)
@@ -183,7 +200,9 @@ class FacadeManager:
     def _listen_alias(self, live: LiveFacade, alias: str) -> None:
         host, port = parse_alias(alias)
         try:
-            listener = self._reactor.listenTCP(port, cast(Any, live.site), interface=host)
+            # Aliases are loopback-only and plaintext: the clients of an inherited host
+            # variable, entering the same routing path.
+            listener = self._reactor.listenTCP(port, live.factory.plain, interface=host)
         except CannotListenError as error:
             # Non-fatal (spec §7): the alias's current owner is untouched and the primary
             # listener stays up.

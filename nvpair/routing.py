@@ -53,6 +53,22 @@ def estimated_load(priority: Priority, node_id: str, reservations: Mapping[str, 
     return base + reservations.get(node_id, 0)
 
 
+def order(nodes: Sequence[Node], pin: str | None, priority: Priority) -> list[Node]:
+    """Pin → scheduler priority → default order, without any load consideration.
+
+    This is the node order of fan-out requests (inventories, preflights) and the starting
+    point of :func:`plan`.
+    """
+    by_default = default_order(nodes)
+    pinned = [node for node in by_default if node.id == pin]
+    rest = [node for node in by_default if node.id != pin]
+    if priority.entries is None:
+        return pinned + rest
+    rank = {entry.id: index for index, entry in enumerate(priority.entries)}
+    listed = sorted((n for n in rest if n.id in rank), key=lambda n: rank[n.id])
+    return pinned + listed + [n for n in rest if n.id not in rank]
+
+
 def plan(
     eligible: Sequence[Node],
     pin: str | None,
@@ -65,17 +81,17 @@ def plan(
     selection never overrides the capability gate, and failover never broadens past
     ``eligible``.
     """
-    by_default = default_order(eligible)
-    pinned = next((node for node in by_default if node.id == pin), None)
-    rest = [node for node in by_default if node is not pinned]
-
+    ordered = order(eligible, pin, priority)
+    pinned = bool(ordered) and ordered[0].id == pin
+    head = ordered[:1] if pinned else []
+    rest = ordered[1:] if pinned else ordered
     if priority.entries is None:
         # Before any scheduler snapshot (and always in fleet mode) every node is listed.
         listed, unlisted = rest, []
     else:
-        rank = {entry.id: index for index, entry in enumerate(priority.entries)}
-        listed = sorted((n for n in rest if n.id in rank), key=lambda n: rank[n.id])
-        unlisted = [n for n in rest if n.id not in rank]
+        ids = {entry.id for entry in priority.entries}
+        listed = [n for n in rest if n.id in ids]
+        unlisted = [n for n in rest if n.id not in ids]
 
     reserve: str | None = None
     if listed:
@@ -83,8 +99,6 @@ def plan(
         least = min(listed, key=lambda n: estimated_load(priority, n.id, reservations))
         listed.remove(least)
         listed.insert(0, least)
-        if pinned is None:
+        if not pinned:
             reserve = least.id
-
-    ordered = ([pinned] if pinned is not None else []) + listed + unlisted
-    return Plan(tuple(ordered), pinned is not None, reserve)
+    return Plan(tuple(head + listed + unlisted), pinned, reserve)

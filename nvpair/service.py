@@ -23,6 +23,7 @@ from twisted.web.server import Site
 from nvpair.activity import NodeActivity
 from nvpair.admin import Admin
 from nvpair.broker import BrokerProtocol
+from nvpair.cluster import ClusterWatch, PinnedPeers
 from nvpair.config import Config
 from nvpair.control import ControlState
 from nvpair.dispatch import RequestPath
@@ -106,8 +107,10 @@ class ProxyService(MultiService):
         facades: FacadeManager,
         request_path: RequestPath,
         upstream: Upstream,
+        cluster: ClusterWatch,
     ) -> None:
         super().__init__()
+        self.cluster = cluster
         self.observer = observer
         self.facades = facades
         self.request_path = request_path
@@ -118,7 +121,12 @@ class ProxyService(MultiService):
             parent.setComponent(ILogObserver, self.observer)
         super().setServiceParent(parent)
 
+    def startService(self) -> None:
+        super().startService()
+        self.cluster.start()
+
     def stopService(self) -> Deferred[Any]:
+        self.cluster.stop()
         d = defer.maybeDeferred(super().stopService)
         d.addBoth(lambda _: self.facades.stop())
         d.addBoth(lambda _: self.request_path.cancel_all())
@@ -139,7 +147,12 @@ def build(
     """
     observer = JsonLineObserver(log_out or sys.stderr, config.log_level)
     control = ControlState()
-    upstream = Upstream(reactor, config.dial_timeout)
+    cluster = ClusterWatch(reactor, config.cluster_dir)
+    upstream = Upstream(
+        reactor,
+        config.dial_timeout,
+        PinnedPeers(lambda: cluster.membership, control.node_for_address),
+    )
     reservations = Reservations()
     # A newer scheduler snapshot already counts the work reserved before it (spec §6).
     control.on_priority(lambda priority: reservations.new_snapshot(priority.generation))
@@ -156,8 +169,10 @@ def build(
         state_dir=config.state_dir,
         bind=config.bind,
         max_request_body=config.max_request_body,
+        membership=lambda: cluster.membership,
     )
-    root = ProxyService(observer, facades, request_path, upstream)
+    cluster.on_change = lambda _: facades.membership_changed()
+    root = ProxyService(observer, facades, request_path, upstream, cluster)
 
     if config.admin_port is not None:
         admin = Admin(control, facades, lambda: request_path.in_flight)

@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IConsumer
 from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IResponse
+from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS, IResponse
 from zope.interface import implementer
 
 #: Idle connections kept per upstream. Twisted's default of 2 limits the idle cache, not
@@ -70,11 +70,15 @@ class Upstream:
     :param dial_timeout: seconds to connect (``--dial-timeout``).
     """
 
-    def __init__(self, reactor: Any, dial_timeout: float) -> None:
+    def __init__(
+        self, reactor: Any, dial_timeout: float, tls: IPolicyForHTTPS | None = None
+    ) -> None:
+        """:param tls: how ``https://`` peers are dialled (pinned mutual TLS)."""
         self._pool = quiet_pool(reactor)
         self._pool.maxPersistentPerHost = MAX_PERSISTENT_PER_HOST
         self._pool.retryAutomatically = False
-        self._agent = Agent(reactor, connectTimeout=dial_timeout or None, pool=self._pool)
+        extra: dict[str, Any] = {} if tls is None else {"contextFactory": tls}
+        self._agent = Agent(reactor, connectTimeout=dial_timeout or None, pool=self._pool, **extra)
 
     def request(
         self,

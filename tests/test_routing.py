@@ -84,3 +84,13 @@ def test_pin_stays_first_while_the_rest_is_load_ordered() -> None:
     priority = Priority(1, (PriorityEntry("a", 5, 0), PriorityEntry("b", 0, 0)))
     result = plan([A, B, C], "c", priority, {})
     assert ids(result.candidates) == ["c", "b", "a"] and result.reserve is None
+
+
+def test_fanout_order_is_pin_priority_default_without_load() -> None:
+    """Inventories and preflights ask nodes in candidate order, unaffected by load."""
+    from nvpair.routing import order
+
+    priority = Priority(1, (PriorityEntry("c", 9, 0), PriorityEntry("b", 0, 0)))
+    assert ids(order([A, B, C, LOCAL], None, priority)) == ["c", "b", "z", "a"]
+    assert ids(order([A, B, C, LOCAL], "a", priority)) == ["a", "c", "b", "z"]
+    assert ids(order([A, B, C, LOCAL], None, Priority())) == ["z", "a", "b", "c"]

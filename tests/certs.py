@@ -1,0 +1,70 @@
+"""Self-signed node certificates and cluster directories for tests."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from attrs import frozen
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from nvpair.cluster import fingerprint
+
+
+@frozen
+class NodeIdentity:
+    node_id: str
+    cert_pem: bytes
+    key_pem: bytes
+    der: bytes
+
+    @property
+    def pin(self) -> str:
+        return fingerprint(self.der)
+
+
+def make_identity(node_id: str) -> NodeIdentity:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .sign(key, hashes.SHA256())
+    )
+    return NodeIdentity(
+        node_id,
+        cert.public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        cert.public_bytes(serialization.Encoding.DER),
+    )
+
+
+def write_cluster_dir(
+    directory: Path, me: NodeIdentity, peers: list[NodeIdentity], cluster_id: str = "c1"
+) -> Path:
+    """A member's cluster directory: membership, key pair, and a pin per peer."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "membership.json").write_text(
+        json.dumps({"clusterId": cluster_id, "nodeId": me.node_id})
+    )
+    (directory / "node.crt").write_bytes(me.cert_pem)
+    (directory / "node.key").write_bytes(me.key_pem)
+    pins = directory / "pins"
+    pins.mkdir(exist_ok=True)
+    for peer in peers:
+        (pins / f"{peer.node_id}.pin").write_text(peer.pin + "\n")
+    return directory
