@@ -110,6 +110,11 @@ class Recorder(Protocol):
 
 
 class Plain(Protocol):
+    transports: list[object] = []
+
+    def connectionMade(self) -> None:
+        Plain.transports.append(self.transport)
+
     def dataReceived(self, data: bytes) -> None:
         assert self.transport is not None
         self.transport.write(b"plain:" + data)
@@ -193,11 +198,13 @@ def test_plaintext_goes_to_the_plain_personality() -> None:
         pass
 
     hello = Hello()
-    _, _, pump = connectedServerAndClient(
+    _, server, pump = connectedServerAndClient(
         lambda: sniffing.buildProtocol(PEER), lambda: hello, clock=clock
     )
     pump.flush()
     assert hello.received == b"plain:hello"
+    # The delegate got the real transport (TCP_NODELAY, producers), not a wrapper.
+    assert Plain.transports[-1] is server.transport
 
 
 def test_a_silent_connection_is_closed_after_the_sniff_timeout() -> None:

@@ -176,6 +176,11 @@ async def test_occupied_alias_is_a_warning(tmp_path: Path) -> None:
             assert report["params"]["code"] == "alias-occupied"
             ready = await proxy.wait_for_method("ollama:ready")
             assert ready["params"]["aliases"] == [free]
+            # The alias enters the same routing path: no node yet, so the facade answers.
+            response = await treq.get(f"http://{free}/api/version")
+            await response.content()
+            assert response.code == 502
+            assert response.headers.getRawHeaders(b"x-nvpair-error") == [b"no-owner"]
 
 
 @pytest_twisted.ensureDeferred
