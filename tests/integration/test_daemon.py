@@ -254,3 +254,26 @@ async def test_client_disconnect_closes_the_upstream(tmp_path: Path) -> None:
             if not a.in_flight:
                 break
         assert a.in_flight == 0 and a.abandoned == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_admin_surface_on_loopback(tmp_path: Path) -> None:
+    """--admin-port: health, status (facades, nodes, in flight) and Prometheus metrics."""
+    admin = free_port()
+    async with (
+        sims(("llamacpp", ["tiny"], "a")) as (a,),
+        running_proxy(tmp_path, "--admin-port", str(admin)) as proxy,
+    ):
+        port = await enabled_proxy_for(proxy, "llamacpp", [node("a", a.url, "tiny")])
+        base = f"http://127.0.0.1:{admin}"
+        health = await treq.get(base + "/health")
+        assert health.code == 200 and json.loads(await health.content()) == {"status": "ok"}
+        status = json.loads(await (await treq.get(base + "/status")).content())
+        assert status["facades"] == {"llamacpp": {"port": port, "aliases": []}}
+        assert status["inFlight"] == 0
+        assert status["control"]["engines"]["llamacpp"]["nodes"] == [
+            {"id": "a", "local": False, "models": 1}
+        ]
+        metrics = (await (await treq.get(base + "/metrics")).content()).decode()
+        assert f'nvpair_facade_port{{engine="llamacpp"}} {port}' in metrics
+        assert 'nvpair_discovery_nodes{engine="llamacpp"} 1' in metrics
