@@ -120,6 +120,7 @@ class BrokerProtocol(Protocol):
         self._pending: dict[int, Deferred[object]] = {}
         self._input_closed = False
         self._output_closed = False
+        self._drained: list[Deferred[None]] = []
 
     # -- framing ---------------------------------------------------------------------------
 
@@ -151,14 +152,34 @@ class BrokerProtocol(Protocol):
         self._lose()
 
     def writeConnectionLost(self) -> None:
-        # The broker stopped reading: nothing we send can arrive, which ends the link as surely
-        # as EOF on our input does.
-        self._output_closed = True
+        # The broker stopped reading (or we closed our side after the last frame): nothing
+        # more can be sent, which ends the link as surely as EOF on our input does.
+        self._output_gone()
         self._lose()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._output_closed = True
+        self._output_gone()
         self._lose()
+
+    def _output_gone(self) -> None:
+        self._output_closed = True
+        drained, self._drained = self._drained, []
+        for d in drained:
+            d.callback(None)
+
+    def close_output(self) -> Deferred[None]:
+        """Close our side once every frame written so far has reached the broker.
+
+        At shutdown the terminal events of cancelled requests are the last frames; without
+        this the process could exit with them still in a write buffer.
+        """
+        if self._output_closed or self.transport is None:
+            return defer.succeed(None)
+        d: Deferred[None] = Deferred()
+        self._drained.append(d)
+        close = getattr(self.transport, "loseWriteConnection", self.transport.loseConnection)
+        close()
+        return d
 
     def _lose(self) -> None:
         if self._input_closed:

@@ -284,14 +284,11 @@ class RequestPath(RequestHandler):
                 if reserving:
                     job.reservation = self._reservations.move(job.reservation, node.id)
                 workload.submitted(node.id)
-                with self._activity.tracking(engine.id, node.id):
-                    outcome = await self._attempts.run(dispatch, node, final, job.cancelled)
-                    if isinstance(outcome, Served):
-                        await self._deliver(job, node, outcome)
-                        return
-                self._failed(job, node, outcome)
+                failed = await self._try(job, dispatch, node, final)
+                if failed is None:
+                    return
                 if final:
-                    self._answer_final(job, outcome)
+                    self._answer_final(job, failed)
                     return
                 # Between attempts the job is placed nowhere.
                 workload.submitted(None)
@@ -324,14 +321,11 @@ class RequestPath(RequestHandler):
         dispatch = self._dispatch(job)
         for index, node in enumerate(candidates):
             final = index == len(candidates) - 1
-            with self._activity.tracking(engine.id, node.id):
-                outcome = await self._attempts.run(dispatch, node, final, job.cancelled)
-                if isinstance(outcome, Served):
-                    await self._deliver(job, node, outcome)
-                    return
-            self._failed(job, node, outcome)
+            failed = await self._try(job, dispatch, node, final)
+            if failed is None:
+                return
             if final:
-                self._answer_final(job, outcome)
+                self._answer_final(job, failed)
 
     # -- cluster peers ---------------------------------------------------------------------
 
@@ -341,15 +335,10 @@ class RequestPath(RequestHandler):
         The peer that sent it already chose this node and runs its own failover; re-routing
         here could bounce a request around the cluster.
         """
-        engine = job.admitted.engine.id
         local = Node(id="local", local=True, url=None, models=(), model_keys=frozenset())
-        with self._activity.tracking(engine, local.id):
-            outcome = await self._attempts.run(self._dispatch(job), local, True, job.cancelled)
-            if isinstance(outcome, Served):
-                await self._deliver(job, local, outcome)
-                return
-        self._failed(job, local, outcome)
-        self._answer_final(job, outcome)
+        failed = await self._try(job, self._dispatch(job), local, True)
+        if failed is not None:
+            self._answer_final(job, failed)
 
     # -- fan-out: inventories and preflights -----------------------------------------------
 
@@ -453,6 +442,16 @@ class RequestPath(RequestHandler):
         request.finish()
 
     # -- shared ----------------------------------------------------------------------------
+
+    async def _try(self, job: Job, dispatch: Dispatch, node: Node, final: bool) -> Failed | None:
+        """One dispatch to ``node``: serve its answer (None), or say why it failed."""
+        with self._activity.tracking(job.admitted.engine.id, node.id):
+            outcome = await self._attempts.run(dispatch, node, final, job.cancelled)
+            if isinstance(outcome, Served):
+                await self._deliver(job, node, outcome)
+                return None
+        self._failed(job, node, outcome)
+        return outcome
 
     def _failed(self, job: Job, node: Node, failed: Failed) -> None:
         self.log.debug(

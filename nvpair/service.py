@@ -7,6 +7,7 @@ in-memory that ``twistd -n nvpair-proxy`` runs.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 from twisted.application.internet import TCPServer
@@ -14,6 +15,7 @@ from twisted.application.service import IServiceCollection, MultiService, Servic
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.internet.stdio import StandardIO
 from twisted.logger import ILogObserver, Logger, globalLogBeginner
@@ -108,9 +110,13 @@ class ProxyService(MultiService):
         request_path: RequestPath,
         upstream: Upstream,
         cluster: ClusterWatch,
+        clock: IReactorTime,
     ) -> None:
         super().__init__()
         self.cluster = cluster
+        self._clock = clock
+        #: Flushes and closes the broker link's output (set in broker mode).
+        self.close_broker: Callable[[], Deferred[None]] = lambda: defer.succeed(None)
         self.observer = observer
         self.facades = facades
         self.request_path = request_path
@@ -130,6 +136,9 @@ class ProxyService(MultiService):
         d = defer.maybeDeferred(super().stopService)
         d.addBoth(lambda _: self.facades.stop())
         d.addBoth(lambda _: self.request_path.cancel_all())
+        # The terminal events of what was just cancelled must reach the broker before exit.
+        d.addBoth(lambda _: self.close_broker().addTimeout(5, self._clock))
+        d.addErrback(lambda failure: self.log.failure("closing the broker link", failure))
         d.addBoth(lambda _: self.upstream.close())
         return d
 
@@ -172,7 +181,7 @@ def build(
         membership=lambda: cluster.membership,
     )
     cluster.on_change = lambda _: facades.membership_changed()
-    root = ProxyService(observer, facades, request_path, upstream, cluster)
+    root = ProxyService(observer, facades, request_path, upstream, cluster, reactor)
 
     if config.admin_port is not None:
         admin = Admin(control, facades, lambda: request_path.in_flight)
@@ -207,6 +216,7 @@ def build(
         methods = BrokerMethods(control, facades, observer, link_lost, enabled)
         protocol = BrokerProtocol(methods)
         outbox.protocol = protocol
+        root.close_broker = protocol.close_output
         BrokerLinkService(reactor, config.broker, protocol).setServiceParent(root)
     return root
 

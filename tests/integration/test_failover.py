@@ -143,6 +143,11 @@ async def test_shutdown_cancels_what_is_in_flight_and_exits_zero(tmp_path: Path)
             await task.deferLater(reactor, 0.02, lambda: None)
         proxy.close_stdin()
         assert await proxy.ended == 0
+        # The terminal event of what shutdown cancelled still reached the broker.
+        errored = [f for f in proxy.frames if f.get("method") == "workload:errored"]
+        assert len(errored) == 1
+        info = errored[0]["params"]["workloadInfo"]
+        assert (info["state"], info["error"]) == ("cancelled", "shutdown")
         failures: list[object] = []
         pending.addErrback(failures.append)
         await task.deferLater(reactor, 0.5, lambda: None)
