@@ -11,6 +11,7 @@ CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # A default editable install hides twisted plugins; compat mode keeps twisted/plugins visible.
+# (setuptools calls compat mode transitional: pyproject.toml caps setuptools below 85.)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
