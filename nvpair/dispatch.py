@@ -9,6 +9,7 @@ Other routes are resolved once and each candidate tried at most once.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 from typing import Any
@@ -445,7 +446,14 @@ class RequestPath(RequestHandler):
 
     async def _try(self, job: Job, dispatch: Dispatch, node: Node, final: bool) -> Failed | None:
         """One dispatch to ``node``: serve its answer (None), or say why it failed."""
-        with self._activity.tracking(job.admitted.engine.id, node.id):
+        # A peer's request targets this node's own engine, which is no discovery node: it is
+        # the sending node that reports activity toward us.
+        tracking = (
+            contextlib.nullcontext()
+            if dispatch.route is RouteClass.PEER
+            else self._activity.tracking(job.admitted.engine.id, node.id)
+        )
+        with tracking:
             outcome = await self._attempts.run(dispatch, node, final, job.cancelled)
             if isinstance(outcome, Served):
                 await self._deliver(job, node, outcome)

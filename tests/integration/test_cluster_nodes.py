@@ -62,8 +62,12 @@ async def test_request_routed_to_a_peer_over_mutual_tls(tmp_path: Path) -> None:
         assert [r.path for r in engine.requests] == ["/completion"]
         completed = await a.wait_for_method("workload:completed")
         assert completed["params"]["workloadInfo"]["scheduledOn"] == "bob"
-        # B reported no workload of its own: the request is A's.
-        assert not [f for f in b.frames if str(f.get("method", "")).startswith("workload:")]
+        # B reported no workload and no node activity of its own: the request is A's.
+        assert not [
+            f
+            for f in b.frames
+            if str(f.get("method", "")).startswith(("workload:", "discovery:node-activity"))
+        ]
 
 
 @pytest_twisted.ensureDeferred
