@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -24,11 +25,21 @@ Frame = dict[str, Any]
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A port nobody listens on, from below the kernel's ephemeral range.
+
+    The proxy binds it a moment later; a port from the ephemeral range could meanwhile become
+    the local end of some outgoing connection (this test's own clients make many).
+    """
+    low, _ = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET6) as probe:
+            try:
+                probe.bind(("::", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class _Waiter:
