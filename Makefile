@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean chromium
+.PHONY: demo test lint bench clean chromium bench-tools
 
 # The browser test (tests/integration/test_browser.py) drives Debian's headless Chromium.
 CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
@@ -34,12 +34,32 @@ chromium:
 test: $(STAMP) chromium
 	$(BIN)/pytest -q
 
+# Side by side with nginx and LiteLLM (README "Benchmarks"). nginx and wrk come from Debian's
+# packages, LiteLLM into a venv of its own; each only when missing.
+BENCH_VENV := .venv-bench
+
+bench-tools:
+	@if [ ! -x /usr/sbin/nginx ] || ! command -v wrk >/dev/null; then \
+		echo "installing Debian's nginx and wrk for the benchmarks"; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			nginx wrk >/dev/null; \
+	fi
+	@if [ ! -x $(BENCH_VENV)/bin/litellm ]; then \
+		echo "installing LiteLLM into $(BENCH_VENV) for the benchmarks"; \
+		$(PYTHON) -m venv $(BENCH_VENV) && \
+		$(BENCH_VENV)/bin/pip install --quiet -r bench/requirements-litellm.txt; \
+	fi
+
+bench: $(STAMP) bench-tools
+	$(BIN)/python -m bench
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -prune -exec rm -rf {} +
 	rm -f twisted/plugins/dropin.cache

@@ -243,6 +243,11 @@ class PinnedPeers:
     ) -> None:
         self._membership = membership
         self._node_for = node_for
+        # (host, port) -> (membership, expected pin, creator): building an SSL context per
+        # request would cost more than the request; it is rebuilt when either input changes.
+        self._creators: dict[
+            tuple[str, int], tuple[Membership, str | None, IOpenSSLClientConnectionCreator]
+        ] = {}
 
     def creatorForNetloc(self, hostname: bytes, port: int) -> IOpenSSLClientConnectionCreator:
         host = hostname.decode("ascii")
@@ -251,6 +256,9 @@ class PinnedPeers:
             raise SSL.Error("not a cluster member: cannot dial a peer")
         node_id = self._node_for(host, port)
         expected = membership.pins.get(node_id) if node_id is not None else None
+        cached = self._creators.get((host, port))
+        if cached is not None and cached[0] is membership and cached[1] == expected:
+            return cached[2]
 
         def verify(
             connection: SSL.Connection, certificate: crypto.X509, errno: int, depth: int, ok: int
@@ -259,4 +267,6 @@ class PinnedPeers:
                 return True
             return expected is not None and certificate_fingerprint(certificate) == expected
 
-        return _PinnedClient(_context(membership, verify, server=False))
+        creator = _PinnedClient(_context(membership, verify, server=False))
+        self._creators[(host, port)] = (membership, expected, creator)
+        return creator

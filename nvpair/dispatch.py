@@ -34,6 +34,7 @@ from nvpair.fanout import Answer, ask_all
 from nvpair.headers import end_to_end
 from nvpair.inferstats import Stats, StatsReader
 from nvpair.inventory import InvalidInventory, merge_inventories
+from nvpair.logs import debug_enabled
 from nvpair.relay import BodyRelay, WriteDeadline
 from nvpair.reservations import Reservation, Reservations
 from nvpair.routing import Plan, order, owners, plan
@@ -462,6 +463,8 @@ class RequestPath(RequestHandler):
         return outcome
 
     def _failed(self, job: Job, node: Node, failed: Failed) -> None:
+        if not debug_enabled():
+            return
         self.log.debug(
             "attempt {attempt} to {node} failed: {why} {status} {detail}",
             engine=job.admitted.engine.id,
@@ -503,14 +506,15 @@ class RequestPath(RequestHandler):
         finally:
             if reader is not None:
                 job.stats = reader.finish(self._clock.seconds())
-        self.log.debug(
-            "{path} served by {node}: {status} complete={complete}",
-            engine=job.admitted.engine.id,
-            path=job.admitted.path,
-            node=node.id,
-            status=response.code,
-            complete=end.complete,
-        )
+        if debug_enabled():
+            self.log.debug(
+                "{path} served by {node}: {status} complete={complete}",
+                engine=job.admitted.engine.id,
+                path=job.admitted.path,
+                node=node.id,
+                status=response.code,
+                complete=end.complete,
+            )
 
     def _write_deadline(self, job: Job, upstream: IPushProducer) -> IPushProducer:
         def expired() -> None:

@@ -25,6 +25,7 @@ from nvpair.answers import write_error
 from nvpair.cluster import Membership
 from nvpair.engines import Engine, RouteClass
 from nvpair.headers import end_to_end
+from nvpair.logs import debug_enabled
 
 
 class FacadeRequest(server.Request):
@@ -38,6 +39,13 @@ class FacadeRequest(server.Request):
     too_large = False
     _received = 0
     _body: io.BytesIO
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Bodies are forwarded verbatim: never parse form or multipart uploads into args
+        # (it costs a MIME parse per request and would refuse a malformed upload the engine
+        # should be the one to judge).
+        self._parsePOSTFormSubmission = False
 
     def _cap(self) -> int:
         site: Any = getattr(self.channel, "site", None)
@@ -240,14 +248,15 @@ class Facade(Resource):
             model=model,
             model_key=None if model is None else engine.model_key(model),
         )
-        self.log.debug(
-            "{method} {path} route={route} model={model}",
-            engine=engine.id,
-            method=request.method.decode("latin-1"),
-            path=path,
-            route=route.value,
-            model=model,
-        )
+        if debug_enabled():
+            self.log.debug(
+                "{method} {path} route={route} model={model}",
+                engine=engine.id,
+                method=request.method.decode("latin-1"),
+                path=path,
+                route=route.value,
+                model=model,
+            )
         d = self._handler.handle(admitted, request)
         d.addErrback(self._contained, request)
         return server.NOT_DONE_YET

@@ -29,6 +29,7 @@ from nvpair.control import ControlState, Node
 from nvpair.durations import parse_duration
 from nvpair.engines import ENGINES
 from nvpair.facades import FacadeManager, parse_alias
+from nvpair.logs import debug_enabled
 from nvpair.upstream import quiet_pool
 
 #: Bound on one inventory poll beyond the dial timeout (contract: dial timeout plus 30 s).
@@ -146,7 +147,8 @@ class LogOutbox:
 
     def notify(self, method: str, params: dict[str, object]) -> None:
         # Workload events carry only operational fields (ids, model, node, times, state).
-        self.log.debug("event {method} {params}", method=method, params=json.dumps(params))
+        if debug_enabled():
+            self.log.debug("event {method} {params}", method=method, params=json.dumps(params))
 
     def call(self, method: str, params: dict[str, object]) -> Deferred[object]:
         return defer.succeed({})

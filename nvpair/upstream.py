@@ -10,10 +10,12 @@ from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IConsumer
-from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IConsumer, IStreamClientEndpoint
+from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS, IResponse
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IPolicyForHTTPS, IResponse
 from zope.interface import implementer
 
 #: Idle connections kept per upstream. Twisted's default of 2 limits the idle cache, not
@@ -61,6 +63,38 @@ def quiet_pool(reactor: Any) -> HTTPConnectionPool:
     pool = HTTPConnectionPool(reactor, persistent=True)
     pool._factory = _QuietClientFactory
     return pool
+
+
+@implementer(IAgentEndpointFactory)
+class _Endpoints:
+    """Endpoints for the Agent, built once per plain ``host:port``.
+
+    Agent asks for an endpoint on every request, pooled connection or not, and building a
+    HostnameEndpoint runs IDNA on the host each time: measurable per request. TLS endpoints
+    are not kept: which certificate a peer must present follows the live membership.
+    """
+
+    def __init__(self, reactor: Any, dial_timeout: float, tls: IPolicyForHTTPS | None) -> None:
+        self._reactor = reactor
+        # 0 means no dial timeout; HostnameEndpoint wants a number, so "never" is a long one.
+        self._timeout = dial_timeout if dial_timeout > 0 else 10.0**9
+        self._tls = tls
+        self._plain: dict[tuple[bytes, int], IStreamClientEndpoint] = {}
+
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        key = (uri.host, uri.port)
+        if uri.scheme == b"http":
+            endpoint = self._plain.get(key)
+            if endpoint is None:
+                endpoint = HostnameEndpoint(self._reactor, uri.host, uri.port, self._timeout)
+                self._plain[key] = endpoint
+            return endpoint
+        if uri.scheme == b"https" and self._tls is not None:
+            creator = self._tls.creatorForNetloc(uri.host, uri.port)
+            return wrapClientTLS(
+                creator, HostnameEndpoint(self._reactor, uri.host, uri.port, self._timeout)
+            )
+        raise SchemeNotSupported(f"unsupported scheme: {uri.scheme!r}")
 
 
 class Upstream:

@@ -17,9 +17,11 @@ from nvpair.facade import Admitted, Facade, FacadeSite, RequestHandler
 class Broken(RequestHandler):
     def __init__(self) -> None:
         self.seen: list[Admitted] = []
+        self.args: list[object] = []
 
     def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
         self.seen.append(admitted)
+        self.args.append(request.args)
         if admitted.path == "/boom":
             return defer.fail(ZeroDivisionError("a bug"))
         request.setResponseCode(200)
@@ -107,3 +109,17 @@ def test_v4_mapped_loopback_peer_is_served() -> None:
     peer = IPv6Address("TCP", "::ffff:127.0.0.1", 5000)
     status, _, _ = split(exchange(LLAMACPP, post("/completion", b"{}"), handler, peer))
     assert "200" in status and len(handler.seen) == 1
+
+
+def test_form_bodies_are_forwarded_not_parsed() -> None:
+    """Uploads go to the engine as they are: twisted.web's form/multipart parsing is off."""
+    handler = Broken()
+    body = b"a=1&b=2"
+    raw = (
+        b"POST /tokenize HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/x-www-form-urlencoded\r\n"
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    status, _, _ = split(exchange(LLAMACPP, raw, handler))
+    assert "200" in status and handler.seen[0].body == body and handler.args == [{}]
