@@ -7,6 +7,7 @@ becomes a workload.
 
 from __future__ import annotations
 
+import functools
 import io
 import ipaddress
 import json
@@ -93,8 +94,14 @@ def is_loopback(address: object) -> bool:
     if not isinstance(address, IPv4Address | IPv6Address):
         # UNIX sockets and in-memory transports are local by construction.
         return True
+    return _loopback_host(address.host)
+
+
+@functools.lru_cache(maxsize=4096)
+def _loopback_host(host: str) -> bool:
+    # Cached: parsing the same few client addresses on every request showed in profiles.
     try:
-        ip = ipaddress.ip_address(address.host.split("%", 1)[0])
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return False
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:

@@ -111,8 +111,9 @@ class Upstream:
         self._pool = quiet_pool(reactor)
         self._pool.maxPersistentPerHost = MAX_PERSISTENT_PER_HOST
         self._pool.retryAutomatically = False
-        extra: dict[str, Any] = {} if tls is None else {"contextFactory": tls}
-        self._agent = Agent(reactor, connectTimeout=dial_timeout or None, pool=self._pool, **extra)
+        self._agent = Agent.usingEndpointFactory(
+            reactor, _Endpoints(reactor, dial_timeout, tls), pool=self._pool
+        )
 
     def request(
         self,
