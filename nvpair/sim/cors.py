@@ -60,8 +60,8 @@ OLLAMA_ALWAYS_ALLOWED: tuple[str, ...] = (
 
 # gin-contrib/cors DefaultConfig methods, and the request headers Ollama's server.go allows;
 # gin writes both comma-joined, header names canonicalised.
-_OLLAMA_METHODS = "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"
-_OLLAMA_HEADERS = ",".join(
+OLLAMA_METHODS = "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"
+OLLAMA_HEADERS = ",".join(
     (
         "Authorization",
         "Content-Type",
@@ -141,8 +141,8 @@ class OllamaCors:
                 ]
             )
             preflight = [
-                (ALLOW_METHODS, _OLLAMA_METHODS),
-                (ALLOW_HEADERS, _OLLAMA_HEADERS),
+                (ALLOW_METHODS, OLLAMA_METHODS),
+                (ALLOW_HEADERS, OLLAMA_HEADERS),
                 (MAX_AGE, _OLLAMA_MAX_AGE),
                 *allow,
                 *vary,

@@ -48,6 +48,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from nvpair.sim import SimEngine
+from nvpair.sim import cors as sim_cors
 from nvpair.sim.engine import CorsSetting
 from tests.integration.browser import Browser, BrowserUnavailable, chromium
 from tests.integration.conftest import running_proxy
@@ -423,32 +424,10 @@ def listed(*items: str) -> str:
     return ",".join(sorted({i.lower() for i in items}))
 
 
-OLLAMA_METHODS = listed("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
-OLLAMA_HEADERS = listed(
-    "Authorization",
-    "Content-Type",
-    "User-Agent",
-    "Accept",
-    "X-Requested-With",
-    "Openai-Beta",
-    *(
-        f"X-Stainless-{part}"
-        for part in (
-            "Arch",
-            "Async",
-            "Custom-Poll-Interval",
-            "Helper-Method",
-            "Lang",
-            "Os",
-            "Package-Version",
-            "Poll-Helper",
-            "Retry-Count",
-            "Runtime",
-            "Runtime-Version",
-            "Timeout",
-        )
-    ),
-)
+# What Ollama's CORS middleware sends (the simulator's record of it), as the proxy's
+# intersection spells it: one list, compared without regard to case or order.
+OLLAMA_METHODS = listed(*sim_cors.OLLAMA_METHODS.split(","))
+OLLAMA_HEADERS = listed(*sim_cors.OLLAMA_HEADERS.split(","))
 
 
 def granted_preflight(engine: str, origin: str) -> dict[str, str]:
