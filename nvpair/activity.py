@@ -38,9 +38,6 @@ class NodeActivity:
         finally:
             self._change((engine, node), -1)
 
-    def in_flight(self, engine: str, node: str) -> int:
-        return self._counts.get((engine, node), 0)
-
     def _change(self, key: tuple[str, str], delta: int) -> None:
         count = self._counts.get(key, 0) + delta
         if count:
@@ -69,10 +66,3 @@ class NodeActivity:
         self._emit("discovery:node-activity", {"nodeId": node, "engine": engine, "inFlight": count})
         if not count:
             self._reported.pop(key, None)
-
-    def stop(self) -> None:
-        """Drop pending reports (process shutdown)."""
-        for call in self._pending.values():
-            if call.active():
-                call.cancel()
-        self._pending.clear()

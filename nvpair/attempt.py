@@ -25,7 +25,7 @@ from twisted.web.iweb import IResponse
 from nvpair.control import ControlState, Discovery, Node
 from nvpair.engines import RouteClass
 from nvpair.outcome import Verdict, classify
-from nvpair.relay import BodyRelay, First
+from nvpair.relay import BodyRelay
 from nvpair.upstream import Upstream
 
 
@@ -75,15 +75,10 @@ class Fault(enum.Enum):
 
 @frozen
 class Served:
-    """The response is the client's answer; ``relay`` holds its body, not yet attached.
-
-    :ivar first: ``BYTE``/``EMPTY`` when the first-body gate committed it, None when the
-        response was answered without the gate (not a 2xx, or not an inference route).
-    """
+    """The response is the client's answer; ``relay`` holds its body, not yet attached."""
 
     response: IResponse
     relay: BodyRelay
-    first: First | None
 
 
 @frozen
@@ -229,7 +224,6 @@ class Attempts:
 
         relay = BodyRelay()
         response.deliverBody(relay)
-        first: First | None = None
         # The first-body gate is scoped to inference 2xx answers (spec §5.2); an answer that is
         # not retried commits at once.
         if verdict is Verdict.COMMIT and dispatch.route is RouteClass.INFERENCE:
@@ -238,7 +232,7 @@ class Attempts:
                 gate.addTimeout(self._timeout, self._clock)
             waiting.append(gate)
             try:
-                first = await gate
+                await gate
             except TimeoutError:
                 # Never a commit, not even on the final attempt: the caller answers 504.
                 return Failed(Fault.FIRST_BODY_TIMEOUT, status=response.code)
@@ -256,4 +250,4 @@ class Attempts:
             # any byte: retry rather than serve a stream the proxy would truncate itself.
             relay.abandon()
             return Failed(Fault.NODE_LEFT)
-        return Served(response, relay, first)
+        return Served(response, relay)

@@ -156,8 +156,8 @@ class FacadeManager:
 
     def _ready(self, live: LiveFacade) -> None:
         tls = self._membership() is not None
-        params = {"port": live.port, "aliases": list(live.aliases), "tls": tls}
-        self._outbox.notify(f"{live.engine.id}:ready", dict(params))
+        params: dict[str, object] = {"port": live.port, "aliases": list(live.aliases), "tls": tls}
+        self._outbox.notify(f"{live.engine.id}:ready", params)
 
     def membership_changed(self) -> None:
         """Joining or leaving the cluster changes every facade's ``tls``: announce it."""

@@ -18,7 +18,7 @@ from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.internet.stdio import StandardIO
-from twisted.logger import ILogObserver, Logger, globalLogBeginner
+from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
 from twisted.web.server import Site
 
@@ -219,8 +219,3 @@ def build(
         root.close_broker = protocol.close_output
         BrokerLinkService(reactor, config.broker, protocol).setServiceParent(root)
     return root
-
-
-def start_logging(observer: JsonLineObserver) -> None:
-    """For running outside twistd (tests, tools): send every log event to ``observer``."""
-    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
