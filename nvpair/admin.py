@@ -7,7 +7,7 @@ ports, node ids, counts — never request content.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from klein import Klein
@@ -24,16 +24,22 @@ class Admin:
     """The admin routes over the live process state.
 
     :param in_flight: how many proxied requests are in flight right now.
+    :param reservations: node id -> reservations held right now (nodes with none omitted).
     """
 
     app = Klein()
 
     def __init__(
-        self, control: ControlState, facades: FacadeManager, in_flight: Callable[[], int]
+        self,
+        control: ControlState,
+        facades: FacadeManager,
+        in_flight: Callable[[], int],
+        reservations: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self._control = control
         self._facades = facades
         self._in_flight = in_flight
+        self._reservations = reservations
 
     @app.route("/health", methods=["GET"])
     def health(self, request: Any) -> bytes:
@@ -50,6 +56,7 @@ class Admin:
         body = {
             "facades": facades,
             "inFlight": self._in_flight(),
+            "reservations": {n: c for n, c in self._reservations().items() if c},
             "control": self._control.snapshot_view(),
         }
         return json.dumps(body).encode()

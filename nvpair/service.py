@@ -184,7 +184,9 @@ def build(
     root = ProxyService(observer, facades, request_path, upstream, cluster, reactor)
 
     if config.admin_port is not None:
-        admin = Admin(control, facades, lambda: request_path.in_flight)
+        admin = Admin(
+            control, facades, lambda: request_path.in_flight, lambda: reservations.counts
+        )
         site = Site(admin.app.resource())
         site.noisy = False
         TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(

@@ -271,6 +271,7 @@ async def test_admin_surface_on_loopback(tmp_path: Path) -> None:
         status = json.loads(await (await treq.get(base + "/status")).content())
         assert status["facades"] == {"llamacpp": {"port": port, "aliases": []}}
         assert status["inFlight"] == 0
+        assert status["reservations"] == {}
         assert status["control"]["engines"]["llamacpp"]["nodes"] == [
             {"id": "a", "local": False, "models": 1}
         ]
