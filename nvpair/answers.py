@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from twisted.web.http import RESPONSES
+
 from nvpair.engines import Engine
 
 #: reason → (status, message). The message is operational text only: never request content.
@@ -26,8 +28,36 @@ REASONS: dict[str, tuple[int, str]] = {
     "bad-json": (400, "the request body is not a JSON object"),
     "body-too-large": (413, "the request body is too large"),
     "forbidden": (403, "plaintext access is allowed from loopback only"),
+    "forbidden-host": (403, "this Host is not allowed (DNS-rebinding guard)"),
+    "bad-request": (400, "the request target is neither origin nor absolute form"),
     "internal": (500, "internal error in the proxy"),
 }
+
+
+def error_answer(
+    engine: Engine, path: str, reason: str, message: str | None = None
+) -> tuple[int, bytes]:
+    """The status and dialect body of the proxy-generated answer ``reason`` on ``path``."""
+    status, default_message = REASONS[reason]
+    return status, engine.error_body(path, message or default_message, reason)
+
+
+def head_refusal(engine: Engine, path: str, reason: str, *, head_only: bool) -> bytes:
+    """A whole HTTP/1.1 answer for a request refused at its head, closing the connection.
+
+    Written straight to the transport before the body is read (contract, refusals at the
+    request head), so it is framed here rather than through ``twisted.web``'s Request.
+    """
+    status, body = error_answer(engine, path, reason)
+    phrase = RESPONSES.get(status, b"Error")
+    head = (
+        b"HTTP/1.1 %d %s\r\n"
+        b"Content-Type: application/json; charset=utf-8\r\n"
+        b"Content-Length: %d\r\n"
+        b"X-Nvpair-Error: %s\r\n"
+        b"Connection: close\r\n\r\n"
+    ) % (status, phrase, len(body), reason.encode("ascii"))
+    return head if head_only else head + body
 
 
 def write_error(
@@ -46,9 +76,7 @@ def write_error(
     :param cors: the one exception to "no CORS headers": ``inventory-invalid`` carries the
         intersected headers when every responder granted (contract engine-routes.md).
     """
-    status, default_message = REASONS[reason]
-    path = request.path.decode("latin-1")
-    body = engine.error_body(path, message or default_message, reason)
+    status, body = error_answer(engine, request.path.decode("latin-1"), reason, message)
     headers = request.responseHeaders
     for name, _ in list(headers.getAllRawHeaders()):
         headers.removeHeader(name)

@@ -30,3 +30,5 @@ class Config:
     max_request_body: int = 64 * 1024 * 1024
     log_level: LogLevel = LogLevel.info
     admin_port: int | None = None
+    request_head_timeout: float = 30.0
+    idle_timeout: float = 5 * 60.0

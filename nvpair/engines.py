@@ -83,6 +83,8 @@ class Engine:
         OpenAI's envelope (Ollama's native routes, not its ``/v1/*`` shims).
     :ivar named_model_paths: "other" routes whose body names a model in ``model``, or
         in the deprecated ``name`` when ``model`` is empty.
+    :ivar host_guard: the engine refuses a ``Host`` outside its DNS-rebinding allow-list
+        (Ollama), so its facade must too (reason ``forbidden-host``).
     """
 
     id: str
@@ -100,6 +102,7 @@ class Engine:
     poll_path: str
     plain_errors: Callable[[str], bool] = _never
     named_model_paths: frozenset[str] = frozenset()
+    host_guard: bool = False
 
     def classify(self, method: bytes, path: str) -> RouteClass:
         """Classify a route by exact path (no trailing-slash folding, no query string)."""
@@ -179,6 +182,7 @@ OLLAMA = Engine(
     named_model_paths=frozenset(
         {"/api/show", "/api/pull", "/api/push", "/api/create", "/api/delete"}
     ),
+    host_guard=True,
 )
 
 LMSTUDIO = Engine(

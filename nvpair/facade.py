@@ -7,26 +7,113 @@ becomes a workload.
 
 from __future__ import annotations
 
-import functools
 import io
-import ipaddress
-import json
 from collections.abc import Callable
 from typing import Any
 
 from attrs import frozen
-from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web import server
+from twisted.web import http, server
 from twisted.web.resource import Resource
 
-from nvpair.answers import write_error
+from nvpair.admission import (
+    BadBody,
+    is_loopback,
+    model_from_body,
+    ollama_host_allowed,
+    origin_form,
+    target_host,
+)
+from nvpair.answers import head_refusal, write_error
 from nvpair.cluster import Membership
 from nvpair.engines import Engine, RouteClass
 from nvpair.headers import end_to_end
 from nvpair.logs import debug_enabled
+
+
+class FacadeChannel(http.HTTPChannel):
+    """An HTTP connection that refuses at the request head and bounds slow heads.
+
+    Two things twisted.web does not do for a proxy that admits untrusted bytes:
+
+    - Refusals the head decides (``forbidden``, ``forbidden-host``, ``bad-request``, a declared
+      ``body-too-large``) are answered as soon as the head is parsed; the body is never read
+      and the connection is closed (docs/robustness.md).
+    - A request head must be complete within ``head_timeout`` of its first byte, so a client
+      trickling a head one byte at a time cannot hold a connection (the idle timeout, which
+      every byte resets, would not catch it).
+    """
+
+    site: FacadeSite
+    _head_timer: IDelayedCall | None = None
+    #: Between the end of a head and the end of its body: bytes then are body, not a new head.
+    _reading_body = False
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._head_timer is None and not self._reading_body and not self._handlingRequest:
+            timeout = self.site.head_timeout
+            if timeout > 0:
+                self._head_timer = self.callLater(timeout, self._head_too_slow)
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        self._disarm_head_timer()
+        self._reading_body = True
+        request: FacadeRequest = self.requests[-1]
+        # The request line as parsed by HTTPChannel.lineReceived (its own attributes; pinned by
+        # tests/test_facade_head.py).
+        target: bytes = self._path
+        assert self.transport is not None
+        reason = self.site.facade.refusal_at_head(
+            self.transport.getPeer(), target, request.requestHeaders, self.length
+        )
+        if reason is not None:
+            self.refuse(request, reason)
+            return
+        super().allHeadersReceived()
+
+    def allContentReceived(self) -> None:
+        self._reading_body = False
+        super().allContentReceived()
+
+    def refuse(self, request: FacadeRequest, reason: str) -> None:
+        """Answer ``reason`` now, read nothing more, and close the connection.
+
+        Called while the request's head (or body) is being parsed, so the request line is
+        still the channel's own.
+        """
+        request.refused = True
+        path = (origin_form(self._path) or b"/").split(b"?", 1)[0].decode("latin-1")
+        answer = head_refusal(
+            self.site.facade.engine, path, reason, head_only=self._command == b"HEAD"
+        )
+        assert self.transport is not None
+        self.transport.write(answer)
+        self.loseConnection()
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            if self._head_timer.active():
+                self._head_timer.cancel()
+            self._head_timer = None
+
+    def timeoutConnection(self) -> None:
+        # The idle timeout (no request in flight): Twisted's own logs every such close at
+        # info, which is per-connection detail (spec §9).
+        self.loseConnection()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._disarm_head_timer()
+        super().connectionLost(reason)
 
 
 class FacadeRequest(server.Request):
@@ -34,12 +121,15 @@ class FacadeRequest(server.Request):
 
     twisted.web reads a whole body before rendering and has no cap of its own; bodies here are
     JSON prompts that every failover attempt re-sends, so memory is the right home for them,
-    and the cap is what keeps that safe. Past the cap the rest is discarded, not stored.
+    and the cap is what keeps that safe. A declared length over the cap is refused at the head;
+    a chunked body is refused the moment it crosses the cap, and nothing more is read.
     """
 
-    too_large = False
+    #: Answered at the head (or mid-body): the channel has closed; never rendered.
+    refused = False
     _received = 0
     _body: io.BytesIO
+    channel: FacadeChannel
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,65 +138,61 @@ class FacadeRequest(server.Request):
         # should be the one to judge).
         self._parsePOSTFormSubmission = False
 
-    def _cap(self) -> int:
-        site: Any = getattr(self.channel, "site", None)
-        return int(site.max_request_body)
-
     def gotLength(self, length: int | None) -> None:
         self._body = io.BytesIO()
         self.content = self._body
-        if length is not None and length > self._cap():
-            self.too_large = True
 
     def handleContentChunk(self, data: bytes) -> None:
-        if self.too_large:
+        if self.refused:
             return
         self._received += len(data)
-        if self._received > self._cap():
-            self.too_large = True
+        channel = self.channel
+        if self._received > channel.site.max_request_body:
             self._body = io.BytesIO()
-            self.content = self._body
+            channel.refuse(self, "body-too-large")
             return
         self._body.write(data)
 
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if self.refused:
+            return
+        # The head check let only origin or absolute form through; routing sees origin form.
+        super().requestReceived(command, origin_form(path) or path, version)
+
 
 class FacadeSite(server.Site):
-    """The Site every facade listener serves; carries the body cap for :class:`FacadeRequest`."""
+    """The Site every facade listener serves.
+
+    :param max_request_body: the body cap (``--max-request-body``).
+    :param head_timeout: seconds a request head may take from its first byte (0: no bound).
+    :param idle_timeout: seconds a kept-alive connection may wait for its next request
+        (0: no bound).
+    """
 
     requestFactory = FacadeRequest
+    # Twisted's default wraps the channel to negotiate HTTP/2 over TLS ALPN, which no facade
+    # offers; the plain channel is one indirection less per call on the hot path.
+    protocol = FacadeChannel  # type: ignore[assignment]
 
-    def __init__(self, resource: Resource, max_request_body: int) -> None:
-        super().__init__(resource)
+    def __init__(
+        self,
+        resource: Facade,
+        max_request_body: int,
+        *,
+        head_timeout: float = 30.0,
+        idle_timeout: float = 300.0,
+        clock: IReactorTime | None = None,
+    ) -> None:
+        super().__init__(resource, timeout=idle_timeout or None, reactor=clock)
+        self.facade = resource
+        resource.site_max_body = max_request_body
         self.max_request_body = max_request_body
+        self.head_timeout = head_timeout
         self.noisy = False
 
     def log(self, request: Any) -> None:
         """No access log: paths are fine to log but per-request lines belong at debug level
         (spec §9), and the request path logs its own operational record there."""
-
-
-def is_loopback(address: object) -> bool:
-    """Whether a peer address is loopback, unwrapping IPv4-mapped IPv6 (``::ffff:127.0.0.1``).
-
-    On Python 3.11 ``ip_address("::ffff:127.0.0.1").is_loopback`` is False, and a dual-stack
-    listener on ``::`` reports IPv4 peers in exactly that form.
-    """
-    if not isinstance(address, IPv4Address | IPv6Address):
-        # UNIX sockets and in-memory transports are local by construction.
-        return True
-    return _loopback_host(address.host)
-
-
-@functools.lru_cache(maxsize=4096)
-def _loopback_host(host: str) -> bool:
-    # Cached: parsing the same few client addresses on every request showed in profiles.
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
 
 
 def is_preflight(request: Any) -> bool:
@@ -135,42 +221,6 @@ class Admitted:
     body: bytes
     model: str | None
     model_key: str | None
-
-
-class BadBody(Exception):
-    """The body cannot be admitted: carries the contract's reason (``bad-json``, ...)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def model_from_body(engine: Engine, route: RouteClass, path: str, body: bytes) -> str | None:
-    """The model an inference (or model-naming other) body names.
-
-    Inference bodies must be JSON objects (``bad-json`` otherwise); Ollama requires a model
-    (``model-missing``), the others serve whatever they have loaded. An "other" body is only
-    looked at, never refused: it is forwarded verbatim whatever it holds.
-    """
-    try:
-        document = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
-        document = None
-    if route is not RouteClass.INFERENCE:
-        if not isinstance(document, dict):
-            return None
-        named = document.get("model")
-        if not (isinstance(named, str) and named) and path in engine.named_model_paths:
-            named = document.get("name")
-        return named if isinstance(named, str) and named else None
-    if not isinstance(document, dict):
-        raise BadBody("bad-json")
-    named = document.get("model")
-    if isinstance(named, str) and named:
-        return named
-    if engine.model_required:
-        raise BadBody("model-missing")
-    return None
 
 
 class RequestHandler:
@@ -203,6 +253,8 @@ class Facade(Resource):
         self.engine = engine
         self._handler = handler
         self._peer = peer
+        #: Set by the FacadeSite this facade is served by.
+        self.site_max_body = 0
 
     def render(self, request: Any) -> object:
         # Pass the engine's headers through as they are: no invented Content-Type, no
@@ -217,18 +269,30 @@ class Facade(Resource):
                 write_error(request, self.engine, "internal")
             return server.NOT_DONE_YET
 
+    def refusal_at_head(
+        self, client: object, target: bytes, headers: Any, length: int | None
+    ) -> str | None:
+        """The reason to refuse a request from its head alone, or None to read its body.
+
+        :param client: the peer address of the connection.
+        :param target: the request target as sent.
+        :param length: the declared ``Content-Length`` (None: chunked or none).
+        """
+        if self._peer is None and not is_loopback(client):
+            return "forbidden"
+        if origin_form(target) is None:
+            return "bad-request"
+        if self._peer is None and self.engine.host_guard:
+            host = headers.getRawHeaders(b"host", [None])[0]
+            if not ollama_host_allowed(target_host(target, host)):
+                return "forbidden-host"
+        if length is not None and length > self.site_max_body:
+            return "body-too-large"
+        return None
+
     def _admit(self, request: Any) -> object:
         engine = self.engine
-        if self._peer is not None:
-            if not self._still_pinned(request):
-                return server.NOT_DONE_YET
-        elif not is_loopback(request.getClientAddress()):
-            write_error(request, engine, "forbidden")
-            return server.NOT_DONE_YET
-        if request.too_large:
-            # The rest of a refused body is not worth reading: close after answering.
-            write_error(request, engine, "body-too-large")
-            request.loseConnection()
+        if self._peer is not None and not self._still_pinned(request):
             return server.NOT_DONE_YET
         path = request.path.decode("latin-1")
         body = request.content.getvalue()
@@ -283,7 +347,9 @@ class Facade(Resource):
             and membership.pinned(certificate) is not None
         ):
             return True
-        self.log.info(
+        # Per-request detail stays below info (spec §9); the membership change itself is
+        # logged at info by the cluster watch.
+        self.log.debug(
             "dropped a peer request: no longer a member or not pinned", engine=self.engine.id
         )
         if transport is not None:

@@ -85,6 +85,8 @@ class FacadeManager:
         state_dir: Path,
         bind: str,
         max_request_body: int,
+        head_timeout: float = 30.0,
+        idle_timeout: float = 300.0,
         membership: Callable[[], Membership | None] = lambda: None,
     ) -> None:
         """:param reactor: IReactorTCP and IReactorTime.
@@ -96,6 +98,8 @@ class FacadeManager:
         self._state_dir = state_dir
         self._bind = bind
         self._max_request_body = max_request_body
+        self._head_timeout = head_timeout
+        self._idle_timeout = idle_timeout
         self.facades: dict[str, LiveFacade] = {}
 
     def enabled(self, engine: str) -> bool:
@@ -139,10 +143,8 @@ class FacadeManager:
             return self._result(live)
         factory = SniffingFactory(
             self._reactor,
-            FacadeSite(Facade(engine, self._handler), self._max_request_body),
-            FacadeSite(
-                Facade(engine, self._handler, peer=self._membership), self._max_request_body
-            ),
+            self._site(Facade(engine, self._handler)),
+            self._site(Facade(engine, self._handler, peer=self._membership)),
             self._membership,
         )
         listener = self._listen(engine, wanted, factory)
@@ -153,6 +155,15 @@ class FacadeManager:
         self.log.info("{engine} facade listening on {port}", engine=engine_id, port=wanted)
         self._ready(live)
         return self._result(live)
+
+    def _site(self, facade: Facade) -> FacadeSite:
+        return FacadeSite(
+            facade,
+            self._max_request_body,
+            head_timeout=self._head_timeout,
+            idle_timeout=self._idle_timeout,
+            clock=self._reactor,
+        )
 
     def _ready(self, live: LiveFacade) -> None:
         tls = self._membership() is not None

@@ -178,15 +178,15 @@ def build(
         state_dir=config.state_dir,
         bind=config.bind,
         max_request_body=config.max_request_body,
+        head_timeout=config.request_head_timeout,
+        idle_timeout=config.idle_timeout,
         membership=lambda: cluster.membership,
     )
     cluster.on_change = lambda _: facades.membership_changed()
     root = ProxyService(observer, facades, request_path, upstream, cluster, reactor)
 
     if config.admin_port is not None:
-        admin = Admin(
-            control, facades, lambda: request_path.in_flight, lambda: reservations.counts
-        )
+        admin = Admin(control, facades, lambda: request_path.in_flight, lambda: reservations.counts)
         site = Site(admin.app.resource())
         site.noisy = False
         TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(

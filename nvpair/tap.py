@@ -41,6 +41,8 @@ DEFAULTS = {
     "client-write-timeout": "60s",
     "max-request-body": "67108864",
     "log-level": "info",
+    "request-head-timeout": "30s",
+    "idle-timeout": "5m",
 }
 
 
@@ -115,6 +117,12 @@ class Options(usage.Options):
             ("max-request-body", "Larger request bodies (bytes) get 413."),
             ("log-level", "debug, info, warn or error."),
             ("admin-port", "Loopback-only admin listener (health, metrics, status)."),
+            (
+                "request-head-timeout",
+                "A request line and headers not complete this long after their first byte "
+                "close the connection.",
+            ),
+            ("idle-timeout", "A kept-alive client connection idle this long is closed."),
         )
     ]
 
@@ -167,6 +175,8 @@ class Options(usage.Options):
             max_request_body=self._parse("max-request-body", _bytes),
             log_level=self._parse("log-level", parse_level),
             admin_port=self._parse("admin-port", _port),
+            request_head_timeout=self._parse("request-head-timeout", parse_duration),
+            idle_timeout=self._parse("idle-timeout", parse_duration),
         )
 
 

@@ -49,7 +49,8 @@ def exchange(
 
 
 def post(path: str, body: bytes) -> bytes:
-    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    head = f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
 
 
 def split(answer: bytes) -> tuple[str, dict[str, str], bytes]:
@@ -83,7 +84,7 @@ def test_chunked_body_over_the_cap_is_413() -> None:
     handler = Broken()
     chunk = b"x" * 600
     raw = (
-        b"POST /api/chat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
         + b"%x\r\n" % len(chunk)
         + chunk
         + b"\r\n"
