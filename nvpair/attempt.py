@@ -16,12 +16,11 @@ from typing import Any
 
 from attrs import define, frozen
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
-from twisted.internet.interfaces import IReactorTime
-from twisted.internet.protocol import Protocol, connectionDone
-from twisted.python.failure import Failure
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
+from nvpair.bodies import discard_body
 from nvpair.control import ControlState, Discovery, Node
 from nvpair.engines import RouteClass
 from nvpair.outcome import Verdict, classify
@@ -93,17 +92,10 @@ class Failed:
 Outcome = Served | Failed
 
 
-class _Discard(Protocol):
-    """Reads a retried response's body to the end so its connection returns to the pool."""
-
-    def __init__(self) -> None:
-        self.done: Deferred[None] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        """Discarded: a retried error body is not the client's."""
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.done.callback(None)
+#: A retried error body is read to its end (so the connection is reused) within these
+#: bounds, and its connection closed past them: an engine's error body is small.
+DISCARD_SECONDS = 10.0
+DISCARD_BYTES = 1024 * 1024
 
 
 @frozen
@@ -140,6 +132,10 @@ class Attempts:
         self._upstream = upstream
         self._timeout = header_timeout
         self._address = address
+
+    def _discard(self, response: IResponse) -> None:
+        """A response that is not the client's answer: drained in the background, bounded."""
+        discard_body(response, self._clock, DISCARD_SECONDS, DISCARD_BYTES)
 
     async def run(
         self, dispatch: Dispatch, node: Node, final: bool, cancelled: Callable[[], bool]
@@ -186,19 +182,36 @@ class Attempts:
             base = self._address(dispatch.engine, node)
         except LookupError as missing:
             return Failed(Fault.TRANSPORT, detail=str(missing))
-        sent = self._upstream.request(
-            base, dispatch.method, dispatch.uri, dispatch.headers, dispatch.body
-        )
-        waiting.append(sent)
-        # Not Deferred.addTimeout: a cancelled Agent request fails with ResponseNeverReceived,
-        # which addTimeout would not translate, so expiry is recorded here instead.
+        # The header budget starts once the connection is up, not at the dial (spec §5.1:
+        # dial, headers and first content run in sequence). ``connected`` may run before
+        # ``request`` returns (a pooled connection), hence the holder.
+        sent_holder: list[Deferred[IResponse]] = []
+        timers: list[IDelayedCall] = []
         expired: list[bool] = []
 
         def expire() -> None:
+            # Not Deferred.addTimeout: a cancelled Agent request fails with
+            # ResponseNeverReceived, which addTimeout would not translate.
             expired.append(True)
-            sent.cancel()
+            if sent_holder:
+                sent_holder[0].cancel()
 
-        timer = self._clock.callLater(self._timeout, expire) if self._timeout else None
+        def connected() -> None:
+            if self._timeout:
+                timers.append(self._clock.callLater(self._timeout, expire))
+
+        try:
+            sent = self._upstream.request(
+                base, dispatch.method, dispatch.uri, dispatch.headers, dispatch.body, connected
+            )
+        except Exception as error:
+            # An attempt that cannot even start is this node's transport failure, never the
+            # request's: the loop fails over (docs/robustness.md).
+            return Failed(Fault.TRANSPORT, detail=type(error).__name__)
+        sent_holder.append(sent)
+        waiting.append(sent)
+        if expired:
+            sent.cancel()
         try:
             response: IResponse = await sent
         except Exception as error:
@@ -210,16 +223,17 @@ class Attempts:
                 return Failed(Fault.TRANSPORT, detail="header timeout")
             return Failed(Fault.TRANSPORT, detail=type(error).__name__)
         finally:
-            if timer is not None and timer.active():
-                timer.cancel()
+            for timer in timers:
+                if timer.active():
+                    timer.cancel()
         if state.abandoned():
             # The watcher fired while the headers were being delivered.
-            response.deliverBody(_Discard())
+            self._discard(response)
             return Failed(Fault.NODE_LEFT)
 
         verdict = classify(response.code, dispatch.route)
         if verdict is Verdict.RETRY and not final:
-            response.deliverBody(_Discard())
+            self._discard(response)
             return Failed(Fault.STATUS, status=response.code)
 
         relay = BodyRelay()

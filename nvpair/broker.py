@@ -32,6 +32,7 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 BIND_FAILED = -32001
 NO_FACADE = -32004
+INTERNAL_ERROR = -32603
 
 #: Facade-scoped methods (spec §4): they must carry an engine address.
 FACADE_SCOPED = frozenset(

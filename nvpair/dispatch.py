@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+from collections.abc import Callable
 from typing import Any
 
 from attrs import define
@@ -26,12 +27,12 @@ from nvpair.activity import NodeActivity
 from nvpair.answers import write_error
 from nvpair.attempt import Attempts, Dispatch, Failed, Fault, Served
 from nvpair.config import Config
-from nvpair.control import ControlState, Node, Priority
+from nvpair.control import ControlState, Discovery, Node, Priority
 from nvpair.cors import Reply, inventory_grant, preflight
 from nvpair.engines import RouteClass
 from nvpair.facade import Admitted, RequestHandler, upstream_headers
 from nvpair.fanout import Answer, ask_all
-from nvpair.headers import end_to_end
+from nvpair.headers import end_to_end, framed_by_length
 from nvpair.inferstats import Stats, StatsReader
 from nvpair.inventory import InvalidInventory, merge_inventories
 from nvpair.logs import debug_enabled
@@ -110,7 +111,11 @@ class RequestPath(RequestHandler):
         reservations: Reservations,
         workloads: Workloads,
         activity: NodeActivity,
+        own_id: Callable[[], str | None] = lambda: None,
     ) -> None:
+        """:param own_id: this node's cluster id, if it is a member (``X-Nvpair-Node`` of
+        the answers its local engine gives)."""
+        self._own_id = own_id
         self._clock = clock
         self._control = control
         self._config = config
@@ -221,8 +226,27 @@ class RequestPath(RequestHandler):
             # node of the engine (contract, "Inference vs other routes").
             named = owners(discovery, admitted.model_key) if admitted.model_key else []
             eligible = named or list(discovery.nodes)
+        # A node with nothing to dial (a local node before its backend is known) is no
+        # candidate: trying it would cost an attempt and report a dispatch that never left.
+        dialable = [node for node in eligible if self._dialable(engine, node)]
         priority: Priority = self._control.priority
-        return plan(eligible, self._control.pin(engine), priority, self._reservations.counts)
+        return plan(dialable, self._control.pin(engine), priority, self._reservations.counts)
+
+    def _dialable(self, engine: str, node: Node) -> bool:
+        return not node.local or self._control.local_backend(engine) is not None
+
+    def _live(self, admitted: Admitted, node: Node) -> Node | None:
+        """``node`` as the live snapshot has it now, if it is still one of the owners.
+
+        A round is planned once; a node that left discovery (or stopped advertising the
+        model) since is skipped at no attempt's cost, and one whose URL changed is dialled
+        where it is now.
+        """
+        engine = admitted.engine.id
+        live = self._control.discovery(engine).node(node.id)
+        if live is None or not self._dialable(engine, live):
+            return None
+        return live if owners(Discovery((live,)), admitted.model_key) else None
 
     def _dispatch(self, job: Job) -> Dispatch:
         admitted = job.admitted
@@ -262,10 +286,13 @@ class RequestPath(RequestHandler):
             if not round_plan.candidates:
                 # An owner existed within this request's life and went away: wait for one,
                 # at no attempt's cost, until the deadline.
-                if self._clock.seconds() >= deadline:
+                remaining = deadline - self._clock.seconds()
+                if remaining <= 0:
                     self._refuse(job, "no-owner-timeout", backoff)
                     return
-                await self._sleep(min(backoff, deadline - self._clock.seconds()))
+                # Re-resolved on the backoff schedule, and at once when discovery changes
+                # (with --retry-backoff 0 only then: never a busy loop).
+                await self._owner_change(engine.id, min(backoff, remaining) or remaining)
                 backoff = min(backoff * 2, config.retry_backoff * BACKOFF_CAP)
                 round_plan = self._plan(job.admitted)
                 continue
@@ -273,7 +300,11 @@ class RequestPath(RequestHandler):
             # The plan names a node to reserve unless an eligible pin applies; the claim then
             # follows each dispatch (the node that refused is not doing the work).
             reserving = round_plan.reserve is not None
-            for node in round_plan.candidates:
+            dispatched = False
+            for planned in round_plan.candidates:
+                node = self._live(job.admitted, planned)
+                if node is None:
+                    continue
                 # Both bounds are checked before every dispatch, never during one.
                 if job.attempts >= config.max_dispatch_attempts:
                     self._refuse(job, "attempts-exhausted", backoff)
@@ -286,6 +317,7 @@ class RequestPath(RequestHandler):
                 if reserving:
                     job.reservation = self._reservations.move(job.reservation, node.id)
                 workload.submitted(node.id)
+                dispatched = True
                 failed = await self._try(job, dispatch, node, final)
                 if failed is None:
                     return
@@ -294,6 +326,12 @@ class RequestPath(RequestHandler):
                     return
                 # Between attempts the job is placed nowhere.
                 workload.submitted(None)
+
+            if not dispatched:
+                # Every planned node left before its turn: plan again from the live snapshot
+                # (no backoff: nothing failed).
+                round_plan = self._plan(job.admitted)
+                continue
 
             # The round is exhausted: nothing runs between attempts, so the claim goes now
             # (a stale one would push the other engines' traffic off a free node).
@@ -480,12 +518,16 @@ class RequestPath(RequestHandler):
         request = job.request
         response = served.response
         request.setResponseCode(response.code, response.phrase)
+        headers = request.responseHeaders
         for name, values in end_to_end(response.headers.getAllRawHeaders(), request=False):
-            request.responseHeaders.setRawHeaders(name, values)
-        # Twisted's client moves Content-Length out of the headers into ``length``; putting it
-        # back keeps the engine's framing (otherwise the client would get chunked encoding).
-        if isinstance(response.length, int):
-            request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % response.length])
+            headers.setRawHeaders(name, values)
+        if framed_by_length(job.admitted.method, response.code) and isinstance(
+            response.length, int
+        ):
+            # Twisted's client moves Content-Length out of the headers into ``length``;
+            # putting it back keeps the engine's framing (else the client gets chunked).
+            headers.setRawHeaders(b"content-length", [b"%d" % response.length])
+        headers.setRawHeaders(b"x-nvpair-node", [self._answering_node(node).encode()])
         relay: BodyRelay = served.relay
         relay.set_deadline(lambda upstream: self._write_deadline(job, upstream))
         job.served_status = response.code
@@ -516,7 +558,15 @@ class RequestPath(RequestHandler):
                 complete=end.complete,
             )
 
-    def _write_deadline(self, job: Job, upstream: IPushProducer) -> IPushProducer:
+    def _answering_node(self, node: Node) -> str:
+        """The id an answer names in ``X-Nvpair-Node``: for a peer's request, this node's."""
+        if node.local:
+            own = self._own_id()
+            if own is not None:
+                return own
+        return node.id
+
+    def _write_deadline(self, job: Job, upstream: IPushProducer) -> WriteDeadline:
         def expired() -> None:
             self.log.debug(
                 "client accepted nothing for {seconds}s: dropped",
@@ -529,6 +579,32 @@ class RequestPath(RequestHandler):
                 channel.transport.abortConnection()
 
         return WriteDeadline(upstream, self._clock, self._config.client_write_timeout, expired)
+
+    def _owner_change(self, engine: str, seconds: float) -> Deferred[None]:
+        """Fires after ``seconds``, or as soon as ``engine``'s discovery snapshot changes."""
+        subscribed = True
+
+        def stop() -> None:
+            nonlocal subscribed
+            if timer.active():
+                timer.cancel()
+            if subscribed:
+                subscribed = False
+                unsubscribe()
+
+        def wake() -> None:
+            stop()
+            if not d.called:
+                d.callback(None)
+
+        def changed(changed_engine: str, snapshot: Discovery) -> None:
+            if changed_engine == engine:
+                wake()
+
+        d: Deferred[None] = Deferred(lambda _: stop())
+        unsubscribe = self._control.on_discovery(changed)
+        timer = self._clock.callLater(max(0.0, seconds), wake)
+        return d
 
     def _sleep(self, seconds: float) -> Deferred[None]:
         return task.deferLater(self._clock, max(0.0, seconds), lambda: None)

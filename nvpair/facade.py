@@ -87,12 +87,28 @@ class FacadeChannel(http.HTTPChannel):
         still the channel's own.
         """
         request.refused = True
-        path = (origin_form(self._path) or b"/").split(b"?", 1)[0].decode("latin-1")
-        answer = head_refusal(
-            self.site.facade.engine, path, reason, head_only=self._command == b"HEAD"
-        )
+        self._answer_and_close(reason)
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        # twisted.web answers a head it cannot parse (a bad version, a header with no colon,
+        # conflicting lengths, a bad chunk size) with a bare 400; ours says why, like every
+        # answer the proxy makes itself (contract, "Proxy-generated responses").
+        if self.requests:
+            self.requests[-1].refused = True
+        self._answer_and_close("bad-request")
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        # A request line or header past 16 KiB: twisted.web would close without a word.
+        self._answer_and_close("bad-request")
+
+    def _answer_and_close(self, reason: str) -> None:
+        target = getattr(self, "_path", b"/")
+        path = (origin_form(target) or b"/").split(b"?", 1)[0].decode("latin-1")
+        head_only = getattr(self, "_command", None) == b"HEAD"
         assert self.transport is not None
-        self.transport.write(answer)
+        self.transport.write(
+            head_refusal(self.site.facade.engine, path, reason, head_only=head_only)
+        )
         self.loseConnection()
 
     def _head_too_slow(self) -> None:

@@ -18,7 +18,7 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
-from nvpair.broker import BIND_FAILED, RpcError, invalid_params
+from nvpair.broker import BIND_FAILED, INTERNAL_ERROR, RpcError, invalid_params
 from nvpair.cluster import Membership
 from nvpair.engines import ENGINES, Engine
 from nvpair.facade import Facade, FacadeSite, RequestHandler
@@ -176,23 +176,42 @@ class FacadeManager:
             self._ready(live)
 
     def set_port(self, engine_id: str, port: int) -> dict[str, object]:
-        """Move a live facade, then persist the choice atomically (``<engine>:set-port``).
+        """Move a live facade and persist the choice, as one step (``<engine>:set-port``).
 
-        The new port is bound before the old one is let go, so a failure leaves the facade
-        serving where it was.
+        The new port is bound, then the choice persisted, and only then is the old port let
+        go: a failure at either step leaves the facade serving where it was, and the broker
+        is told so. No step here closes a listener before its replacement listens, which is
+        why this process never has a port to re-listen (the ``relisten`` error tag).
+
+        :raises RpcError: -32001 (tag ``bind``) when the port is taken; -32603 (tag
+            ``persist``) when the state directory cannot be written.
         """
         live = self.facades[engine_id]
         if port == live.port:
-            write_persisted_port(self._port_file(live.engine), port)
+            self._persist(live.engine, port)
             return {"engine": engine_id, "port": port}
         listener = self._listen(live.engine, port, live.factory)
+        try:
+            self._persist(live.engine, port)
+        except RpcError:
+            listener.stopListening()
+            raise
         old = live.listener
         live.listener, live.port = listener, port
         old.stopListening()
-        write_persisted_port(self._port_file(live.engine), port)
         self.log.info("{engine} facade moved to {port}", engine=engine_id, port=port)
         self._ready(live)
         return {"engine": engine_id, "port": port}
+
+    def _persist(self, engine: Engine, port: int) -> None:
+        try:
+            write_persisted_port(self._port_file(engine), port)
+        except OSError as error:
+            message = f"cannot persist port {port}: {error.strerror or error}"
+            self.log.warn("{message}", engine=engine.id, message=message)
+            raise RpcError(
+                INTERNAL_ERROR, message, {"tag": "persist", "engine": engine.id, "port": port}
+            ) from None
 
     def _listen(self, engine: Engine, port: int, factory: SniffingFactory) -> IListeningPort:
         try:

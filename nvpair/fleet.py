@@ -10,30 +10,37 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from attrs import frozen
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
-from twisted.web.client import Agent, readBody
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent
 
+from nvpair.bodies import fetch
 from nvpair.broker import RpcError
 from nvpair.control import ControlState, Node
 from nvpair.durations import parse_duration
 from nvpair.engines import ENGINES
-from nvpair.facades import FacadeManager, parse_alias
+from nvpair.facades import parse_alias
 from nvpair.logs import debug_enabled
 from nvpair.upstream import quiet_pool
 
 #: Bound on one inventory poll beyond the dial timeout (contract: dial timeout plus 30 s).
 POLL_GRACE = 30.0
+
+#: A model list is small; a bigger answer is not one (and is not kept in memory).
+MAX_INVENTORY_BODY = 16 * 1024 * 1024
 
 
 class FleetFileError(ValueError):
@@ -154,11 +161,25 @@ class LogOutbox:
         return defer.succeed({})
 
 
+class Facades(Protocol):
+    """What the fleet needs of :class:`nvpair.facades.FacadeManager`."""
+
+    def enable(
+        self, engine_id: str, port: int | None, aliases: Sequence[str], ignore_persisted: bool
+    ) -> object: ...
+
+
 class FleetService(Service):
     """Enables the file's facades and keeps each engine's discovery from polled inventories.
 
+    Every (node, engine) pair is polled on its own schedule: at start, then every
+    ``inventory-interval``, never twice at once. One poll (dial, headers and body together) is
+    bounded by the dial timeout plus :data:`POLL_GRACE` and by :data:`MAX_INVENTORY_BODY`, so a
+    node that stalls delays only its own next poll, never another node's.
+
     :param reactor: IReactorTCP + IReactorTime.
     :param dial_timeout: connect timeout for each poll.
+    :param agent: sends the polls (tests); by default an Agent on a pool of this service's own.
     """
 
     log = Logger()
@@ -168,19 +189,25 @@ class FleetService(Service):
         reactor: Any,
         fleet: Fleet,
         control: ControlState,
-        facades: FacadeManager,
+        facades: Facades,
         dial_timeout: float,
+        *,
+        agent: IAgent | None = None,
     ) -> None:
-        self._reactor = reactor
+        self._clock: IReactorTime = reactor
         self._fleet = fleet
         self._control = control
         self._facades = facades
-        self._agent = Agent(reactor, connectTimeout=dial_timeout or None, pool=quiet_pool(reactor))
+        self._pool: HTTPConnectionPool | None = None
+        if agent is None:
+            self._pool = quiet_pool(reactor)
+            agent = Agent(reactor, connectTimeout=dial_timeout or None, pool=self._pool)
+        self._agent = agent
         self._timeout = (dial_timeout or 10.0) + POLL_GRACE
         # engine -> node id -> models from that node's last successful poll
         self._answered: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in fleet.facades}
-        self._loop = LoopingCall(self.poll_all)
-        self._loop.clock = reactor
+        self._loops: list[LoopingCall] = []
+        self._polling: set[Deferred[list[str]]] = set()
 
     def startService(self) -> None:
         super().startService()
@@ -192,52 +219,77 @@ class FleetService(Service):
                 self.log.error(
                     "{engine} facade not enabled: {why}", engine=engine, why=error.message
                 )
-        self._loop.start(self._fleet.inventory_interval, now=True)
+        for node in self._fleet.nodes:
+            for engine, url in node.engines.items():
+                if engine not in self._answered:
+                    continue
+                # One loop per pair: a LoopingCall waits for its poll's Deferred before it
+                # schedules the next, so a slow poll is never duplicated and holds up nobody
+                # else's.
+                loop = LoopingCall(self._poll, node, engine, url)
+                loop.clock = self._clock
+                self._loops.append(loop)
+                loop.start(self._fleet.inventory_interval, now=True).addErrback(
+                    lambda failure: self.log.failure("inventory polling stopped", failure)
+                )
 
-    def stopService(self) -> None:
+    def stopService(self) -> Deferred[None] | None:
         super().stopService()
-        if self._loop.running:
-            self._loop.stop()
-
-    def poll_all(self) -> Deferred[Any]:
-        polls = [
-            self._poll(node, engine, url)
-            for node in self._fleet.nodes
-            for engine, url in node.engines.items()
-            if engine in self._answered
-        ]
-        return defer.gatherResults(polls, consumeErrors=True)
+        loops, self._loops = self._loops, []
+        for loop in loops:
+            if loop.running:
+                loop.stop()
+        # Closes their connections; the results are dropped (the service is no longer
+        # running), so a shutdown does not read as every node leaving.
+        for poll in list(self._polling):
+            poll.cancel()
+        if self._pool is not None:
+            closed: Deferred[None] = self._pool.closeCachedConnections()
+            return closed
+        return None
 
     async def _poll_once(self, engine: str, url: str) -> list[str]:
         spec = ENGINES[engine]
-        d = self._agent.request(b"GET", (url.rstrip("/") + spec.poll_path).encode(), Headers())
-        d.addTimeout(self._timeout, self._reactor)
-        response = await d
-        body = await readBody(response)
-        if not 200 <= response.code < 300:
-            raise ValueError(f"status {response.code}")
-        models = spec.inventory_models(json.loads(body))
+        sent = self._agent.request(b"GET", (url.rstrip("/") + spec.poll_path).encode(), Headers())
+        whole = await fetch(sent, self._clock, self._timeout, MAX_INVENTORY_BODY)
+        code = whole.response.code
+        if not 200 <= code < 300:
+            raise ValueError(f"status {code}")
+        models = spec.inventory_models(json.loads(whole.body))
         if models is None:
             raise ValueError("not the engine's model-list envelope")
         return models
 
     def _poll(self, node: FleetNode, engine: str, url: str) -> Deferred[None]:
-        d = Deferred.fromCoroutine(self._poll_once(engine, url))
+        poll = Deferred.fromCoroutine(self._poll_once(engine, url))
+        self._polling.add(poll)
 
-        def answered(models: list[str]) -> None:
-            self._record(engine, node.id, tuple(models))
-
-        def failed(failure: Any) -> None:
-            if node.id in self._answered[engine]:
-                self.log.info(
-                    "{node} left {engine} discovery: poll failed ({why})",
-                    engine=engine,
-                    node=node.id,
-                    why=failure.getErrorMessage()[:200],
+        def settled(result: list[str] | Failure) -> None:
+            self._polling.discard(poll)
+            if not self.running:
+                return
+            try:
+                if isinstance(result, Failure):
+                    self._failed(node.id, engine, result)
+                else:
+                    self._record(engine, node.id, tuple(result))
+            except Exception:
+                # Swallowed so this pair's loop keeps running.
+                self.log.failure(
+                    "recording {node}'s {engine} poll failed", node=node.id, engine=engine
                 )
-            self._record(engine, node.id, None)
 
-        return d.addCallbacks(answered, failed)
+        return poll.addBoth(settled)
+
+    def _failed(self, node_id: str, engine: str, failure: Failure) -> None:
+        if node_id in self._answered[engine]:
+            self.log.info(
+                "{node} left {engine} discovery: poll failed ({why})",
+                engine=engine,
+                node=node_id,
+                why=failure.getErrorMessage()[:200],
+            )
+        self._record(engine, node_id, None)
 
     def _record(self, engine: str, node_id: str, models: tuple[str, ...] | None) -> None:
         answered = self._answered[engine]

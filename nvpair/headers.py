@@ -25,13 +25,18 @@ HOP_BY_HOP = frozenset(
 _REQUEST_OWNED = frozenset({b"host", b"content-length", b"expect"})
 
 
-def _connection_tokens(headers: Iterable[tuple[bytes, list[bytes]]]) -> set[bytes]:
+def connection_tokens(values: Iterable[bytes]) -> set[bytes]:
+    """The header names a ``Connection`` header's values list, lower-cased."""
     tokens: set[bytes] = set()
-    for name, values in headers:
-        if name.lower() == b"connection":
-            for value in values:
-                tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    for value in values:
+        tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
     return tokens
+
+
+def _connection_tokens(headers: Iterable[tuple[bytes, list[bytes]]]) -> set[bytes]:
+    return connection_tokens(
+        value for name, values in headers if name.lower() == b"connection" for value in values
+    )
 
 
 def end_to_end(
@@ -50,3 +55,13 @@ def end_to_end(
     if request:
         drop = drop | _REQUEST_OWNED
     return [(name, values) for name, values in pairs if name.lower() not in drop]
+
+
+def framed_by_length(method: bytes, status: int) -> bool:
+    """Whether a response to ``method`` with ``status`` is framed by ``Content-Length``.
+
+    Not a HEAD answer (its Content-Length, if any, is the GET body's and passes through as
+    the engine sent it), and not 1xx, 204 or 304, which have no body and, for 1xx and 204,
+    must not carry Content-Length at all (RFC 9110 §8.6).
+    """
+    return method != b"HEAD" and status >= 200 and status not in (204, 304)

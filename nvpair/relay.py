@@ -96,6 +96,10 @@ class WriteDeadline:
         self._disarm()
         self._upstream.stopProducing()
 
+    def disarm(self) -> None:
+        """The body ended: a client that stopped reading can no longer hold anything."""
+        self._disarm()
+
     def _disarm(self) -> None:
         if self._timer is not None:
             if self._timer.active():
@@ -119,7 +123,8 @@ class BodyRelay(Protocol):
     log = Logger()
 
     def __init__(self) -> None:
-        self._deadline: Callable[[IPushProducer], IPushProducer] | None = None
+        self._deadline: Callable[[IPushProducer], WriteDeadline] | None = None
+        self._guard: WriteDeadline | None = None
         self._tap: Callable[[bytes], None] | None = None
         # Cancelling the wait (first-body timeout, watcher, requester gone) abandons the body.
         self.first: Deferred[First] = Deferred(lambda _: self.abandon())
@@ -166,7 +171,7 @@ class BodyRelay(Protocol):
 
     # -- the attempt's side ----------------------------------------------------------------
 
-    def set_deadline(self, wrap: Callable[[IPushProducer], IPushProducer]) -> None:
+    def set_deadline(self, wrap: Callable[[IPushProducer], WriteDeadline]) -> None:
         """Wrap the upstream before it is registered as the client's producer (for a
         :class:`WriteDeadline`)."""
         self._deadline = wrap
@@ -198,7 +203,9 @@ class BodyRelay(Protocol):
             return
         upstream = self._upstream()
         if upstream is not None:
-            producer = upstream if self._deadline is None else self._deadline(upstream)
+            producer: IPushProducer = upstream
+            if self._deadline is not None:
+                producer = self._guard = self._deadline(upstream)
             request.registerProducer(producer, True)
             upstream.resumeProducing()
 
@@ -253,6 +260,10 @@ class BodyRelay(Protocol):
     def _finish(self, reason: Failure) -> None:
         if self.done.called:
             return
+        if self._guard is not None:
+            # Paused by the client when the body ended, the deadline would otherwise fire
+            # on a finished request.
+            self._guard.disarm()
         complete = _clean_end(reason) and not self._client_gone
         if not self._client_gone:
             request = self._request

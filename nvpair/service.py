@@ -6,6 +6,7 @@ in-memory that ``twistd -n nvpair-proxy`` runs.
 
 from __future__ import annotations
 
+import resource
 import sys
 from collections.abc import Callable
 from typing import IO, Any
@@ -36,6 +37,26 @@ from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
+
+
+def raise_fd_limit(
+    get: Callable[[int], tuple[int, int]] = resource.getrlimit,
+    set_: Callable[[int, tuple[int, int]], None] = resource.setrlimit,
+) -> int:
+    """Raise the soft open-files limit to the hard one; returns the limit now in force.
+
+    Every client and upstream connection is a descriptor, and the usual soft default of
+    1024 is what thousands of idle or slow clients would exhaust first: accept() would then
+    fail for everyone, however idle the reactor.
+    """
+    soft, hard = get(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return soft
+    try:
+        set_(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        return soft
+    return hard
 
 
 class BrokerOutbox:
@@ -128,6 +149,8 @@ class ProxyService(MultiService):
         super().setServiceParent(parent)
 
     def startService(self) -> None:
+        limit = raise_fd_limit()
+        self.log.debug("open files limit {limit}", limit=limit)
         super().startService()
         self.cluster.start()
 
@@ -169,7 +192,14 @@ def build(
     workloads = Workloads(outbox.notify, lambda: int(reactor.seconds() * 1000))
     activity = NodeActivity(reactor, outbox.notify)
     request_path = RequestPath(
-        reactor, control, upstream, config, reservations, workloads, activity
+        reactor,
+        control,
+        upstream,
+        config,
+        reservations,
+        workloads,
+        activity,
+        own_id=lambda: cluster.membership.node_id if cluster.membership else None,
     )
     facades = FacadeManager(
         reactor,
@@ -182,7 +212,13 @@ def build(
         idle_timeout=config.idle_timeout,
         membership=lambda: cluster.membership,
     )
-    cluster.on_change = lambda _: facades.membership_changed()
+
+    def membership_changed(_: object) -> None:
+        # Trust withdrawn means connections closed (contract "Files"), then the news.
+        upstream.trust_changed()
+        facades.membership_changed()
+
+    cluster.on_change = membership_changed
     root = ProxyService(observer, facades, request_path, upstream, cluster, reactor)
 
     if config.admin_port is not None:

@@ -6,17 +6,26 @@ a reverse proxy wants none of them, so this is a plain :class:`~twisted.web.clie
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IConsumer, IStreamClientEndpoint
+from twisted.internet.interfaces import (
+    IConsumer,
+    IProtocol,
+    IProtocolFactory,
+    IStreamClientEndpoint,
+)
+from twisted.web._newclient import HTTP11ClientProtocol, Request
 from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IPolicyForHTTPS, IResponse
 from zope.interface import implementer
+
+from nvpair.headers import connection_tokens
 
 #: Idle connections kept per upstream. Twisted's default of 2 limits the idle cache, not
 #: concurrency, and halved throughput in a measurement (reference/twisted-notes.md §2.5).
@@ -52,10 +61,40 @@ class BytesBody:
         """The whole body is written at once: nothing to stop."""
 
 
+class _ProxyClientProtocol(HTTP11ClientProtocol):
+    """Twisted's client connection, with the response's hop-by-hop headers fully removed.
+
+    Twisted moves ``Connection`` itself out of ``response.headers`` but keeps the headers it
+    names (RFC 9110 §7.6.1 makes those hop-by-hop too); once it is gone nobody downstream can
+    tell them apart. They are dropped here, where the ``Connection`` header is still known.
+    """
+
+    def request(self, request: Request) -> Deferred[IResponse]:
+        d: Deferred[IResponse] = super().request(request)
+        parser = getattr(self, "_parser", None)
+        if parser is not None and parser.request is request:
+            connection = parser.connHeaders
+            d.addCallback(_drop_connection_named, connection)
+        return d
+
+
+def _drop_connection_named(response: IResponse, connection: Headers) -> IResponse:
+    named = connection_tokens(connection.getRawHeaders(b"connection", []))
+    for name in named:
+        response.headers.removeHeader(name)
+    return response
+
+
 class _QuietClientFactory(_HTTP11ClientFactory):
     # One factory per upstream connection: at Twisted's default every connection would log
     # "Starting factory"/"Stopping factory" at info.
     noisy = False
+
+    def buildProtocol(self, addr: Any) -> HTTP11ClientProtocol:
+        protocol: HTTP11ClientProtocol = _ProxyClientProtocol(  # type: ignore[no-untyped-call]
+            self._quiescentCallback
+        )
+        return protocol
 
 
 def quiet_pool(reactor: Any) -> HTTPConnectionPool:
@@ -65,6 +104,26 @@ def quiet_pool(reactor: Any) -> HTTPConnectionPool:
     return pool
 
 
+@implementer(IStreamClientEndpoint)
+class _Watched:
+    """An endpoint that says when its connection is up (the dial budget ends there)."""
+
+    def __init__(self, endpoint: IStreamClientEndpoint, connected: Callable[[], None]) -> None:
+        self._endpoint = endpoint
+        self._connected = connected
+        self.dialled = False
+
+    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
+        self.dialled = True
+        d: Deferred[IProtocol] = self._endpoint.connect(protocolFactory)
+
+        def up(protocol: IProtocol) -> IProtocol:
+            self._connected()
+            return protocol
+
+        return d.addCallback(up)
+
+
 @implementer(IAgentEndpointFactory)
 class _Endpoints:
     """Endpoints for the Agent, built once per plain ``host:port``.
@@ -72,6 +131,9 @@ class _Endpoints:
     Agent asks for an endpoint on every request, pooled connection or not, and building a
     HostnameEndpoint runs IDNA on the host each time: measurable per request. TLS endpoints
     are not kept: which certificate a peer must present follows the live membership.
+
+    :ivar watch: set around one ``Agent.request`` call: the endpoint handed out is then
+        wrapped to report its connection (Agent asks for it synchronously inside that call).
     """
 
     def __init__(self, reactor: Any, dial_timeout: float, tls: IPolicyForHTTPS | None) -> None:
@@ -80,8 +142,17 @@ class _Endpoints:
         self._timeout = dial_timeout if dial_timeout > 0 else 10.0**9
         self._tls = tls
         self._plain: dict[tuple[bytes, int], IStreamClientEndpoint] = {}
+        self.watch: Callable[[], None] | None = None
+        self.watched: _Watched | None = None
 
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        endpoint = self._endpoint(uri)
+        if self.watch is not None:
+            self.watched = _Watched(endpoint, self.watch)
+            return self.watched
+        return endpoint
+
+    def _endpoint(self, uri: URI) -> IStreamClientEndpoint:
         key = (uri.host, uri.port)
         if uri.scheme == b"http":
             endpoint = self._plain.get(key)
@@ -97,8 +168,20 @@ class _Endpoints:
         raise SchemeNotSupported(f"unsupported scheme: {uri.scheme!r}")
 
 
+def _pool(reactor: Any) -> HTTPConnectionPool:
+    pool = quiet_pool(reactor)
+    pool.maxPersistentPerHost = MAX_PERSISTENT_PER_HOST
+    # The failover loop decides what is retried, never the pool.
+    pool.retryAutomatically = False
+    return pool
+
+
 class Upstream:
-    """Sends one request to one engine URL through the process-wide pool.
+    """Sends one request to one engine URL through the process-wide pools.
+
+    Plain engines share one pool. Pinned peers (``https://``) get a pool of their own that is
+    retired whenever trust changes (:meth:`trust_changed`): a connection verified against a
+    pin is never reused once that pin, or this node's membership, is gone.
 
     :param reactor: provides IReactorTCP, IReactorTime (and IReactorSSL for https peers).
     :param dial_timeout: seconds to connect (``--dial-timeout``).
@@ -108,11 +191,27 @@ class Upstream:
         self, reactor: Any, dial_timeout: float, tls: IPolicyForHTTPS | None = None
     ) -> None:
         """:param tls: how ``https://`` peers are dialled (pinned mutual TLS)."""
-        self._pool = quiet_pool(reactor)
-        self._pool.maxPersistentPerHost = MAX_PERSISTENT_PER_HOST
-        self._pool.retryAutomatically = False
-        self._agent = Agent.usingEndpointFactory(
-            reactor, _Endpoints(reactor, dial_timeout, tls), pool=self._pool
+        self._reactor = reactor
+        self._endpoints = _Endpoints(reactor, dial_timeout, tls)
+        self._pool = _pool(reactor)
+        self._agent = Agent.usingEndpointFactory(reactor, self._endpoints, pool=self._pool)
+        self._peer_pool = _pool(reactor)
+        self._peer_agent = Agent.usingEndpointFactory(
+            reactor, self._endpoints, pool=self._peer_pool
+        )
+
+    def trust_changed(self) -> None:
+        """Membership or a pin changed: no peer connection made before now is used again.
+
+        Idle ones close now; one still carrying a response closes as soon as it is done
+        (a timeout of 0 on the retired pool), and new requests get a fresh pool.
+        """
+        retired = self._peer_pool
+        retired.cachedConnectionTimeout = 0
+        retired.closeCachedConnections()
+        self._peer_pool = _pool(self._reactor)
+        self._peer_agent = Agent.usingEndpointFactory(
+            self._reactor, self._endpoints, pool=self._peer_pool
         )
 
     def request(
@@ -122,22 +221,38 @@ class Upstream:
         uri: bytes,
         headers: Headers,
         body: bytes | None,
+        connected: Callable[[], None] | None = None,
     ) -> Deferred[IResponse]:
         """Dispatch; fires with the response once its headers arrive.
 
-        Cancelling the Deferred before then aborts the upstream connection.
+        Cancelling the Deferred before then aborts the upstream connection. Anything that
+        fails while starting (no usable TLS trust, a bad URL) fails the Deferred: it never
+        raises.
 
         :param base_url: ``http://host:port`` of the engine (no trailing slash).
-        :param uri: the path and query string, exactly as the client sent them.
+        :param uri: the path and query (origin form, as admission normalized it).
+        :param connected: called once the connection is up: at once for a pooled one,
+            else when the dial completes (the header budget starts there, spec §5.1).
         """
         # No body at all (rather than an empty one) keeps a GET free of "Content-Length: 0".
         bodiless = not body and method in _BODILESS
         producer = None if body is None or bodiless else BytesBody(body)
         url = base_url.rstrip("/").encode() + uri
-        d: Deferred[IResponse] = self._agent.request(method, url, headers, producer)
+        agent = self._peer_agent if url.startswith(b"https:") else self._agent
+        endpoints = self._endpoints
+        endpoints.watch = connected
+        try:
+            d: Deferred[IResponse] = agent.request(method, url, headers, producer)
+        except Exception:
+            return defer.fail()
+        finally:
+            watched, endpoints.watch, endpoints.watched = endpoints.watched, None, None
+        if connected is not None and (watched is None or not watched.dialled):
+            # No dial happened: the pool had a connection ready.
+            connected()
         return d
 
     def close(self) -> Deferred[None]:
         """Close idle pooled connections (process shutdown)."""
-        d: Deferred[None] = self._pool.closeCachedConnections()
-        return d
+        closing = [self._pool.closeCachedConnections(), self._peer_pool.closeCachedConnections()]
+        return defer.gatherResults(closing).addCallback(lambda _: None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -178,6 +179,8 @@ class Call:
     body: bytes | None
     deferred: Deferred[Response]
     cancelled: bool = False
+    #: Reports the connection up (when the upstream was told to hold dials).
+    connected: Callable[[], None] = lambda: None
 
     def answer(self, response: Response) -> Response:
         self.deferred.callback(response)
@@ -195,9 +198,18 @@ class ScriptedUpstream:
         #: What a cancelled dial fails with. Agent uses ResponseNeverReceived once connected
         #: and ConnectingCancelledError while connecting: never plain CancelledError.
         self.cancel_error: Exception = ResponseNeverReceived([Failure(CancelledError())])
+        #: False: every dial stays pending until the test calls ``call.connected()``;
+        #: True: connections are up at once, as a pooled one is.
+        self.connect_at_once = True
 
     def request(
-        self, base_url: str, method: bytes, uri: bytes, headers: Headers, body: bytes | None
+        self,
+        base_url: str,
+        method: bytes,
+        uri: bytes,
+        headers: Headers,
+        body: bytes | None,
+        connected: Callable[[], None] | None = None,
     ) -> Deferred[Response]:
         def cancel(d: Deferred[Response]) -> None:
             # As Agent does: a cancelled request fails with ResponseNeverReceived.
@@ -205,8 +217,10 @@ class ScriptedUpstream:
             d.errback(self.cancel_error)
 
         d: Deferred[Response] = Deferred(cancel)
-        call = Call(base_url, method, uri, headers, body, d)
+        call = Call(base_url, method, uri, headers, body, d, connected=connected or (lambda: None))
         self.calls.append(call)
+        if self.connect_at_once:
+            call.connected()
         return d
 
     def open(self) -> list[Call]:

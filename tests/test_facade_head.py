@@ -245,3 +245,21 @@ def test_a_body_is_not_bounded_by_the_head_timeout() -> None:
     conn.clock.advance(40)
     conn.send(b"{}")
     assert conn.answer()[0] == "HTTP/1.1 200 OK"
+
+
+def test_a_head_line_past_the_line_limit_is_400_bad_request_not_a_silent_close() -> None:
+    conn = Connection(LLAMACPP)
+    conn.send(b"GET /models HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
+    status, headers, _ = conn.answer()
+    assert status.startswith("HTTP/1.1 400") and headers["x-nvpair-error"] == "bad-request"
+    assert conn.closed()
+
+
+def test_a_head_twisted_cannot_parse_says_why() -> None:
+    conn = Connection(OLLAMA)
+    conn.send(b"GET /api/tags HTTP/1.1\r\nHost localhost\r\n\r\n")
+    status, headers, body = conn.answer()
+    assert status.startswith("HTTP/1.1 400") and headers["x-nvpair-error"] == "bad-request"
+    assert json.loads(body) == {
+        "error": "malformed request (a target must be in origin or absolute form)"
+    }

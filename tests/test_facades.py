@@ -136,3 +136,43 @@ def test_occupied_alias_is_a_warning_and_the_primary_stays(tmp_path: Path) -> No
 def test_aliases_must_be_loopback_host_port(alias: object) -> None:
     with pytest.raises(ValueError):
         parse_alias(alias)
+
+
+class StoppablePorts(MemoryReactor):
+    """A MemoryReactor whose listeners record being stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: list[int] = []
+
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Any:
+        listener = super().listenTCP(port, factory, backlog, interface)
+        stopped = self.stopped
+        original = listener.stopListening
+
+        def stop() -> Any:
+            stopped.append(port)
+            return original()
+
+        listener.stopListening = stop
+        return listener
+
+
+def test_a_move_that_cannot_be_persisted_does_not_happen(tmp_path: Path) -> None:
+    """set-port is one step: the facade stays where it was and the broker hears why."""
+    state = tmp_path / "state"
+    reactor, outbox = StoppablePorts(), Outbox()
+    facades = FacadeManager(
+        reactor, RequestHandler(), outbox, state_dir=state, bind="::", max_request_body=10
+    )
+    facades.enable("lmstudio", 1234, [], False)
+    state.rmdir() if state.exists() else None
+    state.write_text("a file where the state directory should be")
+    sent = len(outbox.sent)
+    with pytest.raises(RpcError) as refused:
+        facades.set_port("lmstudio", 1300)
+    assert refused.value.code == -32603 and refused.value.data is not None
+    assert refused.value.data["tag"] == "persist"
+    assert facades.facades["lmstudio"].port == 1234
+    assert reactor.stopped == [1300]  # the new listener, never the old one
+    assert len(outbox.sent) == sent  # no ready for a move that did not happen

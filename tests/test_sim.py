@@ -985,6 +985,82 @@ async def test_refuse_and_resume(start: Start) -> None:
     assert (await fetch("GET", engine.url + "/v1/models")).status == 200
 
 
+@pytest.mark.parametrize("dialect", ["ollama", "lmstudio", "llamacpp"])
+@pytest_twisted.ensureDeferred
+async def test_reset_before_headers(start: Start, dialect: str) -> None:
+    """reset_before_headers reads the request, then resets the connection without a byte,
+    after header_delay; other routes keep answering."""
+    engine = start(dialect, faults=Faults(reset_before_headers=True, header_delay=0.1))
+    path, body = INFERENCE[dialect]
+    began = reactor.seconds()
+    raw = await raw_connect(engine, path, body)
+    await raw.ended
+    assert reactor.seconds() - began >= 0.1
+    assert raw.received == b""
+    assert raw.reason is not None and raw.reason.check(ConnectionLost) is not None
+    assert len(engine.requests) == 1 and engine.requests[0].json() == body
+    assert (engine.headers_sent, engine.in_flight) == (0, 0)
+    listing = "/api/tags" if dialect == "ollama" else "/v1/models"
+    assert (await fetch("GET", engine.url + listing)).status == 200
+
+
+@pytest.mark.parametrize("after", [0, 7])
+@pytest_twisted.ensureDeferred
+async def test_die_after_bytes_cuts_a_whole_body(start: Start, after: int) -> None:
+    """die_after_bytes sends the full Content-Length but only N bytes of a whole body, then
+    resets; a streamed answer is not cut by it."""
+    engine = start("llamacpp")
+    path, body = INFERENCE["llamacpp"]
+    whole_body = {**body, "stream": False}
+    intact = await fetch("POST", engine.url + path, whole_body)
+    engine.faults.die_after_bytes = after
+    raw = await raw_connect(engine, path, whole_body)
+    await raw.ended
+    assert raw.reason is not None and raw.reason.check(ConnectionLost) is not None
+    head, _, received = raw.received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert f"content-length: {len(intact.body)}\r\n".encode() in head.lower() + b"\r\n"
+    assert received == intact.body[:after]
+    streamed = await fetch("POST", engine.url + path, body)
+    assert streamed.status == 200 and b"[DONE]" in streamed.body
+
+
+@pytest_twisted.ensureDeferred
+async def test_headers_sent_counts_heads_written(start: Start) -> None:
+    """headers_sent counts answers whose head went out: at once, after a delay, or before a
+    stall -- not one still held by header_delay."""
+    engine = start("ollama", faults=Faults(stall=True))
+    path, body = INFERENCE["ollama"]
+    response = await send("POST", engine.url + path, body)
+    assert engine.headers_sent == 1 and engine.in_flight == 1
+    engine.faults.clear()
+    engine.faults.header_delay = 30.0
+    await raw_connect(engine, path, body)
+    await eventually(lambda: len(engine.requests) == 2)
+    assert engine.headers_sent == 1
+    await fetch("GET", engine.url + "/api/tags")
+    assert engine.headers_sent == 2
+    engine.drop_connections()
+    with pytest.raises(ResponseFailed):
+        await treq.content(response)
+
+
+@pytest_twisted.ensureDeferred
+async def test_drop_connections_keeps_listening(start: Start) -> None:
+    """drop_connections aborts open connections (idle keep-alive ones and answers in progress)
+    and the engine keeps accepting new ones."""
+    engine = start("llamacpp", chunk_interval=30.0)
+    path, body = INFERENCE["llamacpp"]
+    client = await raw_connect(engine, path, body)
+    await eventually(lambda: engine.in_flight == 1)
+    engine.drop_connections()
+    await client.ended
+    assert client.reason is not None and client.reason.check(ConnectionLost) is not None
+    assert engine.in_flight == 0
+    engine.chunk_interval = 0.0
+    assert (await fetch("POST", engine.url + path, body)).status == 200
+
+
 @pytest.mark.parametrize(
     ("dialect", "path"),
     [

@@ -224,8 +224,11 @@ def test_a_bug_mid_request_still_ends_with_one_terminal_event() -> None:
     def broken(*args: object) -> object:
         raise RuntimeError("a bug in the dispatch path")
 
-    h.upstream.request = broken  # type: ignore[method-assign,assignment]
+    # Not the upstream client: an exception while an attempt starts is that node's transport
+    # failure (docs/robustness.md); a bug in the path itself is what this test is about.
+    h.path._deliver = broken  # type: ignore[method-assign,assignment]
     _, d = h.serve()
+    h.upstream.calls[0].answer(Response(200, b"ok"))
     failures: list[object] = []
     d.addErrback(failures.append)
     info = terminal(h)

@@ -65,6 +65,11 @@ class Faults:
     :param stall: inference: send the headers, then nothing, keeping the connection open.
     :param die_after_chunks: streamed inference: abort the TCP connection after this many body
         chunks (``0``: right after the headers).
+    :param die_after_bytes: whole (not streamed) inference: send only this many bytes of the body,
+        under the full ``Content-Length``, then abort the TCP connection (``0``: right after the
+        headers).
+    :param reset_before_headers: inference: read the request, then abort the TCP connection
+        without sending a byte (after ``header_delay``). Wins over every other inference knob.
     :param inventory_status: model-list routes answer this status with the dialect's error body.
     :param inventory_invalid: model-list routes answer 200 with a body that is not the envelope.
     :param inventory_delay: seconds before the headers of a model-list answer are sent.
@@ -75,6 +80,8 @@ class Faults:
     first_byte_delay: float = 0.0
     stall: bool = False
     die_after_chunks: int | None = None
+    die_after_bytes: int | None = None
+    reset_before_headers: bool = False
     inventory_status: int | None = None
     inventory_invalid: bool = False
     inventory_delay: float = 0.0
@@ -153,6 +160,8 @@ class _Plan:
     first_byte_delay: float = 0.0
     stall: bool = False
     die_after: int | None = None
+    cut_at: int | None = None
+    reset: bool = False
 
     @property
     def immediate(self) -> bool:
@@ -170,6 +179,7 @@ class _Delivery:
         plan: _Plan,
         interval: float,
         ended: Callable[[_Delivery, bool], None],
+        heads: Callable[[], None],
     ) -> None:
         self._clock = clock
         self._request = request
@@ -177,6 +187,7 @@ class _Delivery:
         self._plan = plan
         self._interval = interval
         self._ended = ended
+        self._heads = heads
         self._pending: IDelayedCall | None = None
         self._sent = 0
         self._done = False
@@ -214,11 +225,16 @@ class _Delivery:
         self._end(abandoned=True)
 
     def _send_headers(self) -> None:
+        if self._plan.reset:
+            # Nothing was written, so nothing can be lost by aborting at once.
+            self._die()
+            return
         _write_head(self._request, self._reply)
         self._request.write(b"")  # sends the headers now, before any body
+        self._heads()
         if self._plan.stall:
             return
-        if self._plan.die_after == 0:
+        if self._plan.die_after == 0 or self._plan.cut_at == 0:
             self._die_soon()
         elif self._plan.first_byte_delay > 0 or self._reply.streamed:
             # Even without a delay a stream yields to the reactor between pieces.
@@ -227,6 +243,10 @@ class _Delivery:
             self._send_next()
 
     def _send_next(self) -> None:
+        if self._plan.cut_at is not None:
+            self._request.write(self._reply.body[: self._plan.cut_at])
+            self._die_soon()
+            return
         chunks = self._reply.chunks if self._reply.streamed else (self._reply.body,)
         if self._sent < len(chunks):
             self._request.write(chunks[self._sent])
@@ -339,6 +359,8 @@ class SimEngine:
         self.requests: list[RecordedRequest] = []
         self.abandoned = 0
         """How many answers the client abandoned (disconnected) before they were complete."""
+        self.headers_sent = 0
+        """How many answers have had their status line and headers written (any route)."""
         self._ids = itertools.count(1)
         self._deliveries: dict[_Delivery, RouteKind] = {}
         self._resource = _SimResource(self._render)
@@ -399,6 +421,13 @@ class SimEngine:
             raise RuntimeError("resume() needs an earlier listen()")
         return self.listen(self._port, self._interface)
 
+    def drop_connections(self) -> None:
+        """Abort every open connection but keep listening: a client's pooled keep-alive
+        connections go away (and whatever was being answered on them is cut)."""
+        for delivery in list(self._deliveries):
+            delivery.cancel()
+        self._connections.abort_all()
+
     def stop(self) -> Deferred[None]:
         """Stop listening and abort open connections (test teardown); safe to call twice."""
         return self.refuse()
@@ -430,7 +459,13 @@ class SimEngine:
         if plan.immediate and not reply.streamed:
             return self._send_now(request, reply)
         delivery = _Delivery(
-            self._reactor, request, reply, plan, self.chunk_interval, self._delivery_ended
+            self._reactor,
+            request,
+            reply,
+            plan,
+            self.chunk_interval,
+            self._delivery_ended,
+            self._headers_written,
         )
         self._deliveries[delivery] = kind
         delivery.start()
@@ -450,9 +485,13 @@ class SimEngine:
 
     def _send_now(self, request: _WebRequest, reply: Reply) -> bytes:
         _write_head(request, reply)
+        self._headers_written()
         # HEAD keeps the Content-Length of the GET body but sends none (twisted.web would only
         # log a warning and drop it).
         return b"" if request.method == b"HEAD" else reply.body
+
+    def _headers_written(self) -> None:
+        self.headers_sent += 1
 
     def _delivery_ended(self, delivery: _Delivery, abandoned: bool) -> None:
         self._deliveries.pop(delivery, None)
@@ -483,6 +522,8 @@ def _plan(kind: RouteKind, faults: Faults, reply: Reply) -> _Plan:
             first_byte_delay=faults.first_byte_delay,
             stall=faults.stall,
             die_after=faults.die_after_chunks if reply.streamed else None,
+            cut_at=None if reply.streamed else faults.die_after_bytes,
+            reset=faults.reset_before_headers,
         )
     if kind is RouteKind.INVENTORY:
         return _Plan(header_delay=faults.inventory_delay)

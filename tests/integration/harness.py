@@ -181,6 +181,13 @@ class ProxyProcess(ProcessProtocol):
             answered(frame)
         self._waiters.append(_Waiter(answered, Deferred()))
 
+    @property
+    def pid(self) -> int:
+        """The process id (while the process runs)."""
+        assert self.transport is not None and self.transport.pid is not None
+        pid: int = self.transport.pid
+        return pid
+
     def terminate(self) -> Deferred[int]:
         if self.exit_code is None and self.transport is not None:
             with contextlib.suppress(Exception):  # already gone
@@ -224,3 +231,64 @@ def start_proxy(state_dir: Path, *args: str, env: dict[str, str] | None = None) 
         path=str(state_dir),
     )
     return proxy
+
+
+# -- after-checks for fault tests -----------------------------------------------------------------
+
+#: The terminal workload methods (broker-protocol.md "Workload events").
+TERMINAL_METHODS = frozenset({"workload:completed", "workload:errored"})
+
+
+def open_fds(pid: int) -> int:
+    """How many file descriptors process ``pid`` has open right now."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def workload_events(frames: Sequence[Frame]) -> dict[str, list[Frame]]:
+    """The ``workload:*`` frames among ``frames``, grouped by workload id, in order."""
+    grouped: dict[str, list[Frame]] = {}
+    for frame in frames:
+        if str(frame.get("method", "")).startswith("workload:"):
+            grouped.setdefault(frame["params"]["workloadInfo"]["id"], []).append(frame)
+    return grouped
+
+
+def terminal_problems(frames: Sequence[Frame]) -> list[str]:
+    """Every workload among ``frames`` that does not end in exactly one terminal event."""
+    problems: list[str] = []
+    for workload, events in workload_events(frames).items():
+        methods = [event["method"] for event in events]
+        terminals = [m for m in methods if m in TERMINAL_METHODS]
+        if len(terminals) != 1 or methods[-1] not in TERMINAL_METHODS:
+            problems.append(f"workload {workload}: {methods}")
+    return problems
+
+
+def stderr_mark(proxy: ProxyProcess) -> int:
+    """Where the next whole stderr line will start (for :func:`log_problems`)."""
+    return proxy.raw_stderr.rfind(b"\n") + 1
+
+
+def log_problems(proxy: ProxyProcess, stderr_from: int = 0) -> list[str]:
+    """What the proxy's finished stderr lines (from ``stderr_from``, a :func:`stderr_mark`) say
+    went wrong: a traceback, an "Unhandled Error", a record at error level or with a stack, a
+    line that is not a JSON record."""
+    problems: list[str] = []
+    text = proxy.raw_stderr[stderr_from:]
+    for marker in (b"Traceback", b"Unhandled Error"):
+        if marker in text:
+            problems.append(f"{marker.decode()} on stderr")
+    *lines, _unfinished = text.split(b"\n")
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            problems.append(f"not JSON: {line[:200]!r}")
+            continue
+        if not isinstance(record, dict):
+            problems.append(f"not a record: {line[:200]!r}")
+        elif record.get("level") == "error" or "stack" in record:
+            problems.append(f"{record.get('level')}: {record.get('msg')} {record.get('error')}")
+    return problems
