@@ -94,8 +94,12 @@ _PRIVATE = tuple(
 
 
 @functools.lru_cache(maxsize=1)
-def _this_machine() -> tuple[str, frozenset[str]]:
-    """This machine's hostname (lower-case) and the addresses it resolves to."""
+def this_machine() -> tuple[str, frozenset[str]]:
+    """This machine's hostname (lower-case) and the addresses it resolves to.
+
+    Resolved once; the process primes it at start (the lookup may block), so no request
+    waits on it.
+    """
     name = socket.gethostname().lower()
     try:
         infos = socket.getaddrinfo(name, None)
@@ -119,7 +123,7 @@ def ollama_host_allowed(host: str) -> bool:
         return True
     name = _without_port(host)
     ip = _ip(name)
-    hostname, addresses = _this_machine()
+    hostname, addresses = this_machine()
     if ip is not None:
         return (
             ip.is_loopback

@@ -298,10 +298,13 @@ class Facade(Resource):
             return "forbidden"
         if origin_form(target) is None:
             return "bad-request"
-        if self._peer is None and self.engine.host_guard:
-            host = headers.getRawHeaders(b"host", [None])[0]
-            if not ollama_host_allowed(target_host(target, host)):
-                return "forbidden-host"
+        hosts = headers.getRawHeaders(b"host", [])
+        if len(hosts) > 1:
+            # RFC 9112 §3.2: a request with more than one Host is answered 400.
+            return "bad-request"
+        guarded = self._peer is None and self.engine.host_guard
+        if guarded and not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
+            return "forbidden-host"
         if length is not None and length > self.site_max_body:
             return "body-too-large"
         return None

@@ -77,6 +77,8 @@ class _Sniffer(Protocol):
         if self._delegate is not None:
             self._delegate.dataReceived(data)
             return
+        if not data:
+            return
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

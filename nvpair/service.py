@@ -25,6 +25,7 @@ from twisted.web.server import Site
 
 from nvpair.activity import NodeActivity
 from nvpair.admin import Admin
+from nvpair.admission import this_machine
 from nvpair.broker import BrokerProtocol
 from nvpair.cluster import ClusterWatch, PinnedPeers
 from nvpair.config import Config
@@ -151,6 +152,7 @@ class ProxyService(MultiService):
     def startService(self) -> None:
         limit = raise_fd_limit()
         self.log.debug("open files limit {limit}", limit=limit)
+        this_machine()  # Ollama's Host allow-list needs it; resolved before any request
         super().startService()
         self.cluster.start()
 

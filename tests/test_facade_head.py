@@ -263,3 +263,11 @@ def test_a_head_twisted_cannot_parse_says_why() -> None:
     assert json.loads(body) == {
         "error": "malformed request (a target must be in origin or absolute form)"
     }
+
+
+def test_two_host_headers_are_400_bad_request() -> None:
+    conn = Connection(OLLAMA)
+    conn.send(b"GET /api/tags HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n")
+    status, headers, _ = conn.answer()
+    assert status.startswith("HTTP/1.1 400") and headers["x-nvpair-error"] == "bad-request"
+    assert conn.handler.seen == []
