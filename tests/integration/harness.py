@@ -6,10 +6,11 @@ import contextlib
 import json
 import os
 import random
+import resource
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +293,36 @@ def log_problems(proxy: ProxyProcess, stderr_from: int = 0) -> list[str]:
         elif record.get("level") == "error" or "stack" in record:
             problems.append(f"{record.get('level')}: {record.get('msg')} {record.get('error')}")
     return problems
+
+
+# -- open-files limits ----------------------------------------------------------------------------
+
+
+def fd_limits(pid: int) -> tuple[int | None, int | None]:
+    """Process ``pid``'s soft and hard open-files limits, from ``/proc/PID/limits`` (None:
+    unlimited)."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return (
+                None if soft == "unlimited" else int(soft),
+                None if hard == "unlimited" else int(hard),
+            )
+    raise ValueError(f"no open-files limit in /proc/{pid}/limits")
+
+
+@contextlib.contextmanager
+def soft_fd_limit(soft: int) -> Iterator[int]:
+    """This process's soft open-files limit set to ``soft`` (at most the hard limit) for the
+    body of a ``with``, and restored after; yields the limit in force.
+
+    A child spawned meanwhile inherits it: lowering it around a spawn shows whether the child
+    raises its own.
+    """
+    before, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = soft if hard == resource.RLIM_INFINITY else min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    try:
+        yield wanted
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (before, hard))
