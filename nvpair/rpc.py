@@ -6,6 +6,7 @@ and synchronous: they update control state or a facade and return the contract's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,6 +18,10 @@ from nvpair.control import ControlState, Node, PriorityEntry
 from nvpair.engines import ENGINES, Engine
 from nvpair.facades import FacadeManager, parse_alias
 from nvpair.logs import JsonLineObserver, parse_level
+
+#: The largest generation accepted: a scheduler's counter fits an int64. A bigger one is no real
+#: generation, and once applied it would make every later snapshot look stale for good.
+MAX_GENERATION = 2**63 - 1
 
 
 def _port(params: Mapping[str, Any], name: str = "port") -> int:
@@ -35,6 +40,44 @@ def _string(params: Mapping[str, Any], name: str, *, nullable: bool = False) -> 
     if not isinstance(value, str) or not value:
         raise invalid_params(name, f"{name} must be a non-empty string")
     return value
+
+
+def _url(value: object, name: str, schemes: tuple[str, ...], message: str) -> str:
+    """An absolute URL of ``schemes`` that the upstream client can dial by appending a path.
+
+    Checked here rather than where it is used: a port that does not parse only raises when
+    ``urlsplit(...).port`` is read, and that happens per peer connection and per request.
+    """
+    if not isinstance(value, str) or not (value.isascii() and value.isprintable()):
+        raise invalid_params(name, message)
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:  # an unbalanced IPv6 bracket, a port that is no number in 0-65535
+        raise invalid_params(name, message) from None
+    if (
+        parts.scheme not in schemes
+        or not parts.hostname
+        or port == 0
+        # The request's own path and query are appended to this URL, and a node address
+        # has no business carrying credentials (they would also end up in logs).
+        or any(c in value for c in " ?#")
+        or "@" in parts.netloc
+    ):
+        raise invalid_params(name, message)
+    return value
+
+
+def _load(value: object, name: str) -> float:
+    """A scheduler load figure: finite and >= 0, since routing adds and compares them."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any float
+            number = math.inf
+        if math.isfinite(number) and number >= 0:
+            return number
+    raise invalid_params(name, f"{name} must be a finite number >= 0")
 
 
 def parse_nodes(engine: Engine, params: Mapping[str, Any]) -> list[Node]:
@@ -56,12 +99,10 @@ def parse_nodes(engine: Engine, params: Mapping[str, Any]) -> list[Node]:
         if not isinstance(local, bool):
             raise invalid_params(f"{where}.local", f"{where}.local must be a boolean")
         url = item.get("url")
-        if url is not None and (
-            not isinstance(url, str)
-            or urlsplit(url).scheme not in ("http", "https")
-            or not urlsplit(url).hostname
-        ):
-            raise invalid_params(f"{where}.url", f"{where}.url must be an http(s) URL")
+        if url is not None:
+            url = _url(
+                url, f"{where}.url", ("http", "https"), f"{where}.url must be an http(s) URL"
+            )
         if not local and url is None:
             raise invalid_params(f"{where}.url", f"{where} is neither local nor has a url")
         models = item.get("models", [])
@@ -80,24 +121,29 @@ def parse_nodes(engine: Engine, params: Mapping[str, Any]) -> list[Node]:
 
 
 def parse_priority(params: Mapping[str, Any]) -> tuple[int, list[PriorityEntry]]:
+    """A ``node/set-priority`` snapshot: its generation and the list, best first."""
     generation = params.get("generation")
-    if not isinstance(generation, int) or isinstance(generation, bool):
-        raise invalid_params("generation", "generation must be an integer")
+    if (
+        not isinstance(generation, int)
+        or isinstance(generation, bool)
+        or not 0 <= generation <= MAX_GENERATION
+    ):
+        raise invalid_params("generation", "generation must be an integer in 0..2^63-1")
     raw = params.get("nodes")
     if not isinstance(raw, list):
         raise invalid_params("nodes", "nodes must be a list")
     entries: list[PriorityEntry] = []
+    seen: set[str] = set()
     for index, item in enumerate(raw):
         where = f"nodes[{index}]"
-        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-            raise invalid_params(f"{where}.id", f"{where}.id must be a string")
-        figures = []
-        for name in ("pending", "gpuPressure"):
-            value = item.get(name, 0)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                raise invalid_params(f"{where}.{name}", f"{where}.{name} must be a number >= 0")
-            figures.append(float(value))
-        entries.append(PriorityEntry(item["id"], figures[0], figures[1]))
+        node_id = item.get("id") if isinstance(item, dict) else None
+        # A node listed twice would have two ranks and two loads.
+        if not isinstance(node_id, str) or not node_id or node_id in seen:
+            raise invalid_params(f"{where}.id", f"{where}.id must be a unique non-empty string")
+        seen.add(node_id)
+        pending = _load(item.get("pending", 0), f"{where}.pending")
+        pressure = _load(item.get("gpuPressure", 0), f"{where}.gpuPressure")
+        entries.append(PriorityEntry(node_id, pending, pressure))
     return generation, entries
 
 
@@ -201,8 +247,8 @@ class BrokerMethods(MethodTable):
     def _set_local_backend(self, address: Address, params: Mapping[str, Any]) -> object:
         assert address.engine is not None
         url = _string(params, "url", nullable=True)
-        if url is not None and (urlsplit(url).scheme != "http" or not urlsplit(url).hostname):
-            raise invalid_params("url", "url must be an http:// URL of the local engine")
+        if url is not None:
+            _url(url, "url", ("http",), "url must be an http:// URL of the local engine")
         self._control.set_local_backend(address.engine, url)
         return {}
 

@@ -168,6 +168,15 @@ class ProxyService(MultiService):
         return d
 
 
+class _QuietSite(Site):
+    """The admin listener's Site: a monitor polling ``/status`` is no news at info level."""
+
+    noisy = False
+
+    def log(self, request: object) -> None:
+        """No access log (docs/README.md#logging: per-request lines stay below info)."""
+
+
 def build(
     reactor: Any,
     config: Config,
@@ -225,8 +234,7 @@ def build(
 
     if config.admin_port is not None:
         admin = Admin(control, facades, lambda: request_path.in_flight, lambda: reservations.counts)
-        site = Site(admin.app.resource())
-        site.noisy = False
+        site = _QuietSite(admin.app.resource())
         TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(
             root
         )

@@ -271,3 +271,12 @@ def test_two_host_headers_are_400_bad_request() -> None:
     status, headers, _ = conn.answer()
     assert status.startswith("HTTP/1.1 400") and headers["x-nvpair-error"] == "bad-request"
     assert conn.handler.seen == []
+
+
+def test_bytes_after_a_refusal_are_not_parsed_or_answered() -> None:
+    """A socket stops reading once a refusal closes it; data already in flight is dropped."""
+    conn = Connection(LLAMACPP, max_body=10)
+    conn.send(head("POST", "/completion", extra="Content-Length: 11\r\n"))
+    answered = conn.transport.value()
+    conn.send(b"GET /a b HTTP/1.1\r\nX\r\n\r\n" + b"X-Big: " + b"a" * 20000 + b"\r\n\r\n")
+    assert conn.transport.value() == answered and conn.closed()
