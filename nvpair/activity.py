@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-#: At most ~10 reports per second per node (contract).
+#: At most ~10 reports per second per node (docs/broker-protocol.md).
 MIN_INTERVAL = 0.1
 
 Emit = Callable[[str, dict[str, object]], None]

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from klein import Klein
+from twisted.web.iweb import IRequest
 
 from nvpair.control import ControlState
-from nvpair.facades import FacadeManager
+from nvpair.facade_manager import FacadeManager
 
 
 def _label(value: str) -> str:
@@ -42,12 +42,12 @@ class Admin:
         self._reservations = reservations
 
     @app.route("/health", methods=["GET"])
-    def health(self, request: Any) -> bytes:
+    def health(self, request: IRequest) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         return json.dumps({"status": "ok"}).encode()
 
     @app.route("/status", methods=["GET"])
-    def status(self, request: Any) -> bytes:
+    def status(self, request: IRequest) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         facades = {
             engine: {"port": live.port, "aliases": list(live.aliases)}
@@ -62,7 +62,7 @@ class Admin:
         return json.dumps(body).encode()
 
     @app.route("/metrics", methods=["GET"])
-    def metrics(self, request: Any) -> bytes:
+    def metrics(self, request: IRequest) -> bytes:
         request.setHeader(b"content-type", b"text/plain; version=0.0.4")
         lines = [
             "# HELP nvpair_requests_in_flight Proxied requests in flight.",

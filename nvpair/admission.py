@@ -1,7 +1,7 @@
 """Pure admission decisions: what a facade can tell from a request alone, without I/O.
 
 The loopback gate, the request target's form, Ollama's DNS-rebinding guard on ``Host``, and the
-model an inference body names. The facade (:mod:`nvpair.facade`) applies them; keeping them
+model an inference body names. The facade (:mod:`nvpair.http_facade`) applies them; keeping them
 here means each is tested as a plain function (docs/admission.md).
 """
 
@@ -139,7 +139,7 @@ def _without_port(host: str) -> str:
         end = host.find("]")
         return host[1:end] if end > 0 else host
     name, sep, port = host.rpartition(":")
-    if sep and port.isdigit() and ":" not in name:
+    if sep and port.isascii() and port.isdigit() and ":" not in name:
         return name
     return host
 

@@ -5,16 +5,15 @@ client's answer — a committed 2xx, an answer that is not retried, or the final
 status) or it **failed** in a way the loop may retry. The attempt never decides about the
 request as a whole: the requester leaving cancels it from outside and propagates as
 ``CancelledError``, while the discovery watcher's cancellation is this attempt's own business
-and comes back as a failure (spec §5.3).
+and comes back as a failure (docs/request-path.md).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any
 
-from attrs import define, frozen
+from attrs import define, field, frozen
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.web.http_headers import Headers
@@ -24,8 +23,8 @@ from nvpair.bodies import discard_body
 from nvpair.control import ControlState, Discovery, Node
 from nvpair.engines import RouteClass
 from nvpair.outcome import Verdict, classify
-from nvpair.relay import BodyRelay
-from nvpair.upstream import Upstream
+from nvpair.relay import BodyRelay, First
+from nvpair.web import UpstreamClient
 
 
 class Claim(enum.Enum):
@@ -38,13 +37,21 @@ class Claim(enum.Enum):
 
 @define(eq=False)
 class AttemptState:
-    """The claim both the commit path and the discovery watcher race for.
+    """One attempt's run: the claim commit and the discovery watcher race for, what it is
+    waiting on now, and whether its header budget ran out.
 
     A pair of signals could not say which came first; one state, claimed once, can. The loser's
     claim returns False and it does nothing.
     """
 
     claim: Claim = Claim.RUNNING
+    #: What the attempt awaits now (the response head, then the first body byte): what the
+    #: watcher or the header timer cancels.
+    waiting: Deferred[IResponse] | Deferred[First] | None = None
+    #: The header budget ran out (a cancelled Agent request fails with
+    #: ResponseNeverReceived, so the reason is recorded here rather than read off the error).
+    expired: bool = False
+    timers: list[IDelayedCall] = field(factory=list)
 
     def claim_commit(self) -> bool:
         if self.claim is not Claim.RUNNING:
@@ -60,7 +67,20 @@ class AttemptState:
         if self.claim is not Claim.RUNNING:
             return False
         self.claim = Claim.ABANDONED
+        if self.waiting is not None:
+            self.waiting.cancel()
         return True
+
+    def expire(self) -> None:
+        self.expired = True
+        if self.waiting is not None:
+            self.waiting.cancel()
+
+    def stop_timers(self) -> None:
+        for timer in self.timers:
+            if timer.active():
+                timer.cancel()
+        self.timers.clear()
 
 
 class Fault(enum.Enum):
@@ -99,8 +119,8 @@ DISCARD_BYTES = 1024 * 1024
 
 
 @frozen
-class Dispatch:
-    """What every attempt of one request sends."""
+class Outgoing:
+    """What every attempt of one request sends upstream."""
 
     engine: str
     route: RouteClass
@@ -115,7 +135,7 @@ class Attempts:
 
     :param clock: the header and first-body timeouts.
     :param header_timeout: seconds for headers, and again for the first body byte once
-        headers arrive (spec §5.1); 0 disables both.
+        headers arrive (docs/retry-budget.md); 0 disables both.
     :param address: the base URL to dial for a node (raises when it has none).
     """
 
@@ -123,7 +143,7 @@ class Attempts:
         self,
         clock: IReactorTime,
         control: ControlState,
-        upstream: Upstream,
+        upstream: UpstreamClient,
         header_timeout: float,
         address: Callable[[str, Node], str],
     ) -> None:
@@ -138,9 +158,9 @@ class Attempts:
         discard_body(response, self._clock, DISCARD_SECONDS, DISCARD_BYTES)
 
     async def run(
-        self, dispatch: Dispatch, node: Node, final: bool, cancelled: Callable[[], bool]
+        self, outgoing: Outgoing, node: Node, final: bool, cancelled: Callable[[], bool]
     ) -> Outcome:
-        """Dispatch to ``node``; see the module docstring for how it ends.
+        """Send ``outgoing`` to ``node``; see the module docstring for how it ends.
 
         :param final: the last permitted attempt: a retryable status is then served as the
             answer (its status and body unchanged) instead of failing.
@@ -150,68 +170,34 @@ class Attempts:
             would otherwise pass for a transport error and keep a gone requester's loop going.
         """
         state = AttemptState()
-        waiting: list[Deferred[Any]] = []
 
         def watch(engine: str, snapshot: Discovery) -> None:
             # The target left discovery: cancel promptly instead of waiting out the
             # first-content timeout while the broker already calls the workload failed.
-            # (A peer's request targets this node's own engine, which is no discovery entry.)
-            if dispatch.route is RouteClass.PEER:
-                return
-            if engine != dispatch.engine or snapshot.node(node.id) is not None:
-                return
-            if state.claim_abandon() and waiting:
-                waiting[-1].cancel()
+            if engine == outgoing.engine and snapshot.node(node.id) is None:
+                state.claim_abandon()
 
-        unsubscribe = self._control.on_discovery(watch)
+        # A peer's request targets this node's own engine, which is no discovery entry.
+        watching = outgoing.route is not RouteClass.PEER
+        unsubscribe = self._control.on_discovery(watch) if watching else None
         try:
-            return await self._run(dispatch, node, final, state, waiting, cancelled)
+            return await self._run(outgoing, node, final, state, cancelled)
         finally:
-            unsubscribe()
+            state.stop_timers()
+            if unsubscribe is not None:
+                unsubscribe()
 
     async def _run(
         self,
-        dispatch: Dispatch,
+        outgoing: Outgoing,
         node: Node,
         final: bool,
         state: AttemptState,
-        waiting: list[Deferred[Any]],
         cancelled: Callable[[], bool],
     ) -> Outcome:
-        try:
-            base = self._address(dispatch.engine, node)
-        except LookupError as missing:
-            return Failed(Fault.TRANSPORT, detail=str(missing))
-        # The header budget starts once the connection is up, not at the dial (spec §5.1:
-        # dial, headers and first content run in sequence). ``connected`` may run before
-        # ``request`` returns (a pooled connection), hence the holder.
-        sent_holder: list[Deferred[IResponse]] = []
-        timers: list[IDelayedCall] = []
-        expired: list[bool] = []
-
-        def expire() -> None:
-            # Not Deferred.addTimeout: a cancelled Agent request fails with
-            # ResponseNeverReceived, which addTimeout would not translate.
-            expired.append(True)
-            if sent_holder:
-                sent_holder[0].cancel()
-
-        def connected() -> None:
-            if self._timeout:
-                timers.append(self._clock.callLater(self._timeout, expire))
-
-        try:
-            sent = self._upstream.request(
-                base, dispatch.method, dispatch.uri, dispatch.headers, dispatch.body, connected
-            )
-        except Exception as error:
-            # An attempt that cannot even start is this node's transport failure, never the
-            # request's: the loop fails over (docs/robustness.md).
-            return Failed(Fault.TRANSPORT, detail=type(error).__name__)
-        sent_holder.append(sent)
-        waiting.append(sent)
-        if expired:
-            sent.cancel()
+        sent = self._send(outgoing, node, state)
+        if isinstance(sent, Failed):
+            return sent
         try:
             response: IResponse = await sent
         except Exception as error:
@@ -219,49 +205,86 @@ class Attempts:
                 raise CancelledError() from error
             if state.abandoned():
                 return Failed(Fault.NODE_LEFT)
-            if expired:
+            if state.expired:
                 return Failed(Fault.TRANSPORT, detail="header timeout")
             return Failed(Fault.TRANSPORT, detail=type(error).__name__)
         finally:
-            for timer in timers:
-                if timer.active():
-                    timer.cancel()
+            state.stop_timers()
         if state.abandoned():
             # The watcher fired while the headers were being delivered.
             self._discard(response)
             return Failed(Fault.NODE_LEFT)
 
-        verdict = classify(response.code, dispatch.route)
+        verdict = classify(response.code, outgoing.route)
         if verdict is Verdict.RETRY and not final:
             self._discard(response)
             return Failed(Fault.STATUS, status=response.code)
 
         relay = BodyRelay()
         response.deliverBody(relay)
-        # The first-body gate is scoped to inference 2xx answers (spec §5.2); an answer that is
-        # not retried commits at once.
-        if verdict is Verdict.COMMIT and dispatch.route is RouteClass.INFERENCE:
-            gate = relay.first
-            if self._timeout:
-                gate.addTimeout(self._timeout, self._clock)
-            waiting.append(gate)
-            try:
-                await gate
-            except TimeoutError:
-                # Never a commit, not even on the final attempt: the caller answers 504.
-                return Failed(Fault.FIRST_BODY_TIMEOUT, status=response.code)
-            except CancelledError:
-                relay.abandon()
-                if state.abandoned() and not cancelled():
-                    return Failed(Fault.NODE_LEFT)
-                raise
-            except Exception as error:
-                if cancelled():
-                    raise CancelledError() from error
-                return Failed(Fault.TRANSPORT, detail=type(error).__name__)
+        # The first-body gate is scoped to inference 2xx answers; an answer that is not
+        # retried commits at once (docs/request-path.md#the-commit-point).
+        if verdict is Verdict.COMMIT and outgoing.route is RouteClass.INFERENCE:
+            failed = await self._first_byte(response, relay, state, cancelled)
+            if failed is not None:
+                return failed
         if not state.claim_commit():
             # A committed first byte wins the claim, so this is the watcher having won before
             # any byte: retry rather than serve a stream the proxy would truncate itself.
             relay.abandon()
             return Failed(Fault.NODE_LEFT)
         return Served(response, relay)
+
+    def _send(
+        self, outgoing: Outgoing, node: Node, state: AttemptState
+    ) -> Deferred[IResponse] | Failed:
+        """Start the exchange, with the header budget armed once the connection is up.
+
+        Dial, headers and first content are budgets run in sequence
+        (docs/retry-budget.md#three-budgets-per-attempt). Anything that fails while starting
+        is this node's transport failure, never the request's: the loop fails over.
+        """
+
+        def connected() -> None:
+            # May run before ``request`` returns (a pooled connection): ``expire`` reads
+            # ``state.waiting`` only when it fires.
+            if self._timeout:
+                state.timers.append(self._clock.callLater(self._timeout, state.expire))
+
+        try:
+            base = self._address(outgoing.engine, node)
+            sent = self._upstream.request(
+                base, outgoing.method, outgoing.uri, outgoing.headers, outgoing.body, connected
+            )
+        except Exception as error:
+            return Failed(Fault.TRANSPORT, detail=str(error) or type(error).__name__)
+        state.waiting = sent
+        return sent
+
+    async def _first_byte(
+        self,
+        response: IResponse,
+        relay: BodyRelay,
+        state: AttemptState,
+        cancelled: Callable[[], bool],
+    ) -> Failed | None:
+        """Wait for the first body byte: the commit point. None once it (or EOF) came."""
+        gate = relay.first
+        if self._timeout:
+            gate.addTimeout(self._timeout, self._clock)
+        state.waiting = gate
+        try:
+            await gate
+        except TimeoutError:
+            # Never a commit, not even on the final attempt: the caller answers 504.
+            return Failed(Fault.FIRST_BODY_TIMEOUT, status=response.code)
+        except CancelledError:
+            relay.abandon()
+            if state.abandoned() and not cancelled():
+                return Failed(Fault.NODE_LEFT)
+            raise
+        except Exception as error:
+            if cancelled():
+                raise CancelledError() from error
+            return Failed(Fault.TRANSPORT, detail=type(error).__name__)
+        return None

@@ -1,12 +1,11 @@
 """The broker link: JSON-RPC 2.0, one object per line, on stdio or a Twisted client endpoint.
 
-This module knows framing, the JSON-RPC envelope, addressing (spec §4) and matching answers to
-the proxy's own requests. What each method does is the caller's: it hands in a
-:class:`MethodTable` and gets the link's events back through it. Nothing a broker sends can
-crash the process: every line is answered or dropped on its own, and whatever a line makes go
-wrong stays inside that line (an exception out of ``dataReceived`` would make Twisted drop the
-stdin reader, which the process takes for EOF and exits).
-"""
+This module knows framing, the JSON-RPC envelope, addressing (docs/broker-protocol.md#addressing)
+and matching answers to the proxy's own requests. What each method does is the caller's: it hands in
+a :class:`MethodTable` and gets the link's events back through it. Nothing a broker sends can crash
+the process: every line is answered or dropped on its own, and whatever a line makes go wrong stays
+inside that line (an exception out of ``dataReceived`` would make Twisted drop the stdin reader,
+which the process takes for EOF and exits)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from zope.interface import implementer
 
 from nvpair.engines import ENGINES
 
-#: Longest line accepted; longer ones are answered -32600 and discarded (contract).
+#: Longest line accepted; longer ones are answered -32600 and discarded (docs/broker-protocol.md).
 MAX_LINE = 1024 * 1024
 
 PARSE_ERROR = -32700
@@ -40,7 +39,7 @@ NO_FACADE = -32004
 #: The code of an :class:`RpcError` built from a broker's error answer that has no usable one.
 NO_CODE = 0
 
-#: Facade-scoped methods (spec §4): they must carry an engine address.
+#: Facade-scoped methods (docs/broker-protocol.md#addressing): they must carry an engine address.
 FACADE_SCOPED = frozenset(
     {
         "ready",
@@ -79,7 +78,8 @@ class Address:
 
 
 def resolve_address(method: str) -> Address:
-    """Split ``<engine>:<method>``; only a known engine id counts as an address (spec §4).
+    """Split ``<engine>:<method>``; only a known engine id counts as an address
+    (docs/broker-protocol.md#addressing).
 
     ``errors:report`` stays the unaddressed method ``errors:report``: treating any prefix before
     a colon as an engine would strip a real method down to ``report``.
@@ -139,7 +139,11 @@ def _has_lone_surrogate(value: object) -> bool:
     return False
 
 
-Handler = Callable[[Address, Mapping[str, Any]], object]
+#: A JSON-RPC ``params`` object (or a whole message) as parsed: its values are whatever the
+#: broker sent, and each validator narrows the ones it reads (``Any`` is honest here).
+Params = Mapping[str, Any]
+
+Handler = Callable[[Address, Params], object]
 
 
 class MethodTable:
@@ -215,7 +219,8 @@ class BrokerProtocol(Protocol):
         # Half-close: the broker said all it will say. Our output stays open so the terminal
         # events of what shutdown cancels still reach it.
         if self._partial:
-            # Lines are newline-terminated (contract); a fragment cut off by EOF is not one.
+            # Lines are newline-terminated (docs/broker-protocol.md); a fragment cut off by EOF is
+            # not one.
             self.log.warn(
                 "dropped an unterminated last line ({size} bytes)", size=self._partial_size
             )
@@ -377,14 +382,15 @@ class BrokerProtocol(Protocol):
             return
         self._dispatch(method, params, reply if is_request else None)
 
-    def _answer_received(self, message: Mapping[str, Any]) -> None:
+    def _answer_received(self, message: Params) -> None:
         request_id = message.get("id")
         d = None
         # bool is an int (True == 1), but an answer with id true did not answer our request 1.
         if isinstance(request_id, int) and not isinstance(request_id, bool):
             d = self._pending.pop(request_id, None)
         if d is None:
-            # An answer we never asked for, or one already settled: ignored (contract).
+            # An answer we never asked for, or one already settled: ignored
+            # (docs/broker-protocol.md).
             self.log.debug("ignored an unmatched answer")
             return
         if message.get("jsonrpc") == "2.0" and "result" in message and "error" not in message:
@@ -394,7 +400,7 @@ class BrokerProtocol(Protocol):
             # call failed, and leaving it pending would leave its caller waiting forever.
             d.errback(_answer_error(message))
 
-    def _dispatch(self, method: str, params: Mapping[str, Any], reply: _Reply | None) -> None:
+    def _dispatch(self, method: str, params: Params, reply: _Reply | None) -> None:
         address = resolve_address(method)
         if address.engine is None and address.method in FACADE_SCOPED:
             self._no_facade(method, reply, "unaddressed")
@@ -481,7 +487,7 @@ class _Reply:
         return True
 
 
-def _answer_error(message: Mapping[str, Any]) -> RpcError:
+def _answer_error(message: Params) -> RpcError:
     """The RpcError for an error answer, whatever shape its ``error`` member has."""
     error = message.get("error")
     if not isinstance(error, dict):

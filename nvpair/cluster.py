@@ -1,10 +1,11 @@
 """The cluster directory: membership, this node's key pair, peer pins, and TLS built on them.
 
-The proxy consumes the trust fabric and builds none of its own (spec §2): cluster-manager
-writes ``membership.json``, ``node.crt``/``node.key`` and ``pins/<nodeId>.pin``; this module
-reads them, re-reads them when they change, and answers two questions per connection —
-is this node a member (so the TLS personality is on), and is this certificate pinned.
-A pin is the SHA-256 of a peer certificate's DER encoding (``sha256:<64 hex>``).
+The proxy consumes the trust fabric and builds none of its own
+(docs/cluster.md#the-cluster-directory): cluster-manager writes ``membership.json``,
+``node.crt``/``node.key`` and ``pins/<nodeId>.pin``; this module reads them, re-reads them when they
+change, and answers two questions per connection — is this node a member (so the TLS personality is
+on), and is this certificate pinned. A pin is the SHA-256 of a peer certificate's DER encoding
+(``sha256:<64 hex>``).
 """
 
 from __future__ import annotations
@@ -14,22 +15,29 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from attrs import frozen
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from OpenSSL import SSL, crypto
-from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IReactorTime
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+from OpenSSL import crypto
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
-from twisted.web.iweb import IPolicyForHTTPS
-from zope.interface import implementer
 
 _PIN = re.compile(r"sha256:([0-9a-f]{64})")
 
 #: How often the directory is checked for changes.
 WATCH_INTERVAL = 1.0
+
+#: The private keys OpenSSL can sign a TLS handshake with.
+NodeKey = (
+    rsa.RSAPrivateKey
+    | ec.EllipticCurvePrivateKey
+    | ed25519.Ed25519PrivateKey
+    | ed448.Ed448PrivateKey
+    | dsa.DSAPrivateKey
+)
 
 
 def fingerprint(der: bytes) -> str:
@@ -51,7 +59,7 @@ class Membership:
     cluster_id: str
     node_id: str
     certificate: x509.Certificate
-    key: Any
+    key: NodeKey
     pins: Mapping[str, str]
 
     def pinned(self, certificate: crypto.X509) -> str | None:
@@ -94,6 +102,8 @@ def load_membership(directory: Path) -> Membership | None:
         )
     except (OSError, ValueError, TypeError) as error:
         raise ClusterDirError(f"{directory}: node.crt/node.key unusable: {error}") from None
+    if not isinstance(key, NodeKey):
+        raise ClusterDirError(f"{directory}: node.key is a {type(key).__name__}, not a TLS key")
     pins: dict[str, str] = {}
     pin_dir = directory / "pins"
     if pin_dir.is_dir():
@@ -180,93 +190,3 @@ class ClusterWatch:
                 pins=len(membership.pins) if membership else 0,
             )
             self.on_change(membership)
-
-
-def _context(membership: Membership, verify: Callable[..., bool], server: bool) -> SSL.Context:
-    method = SSL.TLS_SERVER_METHOD if server else SSL.TLS_CLIENT_METHOD
-    context = SSL.Context(method)
-    context.set_min_proto_version(SSL.TLS1_2_VERSION)
-    context.use_certificate(membership.certificate)
-    context.use_privatekey(membership.key)
-    context.check_privatekey()
-    mode = SSL.VERIFY_PEER | (SSL.VERIFY_FAIL_IF_NO_PEER_CERT if server else 0)
-    context.set_verify(mode, verify)
-    return context
-
-
-def server_context(membership: Membership) -> SSL.Context:
-    """A server context that completes the handshake only for a pinned client certificate.
-
-    Pins replace chains: OpenSSL's own verdict (a self-signed certificate is an error to it)
-    is overridden by the exact fingerprint comparison on the leaf.
-    """
-
-    def verify(
-        connection: SSL.Connection, certificate: crypto.X509, errno: int, depth: int, ok: int
-    ) -> bool:
-        if depth != 0:
-            return True
-        return membership.pinned(certificate) is not None
-
-    return _context(membership, verify, server=True)
-
-
-@implementer(IOpenSSLClientConnectionCreator)
-class _PinnedClient:
-    def __init__(self, context: SSL.Context) -> None:
-        self._context = context
-
-    def clientConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
-        connection = SSL.Connection(self._context, None)
-        connection.set_app_data(tlsProtocol)
-        connection.set_connect_state()
-        return connection
-
-
-@implementer(IPolicyForHTTPS)
-class PinnedPeers:
-    """Outbound TLS to peers: present this node's certificate, require the peer's pin.
-
-    Hostname verification means nothing on a LAN of node ids; what identifies a peer is its
-    pinned certificate. The node a ``host:port`` belongs to comes from discovery (each
-    ``https://`` node URL), so a certificate that does not match *that* node's pin fails the
-    handshake — a transport failure the loop fails over from.
-
-    :param membership: the live membership (None: not a member, no peer can be dialled).
-    :param node_for: ``(host, port) -> node id`` from the current discovery snapshots.
-    """
-
-    def __init__(
-        self,
-        membership: Callable[[], Membership | None],
-        node_for: Callable[[str, int], str | None],
-    ) -> None:
-        self._membership = membership
-        self._node_for = node_for
-        # (host, port) -> (membership, expected pin, creator): building an SSL context per
-        # request would cost more than the request; it is rebuilt when either input changes.
-        self._creators: dict[
-            tuple[str, int], tuple[Membership, str | None, IOpenSSLClientConnectionCreator]
-        ] = {}
-
-    def creatorForNetloc(self, hostname: bytes, port: int) -> IOpenSSLClientConnectionCreator:
-        host = hostname.decode("ascii")
-        membership = self._membership()
-        if membership is None:
-            raise SSL.Error("not a cluster member: cannot dial a peer")
-        node_id = self._node_for(host, port)
-        expected = membership.pins.get(node_id) if node_id is not None else None
-        cached = self._creators.get((host, port))
-        if cached is not None and cached[0] is membership and cached[1] == expected:
-            return cached[2]
-
-        def verify(
-            connection: SSL.Connection, certificate: crypto.X509, errno: int, depth: int, ok: int
-        ) -> bool:
-            if depth != 0:
-                return True
-            return expected is not None and certificate_fingerprint(certificate) == expected
-
-        creator = _PinnedClient(_context(membership, verify, server=False))
-        self._creators[(host, port)] = (membership, expected, creator)
-        return creator

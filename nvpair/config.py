@@ -1,34 +1,74 @@
-"""The process configuration: every option of the contract's command line, as one value."""
+"""The process configuration: every option of the command line, as one value.
+
+Each default is stated once, as the text a user would type (:data:`DEFAULTS`); the command
+line shows that text and :class:`Config`'s defaults are that text parsed, so the two agree by
+construction (docs/README.md#command-line).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 from twisted.logger import LogLevel
+
+from nvpair.durations import parse_duration
+from nvpair.fleetfile import Fleet
+from nvpair.logs import parse_level
+
+#: Every option's default, as the text a user would type.
+DEFAULTS: Mapping[str, str] = {
+    "broker": "stdio",
+    "bind": "::",
+    "response-header-timeout": "30m",
+    "dial-timeout": "10s",
+    "job-deadline": "10m",
+    "max-dispatch-attempts": "5",
+    "retry-backoff": "250ms",
+    "client-write-timeout": "60s",
+    "max-request-body": "67108864",
+    "log-level": "info",
+    "request-head-timeout": "30s",
+    "idle-timeout": "5m",
+}
+
+
+def parse_count(text: str) -> int:
+    """A positive whole number (``--max-dispatch-attempts``, ``--max-request-body``)."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _default(option: str, parse: Callable[[str], object]) -> Any:
+    return field(default=parse(DEFAULTS[option]))
 
 
 @frozen
 class Config:
-    """Parsed, validated options (contract cli-and-http.md, "Command line").
+    """Parsed, validated options.
 
     Durations are seconds; ``0`` for :attr:`response_header_timeout` disables both the header
-    cap and the first-body cap (spec §5.1).
+    cap and the first-body cap (docs/retry-budget.md#per-attempt-budgets).
     """
 
     state_dir: Path
     cluster_dir: Path | None = None
-    broker: str = "stdio"
-    fleet: Path | None = None
-    bind: str = "::"
-    response_header_timeout: float = 30 * 60.0
-    dial_timeout: float = 10.0
-    job_deadline: float = 10 * 60.0
-    max_dispatch_attempts: int = 5
-    retry_backoff: float = 0.25
-    client_write_timeout: float = 60.0
-    max_request_body: int = 64 * 1024 * 1024
-    log_level: LogLevel = LogLevel.info
+    broker: str = DEFAULTS["broker"]
+    #: Standalone mode: the fleet file, parsed once (``--fleet``), and where it was read.
+    fleet: Fleet | None = None
+    fleet_file: Path | None = None
+    bind: str = DEFAULTS["bind"]
+    response_header_timeout: float = _default("response-header-timeout", parse_duration)
+    dial_timeout: float = _default("dial-timeout", parse_duration)
+    job_deadline: float = _default("job-deadline", parse_duration)
+    max_dispatch_attempts: int = _default("max-dispatch-attempts", parse_count)
+    retry_backoff: float = _default("retry-backoff", parse_duration)
+    client_write_timeout: float = _default("client-write-timeout", parse_duration)
+    max_request_body: int = _default("max-request-body", parse_count)
+    log_level: LogLevel = _default("log-level", parse_level)  # noqa: RUF009 (a constant)
     admin_port: int | None = None
-    request_head_timeout: float = 30.0
-    idle_timeout: float = 5 * 60.0
+    request_head_timeout: float = _default("request-head-timeout", parse_duration)
+    idle_timeout: float = _default("idle-timeout", parse_duration)

@@ -56,7 +56,7 @@ class Priority:
     """The scheduler snapshot: the priority list, best first, and its generation.
 
     ``generation`` 0 with ``listed`` None is the state before any snapshot has arrived, in which
-    every node counts as listed with no load (contract, "Candidate order").
+    every node counts as listed with no load (docs/candidate-order.md#order).
     """
 
     generation: int = 0
@@ -131,8 +131,8 @@ class ControlState:
     def set_priority(self, generation: int, entries: Iterable[PriorityEntry]) -> bool:
         """Apply a scheduler snapshot at most once; a generation not above the last is dropped.
 
-        A redelivered snapshot must not clear live reservations (spec §6), so the caller
-        learns whether this one was applied.
+        A redelivered snapshot must not clear live reservations
+        (docs/candidate-order.md#reservations), so the caller learns whether this one was applied.
         """
         if generation <= self._priority.generation:
             self.log.debug(

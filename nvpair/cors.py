@@ -1,8 +1,8 @@
-"""Pure browser-policy intersection for multi-target requests (spec §5.8).
+"""Pure browser-policy intersection for multi-target requests (docs/browser-policy.md).
 
 One job: given what each responding node answered to a fanned-out preflight or inventory
 request, decide whether the fleet as a whole grants the request's ``Origin`` and which
-``Access-Control-*`` headers the proxy's one answer carries (contract engine-routes.md,
+``Access-Control-*`` headers the proxy's one answer carries (docs/browser-policy.md,
 "Browser policy"). The answer never grants more than any single responder did.
 
 Header names are lower-case bytes. Single-valued headers (``Access-Control-Allow-Origin``,
@@ -91,7 +91,8 @@ class _Origin(enum.Enum):
 
 
 def preflight(origin: bytes, replies: Sequence[Reply]) -> Decision:
-    """Combine the answers to a fanned-out preflight (contract "Preflight").
+    """Combine the answers to a fanned-out preflight
+    (docs/browser-policy.md#preflight-intersection).
 
     A responder grants when its status is 2xx and its ``Access-Control-Allow-Origin`` is
     ``*`` or exactly *origin* (byte for byte, as browsers compare). If one does not, the
@@ -134,7 +135,8 @@ def preflight(origin: bytes, replies: Sequence[Reply]) -> Decision:
 
 
 def inventory_grant(origin: bytes, replies: Sequence[Reply]) -> Decision:
-    """Combine the CORS side of a fanned-out inventory GET (contract "Inventory with Origin").
+    """Combine the CORS side of a fanned-out inventory GET
+    (docs/browser-policy.md#inventory-grants).
 
     A responder grants when its ``Access-Control-Allow-Origin`` is ``*`` or exactly
     *origin*, whatever its status: validity of a granting responder's status and body is
@@ -220,8 +222,9 @@ def _max_age(replies: Iterable[Reply]) -> list[tuple[bytes, bytes]]:
     ages: list[bytes] = []
     for reply in replies:
         value = _single(reply, MAX_AGE)
-        # delta-seconds is 1*DIGIT: "-1", "1.5", "10s" and a repeated header are not valid
-        # and constrain nothing, as if not sent (contract: "the smallest value sent").
+        # delta-seconds is 1*DIGIT: "-1", "1.5", "10s" and a repeated header are not valid and
+        # constrain nothing, as if not sent (docs/browser-policy.md#preflight-intersection: "the
+        # smallest value sent").
         if value and value.isdigit():
             ages.append(value.lstrip(b"0") or b"0")
     if not ages:

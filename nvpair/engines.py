@@ -1,4 +1,4 @@
-"""Everything engine-specific, one entry per engine (spec §10).
+"""Everything engine-specific, one entry per engine (docs/README.md#adding-an-engine).
 
 Identity, ports, the persisted-port file, the route table, model-name normalization, the
 model-list envelopes and the error envelope the proxy speaks on each route. Adding an engine
@@ -17,7 +17,7 @@ from nvpair.names import ollama_display, ollama_key
 
 
 class RouteClass(enum.Enum):
-    """How a facade treats a route (contract engine-routes.md, "Route classes")."""
+    """How a facade treats a route (docs/request-path.md#route-classes)."""
 
     INFERENCE = "inference"
     INVENTORY = "inventory"
@@ -119,7 +119,8 @@ class Engine:
         return ErrorStyle.OPENAI
 
     def error_body(self, path: str, message: str, reason: str) -> bytes:
-        """A proxy-generated error body in the route's dialect (contract cli-and-http.md)."""
+        """A proxy-generated error body in the route's dialect
+        (docs/request-path.md#proxy-generated-answers)."""
         body: dict[str, object]
         if self.error_style(path) is ErrorStyle.PLAIN:
             body = {"error": message}
@@ -245,7 +246,7 @@ LLAMACPP = Engine(
         }
     ),
     inventory={
-        # Both aliases ask each node's /models (spec §5): one handler upstream.
+        # Both aliases ask each node's /models (docs/inventories.md#routes): one handler upstream.
         "/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models"),
         "/v1/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models"),
     },

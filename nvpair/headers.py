@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 #: Connection-specific headers: they describe one hop and are never forwarded.
 HOP_BY_HOP = frozenset(
@@ -33,14 +33,14 @@ def connection_tokens(values: Iterable[bytes]) -> set[bytes]:
     return tokens
 
 
-def _connection_tokens(headers: Iterable[tuple[bytes, list[bytes]]]) -> set[bytes]:
+def _connection_tokens(headers: Iterable[tuple[bytes, Sequence[bytes]]]) -> set[bytes]:
     return connection_tokens(
         value for name, values in headers if name.lower() == b"connection" for value in values
     )
 
 
 def end_to_end(
-    headers: Iterable[tuple[bytes, list[bytes]]], *, request: bool
+    headers: Iterable[tuple[bytes, Sequence[bytes]]], *, request: bool
 ) -> list[tuple[bytes, list[bytes]]]:
     """The headers worth forwarding, repeated values kept in order.
 

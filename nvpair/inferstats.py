@@ -1,4 +1,5 @@
-"""Token statistics from a response body as it streams, never buffering it (spec §5.5).
+"""Token statistics from a response body as it streams, never buffering it
+(docs/request-path.md#workload-lifecycle).
 
 The reader sees every chunk once, keeps only the last few KiB (the tail, where every engine
 puts its usage report: the OpenAI ``usage`` chunk or field, Ollama's final counts, llama.cpp's

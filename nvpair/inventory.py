@@ -1,7 +1,7 @@
 """Pure merge of the model lists a fleet's nodes answer on an inventory route.
 
 One job: given the 2xx bodies of every responding node, in node order, produce the one
-envelope the client gets (contract engine-routes.md, "Fleet inventories"), or refuse with
+envelope the client gets (docs/inventories.md#merge-rules), or refuse with
 :class:`InvalidInventory` when any body is not the engine's envelope — there is never a
 partial list. Fanning out, timeouts and statuses belong to the caller; this module only sees
 bytes.
@@ -23,7 +23,7 @@ class InvalidInventory(ValueError):
     """A responder's body is not the envelope its engine answers on that route.
 
     The message names the node's position and what was wrong, never the body itself: bodies
-    stay out of logs (spec §9).
+    stay out of logs (docs/README.md#logging).
 
     :ivar index: the position of the offending body in the sequence given to
         :func:`merge_inventories` (that is, the node's position in node order).
@@ -60,11 +60,11 @@ def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> byt
     list field filled, so an empty result is exactly that empty envelope (Ollama
     ``/v1/models``: ``"data": null``); any other top-level field a node sent is dropped.
 
-    A body is valid when it is a JSON object whose list field is a list of objects, each
-    with a string in the route's key field. ``null`` in the list field counts as an empty
-    list only on a route whose engine itself answers ``null`` for an empty list (Ollama
-    ``/v1/models``). llama.cpp nodes answer with both ``models`` and ``data``; only ``data``
-    is read (and required), since the merged answer is an OpenAI list (spec §5).
+    A body is valid when it is a JSON object whose list field is a list of objects, each with a
+    string in the route's key field. ``null`` in the list field counts as an empty list only on a
+    route whose engine itself answers ``null`` for an empty list (Ollama ``/v1/models``). llama.cpp
+    nodes answer with both ``models`` and ``data``; only ``data`` is read (and required), since the
+    merged answer is an OpenAI list (docs/inventories.md#validity).
 
     :param engine: the facade's engine.
     :param path: the client's inventory route, a key of ``engine.inventory``.

@@ -1,10 +1,11 @@
-"""Structured logs: JSON lines on stderr, a level that changes live, nothing on §9's never-log list.
+"""Structured logs: JSON lines on stderr, a level that changes live, nothing on the never-log list
+(docs/README.md#logging).
 
-Every record carries ``component: nvpair-proxy`` (spec §9: at process init there is no engine to
-name) and, for facade records, the ``engine`` field its emitter passed. Only operational fields
-reach the line: scalar values the emitter named. Request and response content is never passed to
-a logger anywhere in the process, and this observer adds a second guard by dropping any field
-that is not a plain scalar, so a body handed in by mistake never lands in a line.
+Every record carries ``component: nvpair-proxy`` (docs/README.md#logging: at process init there is
+no engine to name) and, for facade records, the ``engine`` field its emitter passed. Only
+operational fields reach the line: scalar values the emitter named. Request and response content is
+never passed to a logger anywhere in the process, and this observer adds a second guard by dropping
+any field that is not a plain scalar, so a body handed in by mistake never lands in a line.
 """
 
 from __future__ import annotations

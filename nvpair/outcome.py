@@ -1,4 +1,5 @@
-"""Pure status classification: what an upstream status means before commit (spec §5.4).
+"""Pure status classification: what an upstream status means before commit
+(docs/retry-budget.md#retryable-failures).
 
 Whether a status is retried depends on when it arrives, not only on its class: before commit
 the proxy may try elsewhere; anything not retried becomes the client's answer at once.
@@ -23,9 +24,9 @@ class Verdict(enum.Enum):
 
 
 def classify(status: int, route: RouteClass) -> Verdict:
-    """The §5.4 table.
+    """The retryable-failures table (docs/retry-budget.md#retryable-failures).
 
-    - 2xx commits (at the first body byte, §5.2);
+    - 2xx commits (at the first body byte, docs/request-path.md#the-commit-point);
     - 3xx is not expected from an engine and is forwarded verbatim;
     - 404 is retried on an inference route only: positive model inventory can be stale,
       while on any other route a 404 is the same everywhere;

@@ -1,4 +1,7 @@
-"""Persisted per-engine ports (spec §8): read and atomically write ``{"port": 11500}`` files.
+"""Ports: what counts as one, loopback aliases, and the persisted per-engine port files.
+
+Persisted ports (docs/ports.md#persisted-port-files) are read and atomically written as
+``{"port": 11500}`` files.
 
 Which file belongs to which engine, and what to do with the result, is the caller's business
 (``engines.py`` and the service); this module only knows the file format and how to replace
@@ -8,6 +11,7 @@ a file without ever leaving a half-written one behind.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import tempfile
@@ -24,7 +28,9 @@ __all__ = [
     "PortCorrupt",
     "PortFound",
     "PortRead",
+    "parse_alias",
     "read_persisted_port",
+    "valid_port",
     "write_persisted_port",
 ]
 
@@ -66,9 +72,17 @@ class PortCorrupt:
 PortRead: TypeAlias = PortFound | PortAbsent | PortCorrupt
 
 
-def _valid_port(value: object) -> bool:
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is a non-empty run of 0-9 (``str.isdigit`` also takes other scripts'
+    digits and superscripts)."""
+    return text.isascii() and text.isdigit()
+
+
+def valid_port(value: object, *, zero: bool = False) -> bool:
+    """Whether ``value`` is a TCP port (an int, never a bool); ``zero``: 0 too ("default")."""
     # bool is an int subclass, and {"port": true} is not a port.
-    return isinstance(value, int) and not isinstance(value, bool) and MIN_PORT <= value <= MAX_PORT
+    low = 0 if zero else MIN_PORT
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_PORT
 
 
 def read_persisted_port(path: Path) -> PortRead:
@@ -105,7 +119,7 @@ def read_persisted_port(path: Path) -> PortRead:
     port = document["port"]
     if isinstance(port, bool) or not isinstance(port, int):
         return PortCorrupt('"port" is not an integer')
-    if not _valid_port(port):
+    if not valid_port(port):
         return PortCorrupt(f'"port" is outside {MIN_PORT}-{MAX_PORT}')
     return PortFound(port)
 
@@ -130,7 +144,7 @@ def write_persisted_port(
     :raises ValueError: if *port* is not an integer in 1-65535 (nothing is written).
     :raises OSError: if the directory or file cannot be written; the old file is untouched.
     """
-    if not _valid_port(port):
+    if not valid_port(port):
         raise ValueError(f"port must be an integer in {MIN_PORT}-{MAX_PORT}, not {port!r}")
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
@@ -161,3 +175,23 @@ def _fsync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def parse_alias(text: object) -> tuple[str, int]:
+    """A loopback ``host:port`` alias (``127.0.0.1:11434``, ``[::1]:11434``); ValueError else."""
+    if not isinstance(text, str):
+        raise ValueError("an alias is a host:port string")
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not ascii_digits(port_text):
+        raise ValueError(f"alias {text!r} is not host:port")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    port = int(port_text)
+    if not valid_port(port):
+        raise ValueError(f"alias {text!r} has no valid port")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"alias {text!r} is not a loopback address")
+    return host, port

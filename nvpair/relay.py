@@ -1,11 +1,11 @@
 """The response body relay: the first-body gate, then streaming with backpressure.
 
-An upstream body is delivered into a :class:`BodyRelay`. Until the attempt commits, the relay
-holds the first chunk and pauses the upstream (spec §5.2: the first body byte, never the
-headers, is evidence that generation has begun). After :meth:`BodyRelay.attach` it splices
+An upstream body is delivered into a :class:`BodyRelay`. Until the attempt commits, the relay holds
+the first chunk and pauses the upstream (docs/request-path.md#the-commit-point: the first body byte,
+never the headers, is evidence that generation has begun). After :meth:`BodyRelay.attach` it splices
 that chunk back onto the front and streams the rest to the client with the upstream transport
-registered as the client's producer, so a slow client slows the engine instead of growing
-this process's memory.
+registered as the client's producer, so a slow client slows the engine instead of growing this
+process's memory.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable
-from typing import Any
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
@@ -25,14 +24,16 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
+from nvpair.web import ProxiedRequest
+
 
 class First(enum.Enum):
     """What ended the wait for the first body byte."""
 
     #: A body byte arrived: generation has begun.
     BYTE = "byte"
-    #: The body ended with no bytes. Counts as a commit (spec §5.2): an engine that answered
-    #: an empty body considers the request answered.
+    #: The body ended with no bytes. Counts as a commit (docs/request-path.md#the-commit-point): an
+    #: engine that answered an empty body considers the request answered.
     EMPTY = "empty"
 
 
@@ -132,18 +133,19 @@ class BodyRelay(Protocol):
         self._state = _State.WAITING
         self._held = b""
         self._ended: Failure | None = None
-        self._request: Any = None
+        self._request: ProxiedRequest | None = None
         self._client_gone = False
 
     # -- IProtocol -------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
         if self._state is _State.RELAYING:
-            if not self._client_gone:
+            request = self._request
+            if not self._client_gone and request is not None:
                 if self._tap is not None:
                     self._tap(data)
                 try:
-                    self._request.write(data)
+                    request.write(data)
                 except Exception:
                     self._copy_failed(Failure())
         elif self._state is _State.WAITING:
@@ -180,7 +182,7 @@ class BodyRelay(Protocol):
         """See every relayed chunk as it goes by (stats measurement); never buffers it."""
         self._tap = tap
 
-    def attach(self, request: Any) -> None:
+    def attach(self, request: ProxiedRequest) -> None:
         """Commit: splice the held bytes to ``request`` and stream the rest into it.
 
         The caller has already written the status line and headers.
@@ -213,7 +215,7 @@ class BodyRelay(Protocol):
         """Drop this body without relaying it: close the upstream connection.
 
         Used when an attempt loses (first-body timeout, cancellation): the engine may keep
-        generating (spec §5.7), but nothing here waits on it.
+        generating (docs/request-path.md#known-limits), but nothing here waits on it.
         """
         if self._state is _State.RELAYING:
             self.client_gone()
@@ -235,13 +237,15 @@ class BodyRelay(Protocol):
     # -- internals -------------------------------------------------------------------------
 
     def _copy_failed(self, failure: Failure) -> None:
-        """Copying to the client failed: close the client, stop the upstream (§3.2).
+        """Copying to the client failed: close the client, stop the upstream
+        (docs/request-path.md#admission).
 
         The upstream's end then settles :attr:`done` as incomplete, so the request's terminal
         reporting and reservation release still run.
         """
         self.log.failure("copying a response body to the client failed", failure)
         request = self._request
+        assert request is not None
         self.client_gone()
         with contextlib.suppress(AttributeError, RuntimeError):
             request.unregisterProducer()
@@ -265,10 +269,10 @@ class BodyRelay(Protocol):
             # on a finished request.
             self._guard.disarm()
         complete = _clean_end(reason) and not self._client_gone
-        if not self._client_gone:
-            request = self._request
+        request = self._request
+        if not self._client_gone and request is not None:
             # The client may already be gone in ways notifyFinish has not reported yet; these
-            # calls raise after a disconnect (reference/twisted-notes.md §3, item 4).
+            # calls raise after a disconnect.
             try:
                 request.unregisterProducer()
                 if complete:

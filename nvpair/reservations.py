@@ -1,9 +1,10 @@
-"""The process-wide reservation map (spec §6): in-flight dispatches the scheduler has not seen.
+"""The process-wide reservation map (docs/candidate-order.md#reservations): in-flight dispatches the
+scheduler has not seen.
 
-One map for every facade — that is why the engines share a process (§3.1). A reservation is
-stamped with the scheduler generation it was counted against; a newer snapshot supersedes it
-(its ``pending`` already includes that work), so releasing or moving it later must not touch
-the count again. Values only: no reactor, no I/O.
+One map for every facade — that is why the engines share a process
+(docs/candidate-order.md#reservations). A reservation is stamped with the scheduler generation it
+was counted against; a newer snapshot supersedes it (its ``pending`` already includes that work), so
+releasing or moving it later must not touch the count again. Values only: no reactor, no I/O.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Pure candidate selection: filter to owners, then order pin → priority → default (spec §5).
+"""Pure candidate selection: filter to owners, then order pin → priority → default
+(docs/candidate-order.md#order).
 
 Values in, values out: no reactor, no I/O. The request path calls :func:`plan` once per round
 with the live snapshot, so a node that recovered or a model that finished pulling becomes
@@ -17,10 +18,9 @@ from nvpair.control import Discovery, Node, Priority
 def owners(discovery: Discovery, model_key: str | None) -> list[Node]:
     """Nodes whose inventory advertises ``model_key``.
 
-    ``None`` means a model-less inference body on an engine that serves whatever it has
-    loaded: every node advertising at least one model is eligible (contract "Model-less
-    inference").
-    """
+    ``None`` means a model-less inference body on an engine that serves whatever it has loaded:
+    every node advertising at least one model is eligible (docs/candidate-order.md#owners,
+    "Model-less inference")."""
     if model_key is None:
         return [node for node in discovery.nodes if node.model_keys]
     return [node for node in discovery.nodes if model_key in node.model_keys]
@@ -47,7 +47,8 @@ class Plan:
 
 
 def estimated_load(priority: Priority, node_id: str, reservations: Mapping[str, int]) -> float:
-    """``pending + gpuPressure + reservations`` (spec §6); unlisted scheduler fields count 0."""
+    """``pending + gpuPressure + reservations`` (docs/candidate-order.md#reservations); unlisted
+    scheduler fields count 0."""
     entry = priority.entry(node_id)
     base = 0.0 if entry is None else entry.pending + entry.gpu_pressure
     return base + reservations.get(node_id, 0)
@@ -75,7 +76,7 @@ def plan(
     priority: Priority,
     reservations: Mapping[str, int],
 ) -> Plan:
-    """Order ``eligible`` owners for dispatch (contract "Candidate order").
+    """Order ``eligible`` owners for dispatch (docs/candidate-order.md#order).
 
     An ineligible pin (the pinned node does not advertise the model) is ignored: a manual
     selection never overrides the capability gate, and failover never broadens past

@@ -7,33 +7,42 @@ and synchronous: they update control state or a facade and return the contract's
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from twisted.logger import Logger
 
-from nvpair.broker import Address, Handler, MethodTable, invalid_params
+from nvpair.broker import (
+    BIND_FAILED,
+    INTERNAL_ERROR,
+    Address,
+    Handler,
+    MethodTable,
+    Params,
+    RpcError,
+    invalid_params,
+)
 from nvpair.control import ControlState, Node, PriorityEntry
 from nvpair.engines import ENGINES, Engine
-from nvpair.facades import FacadeManager, parse_alias
+from nvpair.facade_manager import FacadeError, FacadeManager
 from nvpair.logs import JsonLineObserver, parse_level
+from nvpair.ports import parse_alias, valid_port
 
 #: The largest generation accepted: a scheduler's counter fits an int64. A bigger one is no real
 #: generation, and once applied it would make every later snapshot look stale for good.
 MAX_GENERATION = 2**63 - 1
 
 
-def _port(params: Mapping[str, Any], name: str = "port") -> int:
+def _port(params: Params, name: str = "port") -> int:
     value = params.get(name, 0)
     if value is None:
         value = 0
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+    if not isinstance(value, int) or not valid_port(value, zero=True):
         raise invalid_params(name, f"{name} must be an integer in 0-65535")
     return value
 
 
-def _string(params: Mapping[str, Any], name: str, *, nullable: bool = False) -> str | None:
+def _string(params: Params, name: str, *, nullable: bool = False) -> str | None:
     value = params.get(name)
     if value is None and nullable:
         return None
@@ -80,7 +89,7 @@ def _load(value: object, name: str) -> float:
     raise invalid_params(name, f"{name} must be a finite number >= 0")
 
 
-def parse_nodes(engine: Engine, params: Mapping[str, Any]) -> list[Node]:
+def parse_nodes(engine: Engine, params: Params) -> list[Node]:
     """A ``discovery:nodes`` snapshot; each node needs an id and either ``local`` or a URL."""
     raw = params.get("nodes")
     if not isinstance(raw, list):
@@ -120,7 +129,7 @@ def parse_nodes(engine: Engine, params: Mapping[str, Any]) -> list[Node]:
     return nodes
 
 
-def parse_priority(params: Mapping[str, Any]) -> tuple[int, list[PriorityEntry]]:
+def parse_priority(params: Params) -> tuple[int, list[PriorityEntry]]:
     """A ``node/set-priority`` snapshot: its generation and the list, best first."""
     generation = params.get("generation")
     if (
@@ -147,8 +156,19 @@ def parse_priority(params: Mapping[str, Any]) -> tuple[int, list[PriorityEntry]]
     return generation, entries
 
 
+def rpc_error(error: FacadeError) -> RpcError:
+    """A facade's refusal as the broker protocol states it (docs/broker-protocol.md#errors)."""
+    if error.tag == "conflict":
+        return invalid_params("port", error.message)
+    code = BIND_FAILED if error.tag == "bind" else INTERNAL_ERROR
+    return RpcError(
+        code, error.message, {"tag": error.tag, "engine": error.engine, "port": error.port}
+    )
+
+
 class BrokerMethods(MethodTable):
-    """The broker → proxy methods of the contract, bound to this process's state.
+    """The broker → proxy methods (docs/broker-protocol.md#broker-to-proxy), bound to this process's
+    state.
 
     :param on_link_lost: called once when the broker closes the link.
     """
@@ -192,7 +212,7 @@ class BrokerMethods(MethodTable):
 
     # -- process-scoped --------------------------------------------------------------------
 
-    def _enable(self, address: Address, params: Mapping[str, Any]) -> object:
+    def _enable(self, address: Address, params: Params) -> object:
         engine = params.get("engine")
         if not isinstance(engine, str) or engine not in ENGINES:
             raise invalid_params("engine", f"engine must be one of {', '.join(ENGINES)}")
@@ -211,17 +231,20 @@ class BrokerMethods(MethodTable):
         if not isinstance(ignore, bool):
             raise invalid_params("ignorePersistedPort", "ignorePersistedPort must be a boolean")
         already = self._facades.enabled(engine)
-        result = self._facades.enable(engine, port or None, aliases, ignore)
+        try:
+            result = self._facades.enable(engine, port or None, aliases, ignore)
+        except FacadeError as error:
+            raise rpc_error(error) from None
         if not already:
             self._on_enabled(engine)
         return result
 
-    def _set_priority(self, address: Address, params: Mapping[str, Any]) -> object:
+    def _set_priority(self, address: Address, params: Params) -> object:
         generation, entries = parse_priority(params)
         self._control.set_priority(generation, entries)
         return {}
 
-    def _set_level(self, address: Address, params: Mapping[str, Any]) -> object:
+    def _set_level(self, address: Address, params: Params) -> object:
         level = params.get("level")
         try:
             self._observer.set_level(parse_level(level if isinstance(level, str) else ""))
@@ -231,20 +254,20 @@ class BrokerMethods(MethodTable):
 
     # -- facade-scoped ---------------------------------------------------------------------
 
-    def _discovery_nodes(self, address: Address, params: Mapping[str, Any]) -> object:
+    def _discovery_nodes(self, address: Address, params: Params) -> object:
         assert address.engine is not None
         nodes = parse_nodes(ENGINES[address.engine], params)
         self._control.set_discovery(address.engine, nodes)
         return {}
 
-    def _select(self, address: Address, params: Mapping[str, Any]) -> object:
+    def _select(self, address: Address, params: Params) -> object:
         assert address.engine is not None
         if "nodeId" not in params:
             raise invalid_params("nodeId", "nodeId is required (null clears the pin)")
         self._control.set_pin(address.engine, _string(params, "nodeId", nullable=True))
         return {}
 
-    def _set_local_backend(self, address: Address, params: Mapping[str, Any]) -> object:
+    def _set_local_backend(self, address: Address, params: Params) -> object:
         assert address.engine is not None
         url = _string(params, "url", nullable=True)
         if url is not None:
@@ -252,9 +275,12 @@ class BrokerMethods(MethodTable):
         self._control.set_local_backend(address.engine, url)
         return {}
 
-    def _set_port(self, address: Address, params: Mapping[str, Any]) -> object:
+    def _set_port(self, address: Address, params: Params) -> object:
         assert address.engine is not None
         if "port" not in params:
             raise invalid_params("port", "port is required")
         port = _port(params) or ENGINES[address.engine].standalone_port
-        return self._facades.set_port(address.engine, port)
+        try:
+            return self._facades.set_port(address.engine, port)
+        except FacadeError as error:
+            raise rpc_error(error) from None

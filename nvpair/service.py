@@ -9,33 +9,36 @@ from __future__ import annotations
 import resource
 import sys
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO
 
 from twisted.application.internet import TCPServer
 from twisted.application.service import IServiceCollection, MultiService, Service
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IReactorCore, IReactorTCP, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.internet.stdio import StandardIO
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
+from twisted.python.failure import Failure
 from twisted.web.server import Site
 
 from nvpair.activity import NodeActivity
 from nvpair.admin import Admin
 from nvpair.admission import this_machine
 from nvpair.broker import BrokerProtocol
-from nvpair.cluster import ClusterWatch, PinnedPeers
+from nvpair.cluster import ClusterWatch
 from nvpair.config import Config
 from nvpair.control import ControlState
-from nvpair.dispatch import RequestPath
-from nvpair.facades import FacadeManager
-from nvpair.fleet import FleetService, LogOutbox, load_fleet
+from nvpair.facade_manager import FacadeManager
+from nvpair.fleet import FleetService
 from nvpair.logs import JsonLineObserver
+from nvpair.outbox import BrokerOutbox, LogOutbox
+from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
+from nvpair.tls import PinnedPeers
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
 
@@ -60,32 +63,12 @@ def raise_fd_limit(
     return hard
 
 
-class BrokerOutbox:
-    """The proxy → broker direction; messages before the link is up are dropped with a log."""
-
-    log = Logger()
-
-    def __init__(self) -> None:
-        self.protocol: BrokerProtocol | None = None
-
-    def notify(self, method: str, params: dict[str, object]) -> None:
-        if self.protocol is None:
-            self.log.warn("no broker link: dropped {method}", method=method)
-            return
-        self.protocol.notify(method, params)
-
-    def call(self, method: str, params: dict[str, object]) -> Deferred[object]:
-        if self.protocol is None:
-            return defer.fail(ConnectionError("no broker link"))
-        return self.protocol.call(method, params)
-
-
 class BrokerLinkService(Service):
     """Opens the broker link when the process starts: stdio, or a client endpoint string."""
 
     log = Logger()
 
-    def __init__(self, reactor: Any, endpoint: str, protocol: BrokerProtocol) -> None:
+    def __init__(self, reactor: IReactorCore, endpoint: str, protocol: BrokerProtocol) -> None:
         self._reactor = reactor
         self._endpoint = endpoint
         self._protocol = protocol
@@ -100,7 +83,7 @@ class BrokerLinkService(Service):
         endpoint = clientFromString(self._reactor, self._endpoint)
         d = endpoint.connect(Factory.forProtocol(lambda: self._protocol))
 
-        def failed(failure: Any) -> None:
+        def failed(failure: Failure) -> None:
             self.log.error(
                 "cannot reach the broker at {endpoint}: {why}",
                 endpoint=self._endpoint,
@@ -156,16 +139,55 @@ class ProxyService(MultiService):
         super().startService()
         self.cluster.start()
 
-    def stopService(self) -> Deferred[Any]:
+    def stopService(self) -> Deferred[None]:
+        return Deferred.fromCoroutine(self._shutdown())
+
+    async def _shutdown(self) -> None:
+        """The one ordered shutdown: stop listening → cancel what is in flight → flush its
+        terminal events → close the broker link → close the pool."""
         self.cluster.stop()
-        d = defer.maybeDeferred(super().stopService)
-        d.addBoth(lambda _: self.facades.stop())
-        d.addBoth(lambda _: self.request_path.cancel_all())
-        # The terminal events of what was just cancelled must reach the broker before exit.
-        d.addBoth(lambda _: self.close_broker().addTimeout(5, self._clock))
-        d.addErrback(lambda failure: self.log.failure("closing the broker link", failure))
-        d.addBoth(lambda _: self.upstream.close())
-        return d
+        # Stop listening: every facade, the admin listener; the fleet's polls stop too.
+        children = defer.maybeDeferred(super().stopService)
+        await defer.gatherResults([children, self.facades.stop()], consumeErrors=True)
+        # Cancel what is in flight: each job's cleanup emits its terminal event now.
+        self.request_path.cancel_all()
+        # Those events are the last frames: flushed before the link closes (bounded).
+        try:
+            await self.close_broker().addTimeout(5, self._clock)
+        except Exception:
+            self.log.failure("closing the broker link")
+        await self.upstream.close()
+
+
+def _link_broker(
+    core: IReactorCore,
+    endpoint: str,
+    root: ProxyService,
+    control: ControlState,
+    facades: FacadeManager,
+    outbox: BrokerOutbox,
+) -> None:
+    """Broker mode: the JSON-RPC link drives the process; its EOF shuts it down."""
+
+    def link_lost() -> None:
+        # Broker EOF is the graceful shutdown signal: stop serving, close the pool, exit 0.
+        root.log.info("broker link closed: shutting down")
+        if core.running:
+            core.stop()
+
+    def enabled(engine: str) -> None:
+        d = outbox.call(f"{engine}:discovery:subscribe", {})
+        d.addErrback(
+            lambda f: root.log.warn(
+                "discovery:subscribe failed: {why}", engine=engine, why=f.getErrorMessage()
+            )
+        )
+
+    methods = BrokerMethods(control, facades, root.observer, link_lost, enabled)
+    protocol = BrokerProtocol(methods)
+    outbox.protocol = protocol
+    root.close_broker = protocol.close_output
+    BrokerLinkService(core, endpoint, protocol).setServiceParent(root)
 
 
 class _QuietSite(Site):
@@ -178,32 +200,34 @@ class _QuietSite(Site):
 
 
 def build(
-    reactor: Any,
+    reactor: IReactorTCP,
     config: Config,
     *,
     log_out: IO[str] | None = None,
 ) -> ProxyService:
     """Construct the whole process.
 
-    :param reactor: the reactor (TCP, time, process control).
+    :param reactor: the reactor: TCP, and (adapted) time and process control.
     :param log_out: where JSON log lines go (stderr by default).
     """
+    clock, core = IReactorTime(reactor), IReactorCore(reactor)
     observer = JsonLineObserver(log_out or sys.stderr, config.log_level)
     control = ControlState()
-    cluster = ClusterWatch(reactor, config.cluster_dir)
+    cluster = ClusterWatch(clock, config.cluster_dir)
     upstream = Upstream(
         reactor,
         config.dial_timeout,
         PinnedPeers(lambda: cluster.membership, control.node_for_address),
     )
     reservations = Reservations()
-    # A newer scheduler snapshot already counts the work reserved before it (spec §6).
+    # A newer scheduler snapshot already counts the work reserved before it
+    # (docs/candidate-order.md#reservations).
     control.on_priority(lambda priority: reservations.new_snapshot(priority.generation))
     outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
-    workloads = Workloads(outbox.notify, lambda: int(reactor.seconds() * 1000))
-    activity = NodeActivity(reactor, outbox.notify)
+    workloads = Workloads(outbox.notify, lambda: int(clock.seconds() * 1000))
+    activity = NodeActivity(clock, outbox.notify)
     request_path = RequestPath(
-        reactor,
+        clock,
         control,
         upstream,
         config,
@@ -225,12 +249,12 @@ def build(
     )
 
     def membership_changed(_: object) -> None:
-        # Trust withdrawn means connections closed (contract "Files"), then the news.
+        # Trust withdrawn means connections closed (docs/cluster.md#trust-withdrawn), then the news.
         upstream.trust_changed()
         facades.membership_changed()
 
     cluster.on_change = membership_changed
-    root = ProxyService(observer, facades, request_path, upstream, cluster, reactor)
+    root = ProxyService(observer, facades, request_path, upstream, cluster, clock)
 
     if config.admin_port is not None:
         admin = Admin(control, facades, lambda: request_path.in_flight, lambda: reservations.counts)
@@ -241,29 +265,9 @@ def build(
 
     if config.fleet is not None:
         FleetService(
-            reactor, load_fleet(config.fleet), control, facades, config.dial_timeout
+            clock, config.fleet, control, facades, upstream, config.dial_timeout
         ).setServiceParent(root)
     else:
         assert isinstance(outbox, BrokerOutbox)
-        broker_outbox = outbox
-
-        def link_lost() -> None:
-            # Broker EOF is the graceful shutdown signal: stop serving, close the pool, exit 0.
-            root.log.info("broker link closed: shutting down")
-            if reactor.running:
-                reactor.stop()
-
-        def enabled(engine: str) -> None:
-            d = broker_outbox.call(f"{engine}:discovery:subscribe", {})
-            d.addErrback(
-                lambda f: root.log.warn(
-                    "discovery:subscribe failed: {why}", engine=engine, why=f.getErrorMessage()
-                )
-            )
-
-        methods = BrokerMethods(control, facades, observer, link_lost, enabled)
-        protocol = BrokerProtocol(methods)
-        outbox.protocol = protocol
-        root.close_broker = protocol.close_output
-        BrokerLinkService(reactor, config.broker, protocol).setServiceParent(root)
+        _link_broker(core, config.broker, root, control, facades, outbox)
     return root

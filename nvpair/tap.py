@@ -1,4 +1,5 @@
-"""``twistd nvpair-proxy``: the command line of the contract, and a thin ``makeService``.
+"""``twistd nvpair-proxy``: the command line (docs/README.md#command-line), and a thin
+``makeService``.
 
 Every option has its contract default; options with an environment variable take it when the
 flag is absent. A malformed value is a usage error naming the option, never a silent default.
@@ -9,15 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from twisted.application.service import IService
 from twisted.python import usage
 
-from nvpair.config import Config
+from nvpair.config import DEFAULTS, Config, parse_count
 from nvpair.durations import parse_duration
-from nvpair.fleet import FleetFileError, load_fleet
+from nvpair.fleetfile import FleetFileError, load_fleet
 from nvpair.logs import parse_level
+from nvpair.ports import ascii_digits, valid_port
 
 #: option name -> environment variable consulted when the flag is not given.
 ENVIRONMENT = {
@@ -28,22 +30,7 @@ ENVIRONMENT = {
     "log-level": "NVPAIR_LOG_LEVEL",
 }
 
-
-#: The contract's defaults, as the text a user would type.
-DEFAULTS = {
-    "broker": "stdio",
-    "bind": "::",
-    "response-header-timeout": "30m",
-    "dial-timeout": "10s",
-    "job-deadline": "10m",
-    "max-dispatch-attempts": "5",
-    "retry-backoff": "250ms",
-    "client-write-timeout": "60s",
-    "max-request-body": "67108864",
-    "log-level": "info",
-    "request-head-timeout": "30s",
-    "idle-timeout": "5m",
-}
+T = TypeVar("T")
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:
@@ -54,22 +41,11 @@ def default_state_dir(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("HOME") or Path.home()) / ".local" / "state" / "nvpair"
 
 
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{text!r} is not a positive whole number")
-    return int(text)
-
-
-def _bytes(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{text!r} is not a positive number of bytes")
-    return int(text)
-
-
 def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    port = int(text) if ascii_digits(text) else -1
+    if not valid_port(port):
         raise ValueError(f"{text!r} is not a port in 1-65535")
-    return int(text)
+    return port
 
 
 def _nonempty(text: str) -> str:
@@ -79,7 +55,7 @@ def _nonempty(text: str) -> str:
 
 
 class Options(usage.Options):
-    """Options for ``twistd -n nvpair-proxy`` (contract cli-and-http.md)."""
+    """Options for ``twistd -n nvpair-proxy`` (docs/README.md#command-line)."""
 
     synopsis = "[options]"
     longdesc = (
@@ -140,7 +116,7 @@ class Options(usage.Options):
             return self._environ[ENVIRONMENT[name]]
         return DEFAULTS.get(name)
 
-    def _parse(self, name: str, parse: Callable[[str], Any]) -> Any:
+    def _parse(self, name: str, parse: Callable[[str], T]) -> T | None:
         text = self._value(name)
         if text is None:
             return None
@@ -149,13 +125,20 @@ class Options(usage.Options):
         except ValueError as bad:
             raise usage.UsageError(f"--{name}: {bad}") from None
 
+    def _defaulted(self, name: str, parse: Callable[[str], T]) -> T:
+        """An option with a default: never absent."""
+        value = self._parse(name, parse)
+        assert value is not None, f"--{name} has no default"
+        return value
+
     def postOptions(self) -> None:
         fleet = self._parse("fleet", _nonempty)
         if fleet is not None and self["broker"] is not None:
             raise usage.UsageError("--fleet and --broker are mutually exclusive")
+        parsed = None
         if fleet is not None:
             try:
-                load_fleet(Path(fleet))
+                parsed = load_fleet(Path(fleet))
             except FleetFileError as bad:
                 raise usage.UsageError(f"--fleet: {bad}") from None
         state_dir = self._parse("state-dir", _nonempty)
@@ -163,20 +146,21 @@ class Options(usage.Options):
         self.config = Config(
             state_dir=Path(state_dir) if state_dir else default_state_dir(self._environ),
             cluster_dir=Path(cluster_dir) if cluster_dir else None,
-            broker=self._parse("broker", _nonempty),
-            fleet=Path(fleet) if fleet else None,
-            bind=self._parse("bind", _nonempty),
-            response_header_timeout=self._parse("response-header-timeout", parse_duration),
-            dial_timeout=self._parse("dial-timeout", parse_duration),
-            job_deadline=self._parse("job-deadline", parse_duration),
-            max_dispatch_attempts=self._parse("max-dispatch-attempts", _count),
-            retry_backoff=self._parse("retry-backoff", parse_duration),
-            client_write_timeout=self._parse("client-write-timeout", parse_duration),
-            max_request_body=self._parse("max-request-body", _bytes),
-            log_level=self._parse("log-level", parse_level),
+            broker=self._defaulted("broker", _nonempty),
+            fleet=parsed,
+            fleet_file=Path(fleet) if fleet else None,
+            bind=self._defaulted("bind", _nonempty),
+            response_header_timeout=self._defaulted("response-header-timeout", parse_duration),
+            dial_timeout=self._defaulted("dial-timeout", parse_duration),
+            job_deadline=self._defaulted("job-deadline", parse_duration),
+            max_dispatch_attempts=self._defaulted("max-dispatch-attempts", parse_count),
+            retry_backoff=self._defaulted("retry-backoff", parse_duration),
+            client_write_timeout=self._defaulted("client-write-timeout", parse_duration),
+            max_request_body=self._defaulted("max-request-body", parse_count),
+            log_level=self._defaulted("log-level", parse_level),
             admin_port=self._parse("admin-port", _port),
-            request_head_timeout=self._parse("request-head-timeout", parse_duration),
-            idle_timeout=self._parse("idle-timeout", parse_duration),
+            request_head_timeout=self._defaulted("request-head-timeout", parse_duration),
+            idle_timeout=self._defaulted("idle-timeout", parse_duration),
         )
 
 

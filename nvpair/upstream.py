@@ -6,16 +6,23 @@ a reverse proxy wants none of them, so this is a plain :class:`~twisted.web.clie
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.endpoints import (
+    HostnameEndpoint,
+    TCP4ClientEndpoint,
+    TCP6ClientEndpoint,
+    wrapClientTLS,
+)
 from twisted.internet.interfaces import (
+    IAddress,
     IConsumer,
     IProtocol,
     IProtocolFactory,
+    IReactorTCP,
     IStreamClientEndpoint,
 )
 from twisted.web._newclient import HTTP11ClientProtocol, Request
@@ -28,7 +35,7 @@ from zope.interface import implementer
 from nvpair.headers import connection_tokens
 
 #: Idle connections kept per upstream. Twisted's default of 2 limits the idle cache, not
-#: concurrency, and halved throughput in a measurement (reference/twisted-notes.md §2.5).
+#: concurrency, and halved throughput in a measurement.
 MAX_PERSISTENT_PER_HOST = 64
 
 
@@ -90,14 +97,14 @@ class _QuietClientFactory(_HTTP11ClientFactory):
     # "Starting factory"/"Stopping factory" at info.
     noisy = False
 
-    def buildProtocol(self, addr: Any) -> HTTP11ClientProtocol:
+    def buildProtocol(self, addr: IAddress | None) -> HTTP11ClientProtocol:
         protocol: HTTP11ClientProtocol = _ProxyClientProtocol(  # type: ignore[no-untyped-call]
             self._quiescentCallback
         )
         return protocol
 
 
-def quiet_pool(reactor: Any) -> HTTPConnectionPool:
+def quiet_pool(reactor: IReactorTCP) -> HTTPConnectionPool:
     """A persistent pool whose connections do not log their factories' lifecycles."""
     pool = HTTPConnectionPool(reactor, persistent=True)
     pool._factory = _QuietClientFactory
@@ -136,7 +143,9 @@ class _Endpoints:
         wrapped to report its connection (Agent asks for it synchronously inside that call).
     """
 
-    def __init__(self, reactor: Any, dial_timeout: float, tls: IPolicyForHTTPS | None) -> None:
+    def __init__(
+        self, reactor: IReactorTCP, dial_timeout: float, tls: IPolicyForHTTPS | None
+    ) -> None:
         self._reactor = reactor
         # 0 means no dial timeout; HostnameEndpoint wants a number, so "never" is a long one.
         self._timeout = dial_timeout if dial_timeout > 0 else 10.0**9
@@ -157,18 +166,32 @@ class _Endpoints:
         if uri.scheme == b"http":
             endpoint = self._plain.get(key)
             if endpoint is None:
-                endpoint = HostnameEndpoint(self._reactor, uri.host, uri.port, self._timeout)
+                endpoint = self._tcp(uri.host, uri.port)
                 self._plain[key] = endpoint
             return endpoint
         if uri.scheme == b"https" and self._tls is not None:
             creator = self._tls.creatorForNetloc(uri.host, uri.port)
-            return wrapClientTLS(
-                creator, HostnameEndpoint(self._reactor, uri.host, uri.port, self._timeout)
-            )
+            return wrapClientTLS(creator, self._tcp(uri.host, uri.port))
         raise SchemeNotSupported(f"unsupported scheme: {uri.scheme!r}")
 
+    def _tcp(self, host: bytes, port: int) -> IStreamClientEndpoint:
+        """A plain TCP endpoint; an IP literal skips the resolver.
 
-def _pool(reactor: Any) -> HTTPConnectionPool:
+        HostnameEndpoint resolves even a literal in a thread and, for one address, reports a
+        refused connection only at its next 0.3 s attempt tick; a LAN node that is switched
+        off should fail over at once (docs/retry-budget.md#retryable-failures).
+        """
+        text = host.decode("ascii").strip("[]")
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            return HostnameEndpoint(self._reactor, host, port, self._timeout)
+        if ip.version == 4:
+            return TCP4ClientEndpoint(self._reactor, text, port, self._timeout)
+        return TCP6ClientEndpoint(self._reactor, text, port, self._timeout)
+
+
+def _pool(reactor: IReactorTCP) -> HTTPConnectionPool:
     pool = quiet_pool(reactor)
     pool.maxPersistentPerHost = MAX_PERSISTENT_PER_HOST
     # The failover loop decides what is retried, never the pool.
@@ -188,7 +211,7 @@ class Upstream:
     """
 
     def __init__(
-        self, reactor: Any, dial_timeout: float, tls: IPolicyForHTTPS | None = None
+        self, reactor: IReactorTCP, dial_timeout: float, tls: IPolicyForHTTPS | None = None
     ) -> None:
         """:param tls: how ``https://`` peers are dialled (pinned mutual TLS)."""
         self._reactor = reactor
@@ -232,7 +255,8 @@ class Upstream:
         :param base_url: ``http://host:port`` of the engine (no trailing slash).
         :param uri: the path and query (origin form, as admission normalized it).
         :param connected: called once the connection is up: at once for a pooled one,
-            else when the dial completes (the header budget starts there, spec §5.1).
+            else when the dial completes (the header budget starts there,
+            docs/retry-budget.md#per-attempt-budgets).
         """
         # No body at all (rather than an empty one) keeps a GET free of "Content-Length: 0".
         bodiless = not body and method in _BODILESS

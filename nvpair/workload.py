@@ -1,4 +1,5 @@
-"""Workload lifecycle events (spec §5.5; contract broker-protocol.md "Workload events").
+"""Workload lifecycle events (docs/request-path.md#workload-lifecycle,
+docs/broker-protocol.md#workload-events).
 
 ``submitted`` covers the whole pre-commit life — at admission, at each dispatch (with
 ``scheduledOn``) and between attempts (cleared) — ``started`` is the commit, and exactly one

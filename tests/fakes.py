@@ -3,27 +3,29 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from attrs import define, field
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IAddress, IPushProducer, ITransport
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from nvpair.activity import NodeActivity
 from nvpair.config import Config
 from nvpair.control import ControlState, Node
-from nvpair.dispatch import RequestPath
 from nvpair.engines import ENGINES
-from nvpair.facade import Admitted
+from nvpair.http_facade import Admitted
+from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.workload import Workloads
 
@@ -78,6 +80,14 @@ class ClientRequest:
     def loseConnection(self) -> None:
         self.lost = True
 
+    @property
+    def connected(self) -> bool:
+        return self.channel is not None
+
+    def abort(self) -> None:
+        if self.channel is not None:
+            self.channel.transport.abortConnection()
+
     def notifyFinish(self) -> Deferred[None]:
         d: Deferred[None] = Deferred()
         self._finish_waiters.append(d)
@@ -119,10 +129,27 @@ class ClientRequest:
         return values[0].decode() if values else None
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, ITransport)
 class UpstreamConnection:
+    """The transport a response body is delivered over: a push producer, as Agent's is."""
+
     def __init__(self) -> None:
         self.state = "producing"
+
+    def write(self, data: bytes) -> None:
+        raise AssertionError("a response body's transport is never written to")
+
+    def writeSequence(self, data: Iterable[bytes]) -> None:
+        raise AssertionError("a response body's transport is never written to")
+
+    def loseConnection(self) -> None:
+        self.state = "stopped"
+
+    def getPeer(self) -> IAddress:
+        return IPv4Address("TCP", "10.0.0.1", 11434)
+
+    def getHost(self) -> IAddress:
+        return IPv4Address("TCP", "10.0.0.2", 50000)
 
     def pauseProducing(self) -> None:
         self.state = "paused"
@@ -134,21 +161,26 @@ class UpstreamConnection:
         self.state = "stopped"
 
 
+@implementer(IResponse)
 class Response:
     """A scripted upstream response: headers now, body when the test says."""
+
+    version = (b"HTTP", 1, 1)
+    request = None
+    previousResponse = None
 
     def __init__(self, code: int, body: bytes | None = None, headers: Headers | None = None):
         self.code = code
         self.phrase = b"Status"
         self.headers = headers or Headers({b"content-type": [b"application/json"]})
-        self.length = None
+        self.length: int | None = None
         self.connection = UpstreamConnection()
         self._protocol: Protocol | None = None
         self._pending = body
 
     def deliverBody(self, protocol: Protocol) -> None:
         self._protocol = protocol
-        protocol.makeConnection(cast(Any, self.connection))
+        protocol.makeConnection(self.connection)
         if self._pending is not None:
             body, self._pending = self._pending, None
             if body:
@@ -162,6 +194,9 @@ class Response:
     def end(self) -> None:
         assert self._protocol is not None
         self._protocol.connectionLost(Failure(ResponseDone()))
+
+    def setPreviousResponse(self, response: IResponse) -> None:
+        raise AssertionError("no redirects on the proxy's hop")
 
     def die(self) -> None:
         assert self._protocol is not None
@@ -177,7 +212,7 @@ class Call:
     uri: bytes
     headers: Headers
     body: bytes | None
-    deferred: Deferred[Response]
+    deferred: Deferred[IResponse]
     cancelled: bool = False
     #: Reports the connection up (when the upstream was told to hold dials).
     connected: Callable[[], None] = lambda: None
@@ -210,13 +245,13 @@ class ScriptedUpstream:
         headers: Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
-    ) -> Deferred[Response]:
-        def cancel(d: Deferred[Response]) -> None:
+    ) -> Deferred[IResponse]:
+        def cancel(d: Deferred[IResponse]) -> None:
             # As Agent does: a cancelled request fails with ResponseNeverReceived.
             call.cancelled = True
             d.errback(self.cancel_error)
 
-        d: Deferred[Response] = Deferred(cancel)
+        d: Deferred[IResponse] = Deferred(cancel)
         call = Call(base_url, method, uri, headers, body, d, connected=connected or (lambda: None))
         self.calls.append(call)
         if self.connect_at_once:
@@ -301,7 +336,5 @@ def harness(**overrides: Any) -> Harness:
 
     workloads = Workloads(emit, lambda: int(clock.seconds() * 1000), run_id="0123456789abcdef")
     activity = NodeActivity(clock, emit)
-    path = RequestPath(
-        clock, control, cast(Any, upstream), config, reservations, workloads, activity
-    )
+    path = RequestPath(clock, control, upstream, config, reservations, workloads, activity)
     return Harness(clock, control, upstream, reservations, path, events)

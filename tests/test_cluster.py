@@ -22,10 +22,10 @@ from nvpair.cluster import (
     ClusterDirError,
     ClusterWatch,
     Membership,
-    PinnedPeers,
     load_membership,
 )
-from nvpair.listener import SniffingFactory
+from nvpair.sniffing import SniffingFactory
+from nvpair.tls import PinnedPeers
 from tests.certs import NodeIdentity, make_identity, write_cluster_dir
 
 ALICE, BOB, MALLORY = make_identity("alice"), make_identity("bob"), make_identity("mallory")

@@ -8,12 +8,14 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
-from nvpair.cluster import PinnedPeers
 from nvpair.control import Node
 from nvpair.relay import BodyRelay, WriteDeadline
+from nvpair.tls import PinnedPeers
 from nvpair.upstream import Upstream
 from tests.fakes import Response, harness, node
 
@@ -41,7 +43,7 @@ def test_an_attempt_that_raises_while_starting_fails_over() -> None:
     h.nodes(A, B)
     original = h.upstream.request
 
-    def request(base_url: str, *args: Any) -> Deferred[Response]:
+    def request(base_url: str, *args: Any) -> Deferred[IResponse]:
         if base_url == "http://a":
             raise RuntimeError("cannot start")
         return original(base_url, *args)
@@ -58,7 +60,9 @@ def test_an_attempt_that_raises_while_starting_fails_over() -> None:
 
 def test_an_https_node_without_membership_fails_the_request_not_the_caller() -> None:
     """Dialling a peer with no usable trust is a failed Deferred, never a raise."""
-    upstream = Upstream(Clock(), 1.0, PinnedPeers(lambda: None, lambda host, port: None))
+    upstream = Upstream(
+        MemoryReactorClock(), 1.0, PinnedPeers(lambda: None, lambda host, port: None)
+    )
     d = upstream.request("https://127.0.0.1:9", b"POST", b"/x", Headers(), b"{}")
     failures: list[Any] = []
     d.addErrback(failures.append)

@@ -11,7 +11,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.testing import StringTransport
 
 from nvpair.engines import LLAMACPP, OLLAMA, Engine
-from nvpair.facade import Admitted, Facade, FacadeSite, RequestHandler
+from nvpair.http_facade import Admitted, Facade, FacadeSite, RequestHandler
 
 
 class Broken(RequestHandler):

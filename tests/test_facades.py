@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 from twisted.internet.error import CannotListenError
-from twisted.internet.testing import MemoryReactor
+from twisted.internet.testing import MemoryReactor, MemoryReactorClock
 
-from nvpair.broker import RpcError
-from nvpair.facade import RequestHandler
-from nvpair.facades import FacadeManager, parse_alias
+from nvpair.facade_manager import FacadeError, FacadeManager
+from nvpair.http_facade import RequestHandler
+from nvpair.ports import parse_alias
 
 
 class Outbox:
@@ -26,7 +26,7 @@ class Outbox:
         raise AssertionError("not used")
 
 
-class BusyReactor(MemoryReactor):
+class BusyReactor(MemoryReactorClock):
     """A MemoryReactor on which some ports are taken."""
 
     def __init__(self, taken: set[int]) -> None:
@@ -78,18 +78,18 @@ def test_enable_is_idempotent_on_the_same_port(tmp_path: Path) -> None:
     facades.enable("llamacpp", 9000, [], False)
     assert facades.enable("llamacpp", 9000, [], False)["port"] == 9000
     assert ports(reactor) == [9000] and len(outbox.sent) == 1
-    with pytest.raises(RpcError) as refused:
+    with pytest.raises(FacadeError) as refused:
         facades.enable("llamacpp", 9001, [], False)
-    assert refused.value.code == -32602
+    assert refused.value.tag == "conflict"
 
 
 def test_bind_race_is_tagged_and_touches_no_other_facade(tmp_path: Path) -> None:
     facades, reactor, outbox = manager(tmp_path, taken={11434})
     facades.enable("llamacpp", 9000, [], False)
-    with pytest.raises(RpcError) as refused:
+    with pytest.raises(FacadeError) as refused:
         facades.enable("ollama", 11434, [], False)
-    assert refused.value.code == -32001
-    assert refused.value.data == {"tag": "bind", "engine": "ollama", "port": 11434}
+    error = refused.value
+    assert (error.tag, error.engine, error.port) == ("bind", "ollama", 11434)
     assert outbox.sent[-1][0] == "ollama:error" and outbox.sent[-1][1]["tag"] == "bind"
     assert facades.enabled("llamacpp") and not facades.enabled("ollama")
     assert ports(reactor) == [9000]
@@ -107,7 +107,7 @@ def test_set_port_moves_and_persists_atomically(tmp_path: Path) -> None:
 def test_failed_move_keeps_the_old_port_and_persists_nothing(tmp_path: Path) -> None:
     facades, _, _ = manager(tmp_path, taken={1300})
     facades.enable("lmstudio", 1234, [], False)
-    with pytest.raises(RpcError):
+    with pytest.raises(FacadeError):
         facades.set_port("lmstudio", 1300)
     assert facades.facades["lmstudio"].port == 1234
     assert not (tmp_path / "lmstudio-proxy-port.json").exists()
@@ -138,7 +138,7 @@ def test_aliases_must_be_loopback_host_port(alias: object) -> None:
         parse_alias(alias)
 
 
-class StoppablePorts(MemoryReactor):
+class StoppablePorts(MemoryReactorClock):
     """A MemoryReactor whose listeners record being stopped."""
 
     def __init__(self) -> None:
@@ -169,10 +169,14 @@ def test_a_move_that_cannot_be_persisted_does_not_happen(tmp_path: Path) -> None
     state.rmdir() if state.exists() else None
     state.write_text("a file where the state directory should be")
     sent = len(outbox.sent)
-    with pytest.raises(RpcError) as refused:
+    with pytest.raises(FacadeError) as refused:
         facades.set_port("lmstudio", 1300)
-    assert refused.value.code == -32603 and refused.value.data is not None
-    assert refused.value.data["tag"] == "persist"
+    assert refused.value.tag == "persist"
     assert facades.facades["lmstudio"].port == 1234
     assert reactor.stopped == [1300]  # the new listener, never the old one
     assert len(outbox.sent) == sent  # no ready for a move that did not happen
+
+
+def test_an_alias_port_in_other_scripts_digits_is_refused() -> None:
+    with pytest.raises(ValueError):
+        parse_alias("127.0.0.1:\u0661\u0661\u0664\u0663\u0664")

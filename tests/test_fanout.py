@@ -17,7 +17,7 @@ from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
-from nvpair.fanout import GRACE, MAX_BODY, Answer, ask_all
+from nvpair.fanout import GRACE, MAX_BODY, NodeReply, ask_all
 from nvpair.upstream import Upstream
 from tests.test_bodies import FakeResponse, Sent, StallingUpstream, result_of, stalling_upstreams
 
@@ -31,14 +31,20 @@ class Scripted:
         self.sent: dict[str, Sent] = {}
 
     def request(
-        self, base_url: str, method: bytes, uri: bytes, headers: Headers, body: bytes | None
+        self,
+        base_url: str,
+        method: bytes,
+        uri: bytes,
+        headers: Headers,
+        body: bytes | None,
+        connected: Callable[[], None] | None = None,
     ) -> Deferred[IResponse]:
         sent = Sent()
         self.sent[base_url] = sent
         return sent.deferred
 
 
-def ask(upstream: Scripted, clock: Clock, *bases: str | None) -> Deferred[list[Answer | None]]:
+def ask(upstream: Scripted, clock: Clock, *bases: str | None) -> Deferred[list[NodeReply | None]]:
     return ask_all(upstream, clock, 10.0, list(bases), b"GET", b"/api/tags", Headers())
 
 
@@ -144,7 +150,13 @@ class Watched:
         self._waiting: list[tuple[int, Deferred[None]]] = []
 
     def request(
-        self, base_url: str, method: bytes, uri: bytes, headers: Headers, body: bytes | None
+        self,
+        base_url: str,
+        method: bytes,
+        uri: bytes,
+        headers: Headers,
+        body: bytes | None,
+        connected: Callable[[], None] | None = None,
     ) -> Deferred[IResponse]:
         def arrived(response: IResponse) -> IResponse:
             self.headers += 1

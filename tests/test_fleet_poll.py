@@ -22,15 +22,10 @@ from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 from zope.interface import implementer
 
 from nvpair.control import ControlState, Discovery
-from nvpair.fleet import (
-    MAX_INVENTORY_BODY,
-    POLL_GRACE,
-    FacadeSpec,
-    Fleet,
-    FleetNode,
-    FleetService,
-)
+from nvpair.fleet import MAX_INVENTORY_BODY, POLL_GRACE, FleetService
+from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode
 from nvpair.sim import SimEngine
+from nvpair.web import UpstreamClient
 from tests.test_bodies import FakeResponse, Sent, StallingUpstream, stalling_upstreams
 
 DIAL = 10.0
@@ -40,6 +35,29 @@ BOUND = DIAL + POLL_GRACE
 
 def tags(*names: str) -> bytes:
     return json.dumps({"models": [{"name": n} for n in names]}).encode()
+
+
+class AgentClient:
+    """An :class:`~nvpair.web.UpstreamClient` over an Agent, as the fleet sees its client."""
+
+    def __init__(self, agent: IAgent) -> None:
+        self.agent = agent
+        self.requests = 0
+
+    def request(
+        self,
+        base_url: str,
+        method: bytes,
+        uri: bytes,
+        headers: Headers,
+        body: bytes | None,
+        connected: Callable[[], None] | None = None,
+    ) -> Deferred[IResponse]:
+        self.requests += 1
+        d: Deferred[IResponse] = self.agent.request(
+            method, base_url.rstrip("/").encode() + uri, headers, None
+        )
+        return d
 
 
 @implementer(IAgent)
@@ -105,8 +123,8 @@ class Polling:
             fleet(("a", "http://a"), ("b", "http://b")),
             self.control,
             self.facades,
+            AgentClient(self.agent),
             DIAL,
-            agent=self.agent,
         )
 
 
@@ -309,8 +327,8 @@ async def test_real_stalled_node_does_not_hold_up_a_healthy_one(
         fleet(("stalled", stalled.url), ("healthy", sim.url)),
         control,
         Facades(),
+        AgentClient(Agent(reactor, pool=pool)),
         DIAL,
-        agent=Agent(reactor, pool=pool),
     )
     service.startService()
     try:
@@ -339,8 +357,8 @@ async def test_real_stop_closes_a_poll_in_flight(
         fleet(("stalled", stalled.url)),
         ControlState(),
         Facades(),
+        AgentClient(Agent(reactor, pool=pool)),
         DIAL,
-        agent=Agent(reactor, pool=pool),
     )
     service.startService()
     await stalled.arrived(1)
@@ -349,13 +367,39 @@ async def test_real_stop_closes_a_poll_in_flight(
 
 
 @pytest_twisted.ensureDeferred
-async def test_real_own_pool_is_closed_on_stop(sim: SimEngine) -> None:
-    """Without an injected agent the service polls through a pool of its own, which its stop
-    closes (idle keep-alive connections included)."""
+async def test_real_polls_travel_through_the_shared_upstream_client(sim: SimEngine) -> None:
+    """Polls go through the client the process shares (and shuts down with everything else)."""
+    from nvpair.upstream import Upstream
+
     control = ControlState()
-    service = FleetService(reactor, fleet(("n", sim.url), interval=60.0), control, Facades(), DIAL)
+    upstream = Upstream(reactor, DIAL)
+    counting = Counting(upstream)
+    service = FleetService(
+        reactor, fleet(("n", sim.url), interval=60.0), control, Facades(), counting, DIAL
+    )
     service.startService()
-    await discovery_update(control, lambda m: "n" in m)
-    stopped = service.stopService()
-    assert stopped is not None
-    await stopped
+    try:
+        await discovery_update(control, lambda m: "n" in m)
+        assert counting.requests == 1
+    finally:
+        service.stopService()
+        await upstream.close()
+
+
+class Counting:
+    def __init__(self, inner: UpstreamClient) -> None:
+        self.inner = inner
+        self.requests = 0
+
+    def request(
+        self,
+        base_url: str,
+        method: bytes,
+        uri: bytes,
+        headers: Headers,
+        body: bytes | None,
+        connected: Callable[[], None] | None = None,
+    ) -> Deferred[IResponse]:
+        self.requests += 1
+        d: Deferred[IResponse] = self.inner.request(base_url, method, uri, headers, body, connected)
+        return d

@@ -47,8 +47,8 @@ from twisted.python.failure import Failure
 from zope.interface import provider
 
 from nvpair.engines import ENGINES, OLLAMA, Engine
-from nvpair.facade import Admitted, RequestHandler
-from nvpair.facades import FacadeManager
+from nvpair.facade_manager import FacadeManager
+from nvpair.http_facade import Admitted, RequestHandler
 from tests.httpwire import WireResponse, read_stream
 
 EXAMPLES = int(os.environ.get("NVPAIR_FUZZ_EXAMPLES", "300"))

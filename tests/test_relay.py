@@ -10,31 +10,16 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 
 from nvpair.relay import BodyEnd, BodyRelay, First
+from tests import fakes
 from tests.fakes import UpstreamConnection as Upstream
 
 
-class ClientRequest:
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-        self.producer: Any = None
-        self.finished = False
-        self.lost = False
+class ClientRequest(fakes.ClientRequest):
+    """The shared stand-in for a client's request, checked against ProxiedRequest by mypy."""
 
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def registerProducer(self, producer: Any, streaming: bool) -> None:
-        assert streaming
-        self.producer = producer
-
-    def unregisterProducer(self) -> None:
-        self.producer = None
-
-    def finish(self) -> None:
-        self.finished = True
-
-    def loseConnection(self) -> None:
-        self.lost = True
+    @property
+    def written(self) -> list[bytes]:
+        return self.chunks
 
 
 def connected() -> tuple[BodyRelay, Upstream]:

@@ -12,14 +12,14 @@ import pytest
 from attrs import frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.error import CannotListenError
-from twisted.internet.testing import MemoryReactor, StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
 from nvpair.broker import BrokerProtocol, RpcError
 from nvpair.control import ControlState
 from nvpair.engines import LMSTUDIO, OLLAMA
-from nvpair.facade import RequestHandler
-from nvpair.facades import FacadeManager
+from nvpair.facade_manager import FacadeManager
+from nvpair.http_facade import RequestHandler
 from nvpair.logs import JsonLineObserver
 from nvpair.rpc import MAX_GENERATION, BrokerMethods, parse_nodes, parse_priority
 
@@ -27,7 +27,7 @@ from nvpair.rpc import MAX_GENERATION, BrokerMethods, parse_nodes, parse_priorit
 TAKEN_PORT = 9999
 
 
-class _Reactor(MemoryReactor):
+class _Reactor(MemoryReactorClock):
     def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Any:
         if port == TAKEN_PORT:
             raise CannotListenError(interface, port, OSError(98, "Address already in use"))
@@ -372,3 +372,22 @@ def test_bind_failure_is_tagged(stack: Stack) -> None:
     answer = stack.request("facade/enable", {"engine": "ollama", "port": TAKEN_PORT})
     assert answer["error"]["code"] == -32001
     assert answer["error"]["data"] == {"tag": "bind", "engine": "ollama", "port": TAKEN_PORT}
+
+
+@pytest.mark.parametrize(
+    ("tag", "code", "data"),
+    [
+        ("bind", -32001, {"tag": "bind", "engine": "ollama", "port": 11434}),
+        ("persist", -32603, {"tag": "persist", "engine": "ollama", "port": 11434}),
+        ("conflict", -32602, {"field": "port"}),
+    ],
+)
+def test_a_facade_refusal_becomes_the_contracts_error(
+    tag: str, code: int, data: dict[str, object]
+) -> None:
+    """The facade manager speaks in domain terms; the broker edge alone knows JSON-RPC."""
+    from nvpair.facade_manager import FacadeError
+    from nvpair.rpc import rpc_error
+
+    error = rpc_error(FacadeError(tag, "ollama", 11434, "why"))
+    assert (error.code, error.data) == (code, data)

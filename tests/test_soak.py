@@ -24,7 +24,7 @@ from bench.soak.plan import (
     node_models,
 )
 from bench.soak.probe import LogSummary, Sockets, classify_sockets, summarize_log
-from nvpair.fleet import load_fleet
+from nvpair.fleetfile import load_fleet
 
 
 def test_fleet_file_loads_with_the_proxys_own_parser(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 from twisted.logger import LogLevel
 from twisted.python.usage import UsageError
@@ -81,3 +82,14 @@ def test_malformed_environment_value_names_the_option() -> None:
     with pytest.raises(UsageError) as refused:
         parse([], {"NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT": "soon"})
     assert "--response-header-timeout" in str(refused.value)
+
+
+def test_the_command_lines_defaults_are_configs_defaults(tmp_path: Path) -> None:
+    """One source of truth: parsing no options at all gives Config's own defaults."""
+    from nvpair.config import Config
+    from nvpair.tap import Options
+
+    options = Options(environ={"HOME": str(tmp_path)})
+    options.parseOptions([])
+    assert options.config is not None
+    assert attrs.evolve(options.config, state_dir=tmp_path) == Config(state_dir=tmp_path)

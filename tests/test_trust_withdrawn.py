@@ -23,7 +23,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 from zope.interface import implementer
 
-from nvpair.cluster import Membership, PinnedPeers, load_membership, server_context
+from nvpair.cluster import Membership, load_membership
+from nvpair.tls import PinnedPeers, server_context
 from tests.certs import make_identity, write_cluster_dir
 
 #: The global reactor, untyped: its listen*/connect* generics reject a Site.

@@ -23,9 +23,9 @@ from twisted.web.server import Site
 from nvpair.activity import NodeActivity
 from nvpair.config import Config
 from nvpair.control import ControlState, Node
-from nvpair.dispatch import RequestPath
 from nvpair.engines import LLAMACPP
-from nvpair.facade import Facade, FacadeSite
+from nvpair.http_facade import Facade, FacadeSite
+from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from nvpair.activity import NodeActivity
 from tests.fakes import Harness, Response, harness, node
 
@@ -217,7 +219,9 @@ def test_node_activity_is_coalesced_to_ten_per_second() -> None:
     assert len(sent) == 3
 
 
-def test_a_bug_mid_request_still_ends_with_one_terminal_event() -> None:
+def test_a_bug_mid_request_still_ends_with_one_terminal_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     h = harness()
     h.nodes(A)
 
@@ -226,7 +230,7 @@ def test_a_bug_mid_request_still_ends_with_one_terminal_event() -> None:
 
     # Not the upstream client: an exception while an attempt starts is that node's transport
     # failure (docs/robustness.md); a bug in the path itself is what this test is about.
-    h.path._deliver = broken  # type: ignore[method-assign,assignment]
+    monkeypatch.setattr("nvpair.delivery.deliver", broken)
     _, d = h.serve()
     h.upstream.calls[0].answer(Response(200, b"ok"))
     failures: list[object] = []

@@ -46,8 +46,8 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
-from nvpair.listener import SNIFF_TIMEOUT
 from nvpair.sim import SimEngine
+from nvpair.sniffing import SNIFF_TIMEOUT
 from tests.httpwire import Malformed, WireResponse, read_stream
 from tests.integration.conftest import enabled_proxy_for, sims
 from tests.integration.harness import (

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import Any
 
 from attrs import frozen
+from OpenSSL import crypto
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, server
+from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 
 from nvpair.admission import (
@@ -28,11 +29,11 @@ from nvpair.admission import (
     origin_form,
     target_host,
 )
-from nvpair.answers import head_refusal, write_error
 from nvpair.cluster import Membership
 from nvpair.engines import Engine, RouteClass
-from nvpair.headers import end_to_end
 from nvpair.logs import debug_enabled
+from nvpair.proxy_answers import head_refusal, write_error
+from nvpair.web import ProxiedRequest
 
 
 class FacadeChannel(http.HTTPChannel):
@@ -97,7 +98,7 @@ class FacadeChannel(http.HTTPChannel):
     def _respondToBadRequestAndDisconnect(self) -> None:
         # twisted.web answers a head it cannot parse (a bad version, a header with no colon,
         # conflicting lengths, a bad chunk size) with a bare 400; ours says why, like every
-        # answer the proxy makes itself (contract, "Proxy-generated responses").
+        # answer the proxy makes itself (docs/request-path.md#proxy-generated-answers).
         if self.requests:
             self.requests[-1].refused = True
         self._answer_and_close("bad-request")
@@ -132,7 +133,7 @@ class FacadeChannel(http.HTTPChannel):
 
     def timeoutConnection(self) -> None:
         # The idle timeout (no request in flight): Twisted's own logs every such close at
-        # info, which is per-connection detail (spec §9).
+        # info, which is per-connection detail (docs/README.md#logging).
         self.loseConnection()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
@@ -155,7 +156,7 @@ class FacadeRequest(server.Request):
     _body: io.BytesIO
     channel: FacadeChannel
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         # Bodies are forwarded verbatim: never parse form or multipart uploads into args
         # (it costs a MIME parse per request and would refuse a malformed upload the engine
@@ -182,6 +183,21 @@ class FacadeRequest(server.Request):
             return
         # The head check let only origin or absolute form through; routing sees origin form.
         super().requestReceived(command, origin_form(path) or path, version)
+
+    def body(self) -> bytes:
+        """The whole request body, as received (within the cap)."""
+        return self._body.getvalue()
+
+    @property
+    def connected(self) -> bool:
+        """The client connection is still there (a lost one drops its channel)."""
+        return self.channel is not None
+
+    def abort(self) -> None:
+        """Drop the client connection at once (a client that stopped reading)."""
+        channel = self.channel
+        if channel is not None and channel.transport is not None:
+            channel.transport.abortConnection()  # type: ignore[attr-defined]
 
 
 class FacadeSite(server.Site):
@@ -214,12 +230,12 @@ class FacadeSite(server.Site):
         self.head_timeout = head_timeout
         self.noisy = False
 
-    def log(self, request: Any) -> None:
+    def log(self, request: object) -> None:
         """No access log: paths are fine to log but per-request lines belong at debug level
-        (spec §9), and the request path logs its own operational record there."""
+        (docs/README.md#logging), and the request path logs its own operational record there."""
 
 
-def is_preflight(request: Any) -> bool:
+def is_preflight(request: FacadeRequest) -> bool:
     """A CORS preflight: ``OPTIONS`` carrying ``Origin`` and ``Access-Control-Request-Method``."""
     headers = request.requestHeaders
     return bool(
@@ -250,7 +266,7 @@ class Admitted:
 class RequestHandler:
     """What a facade hands admitted requests to (the request path)."""
 
-    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+    def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
         raise NotImplementedError
 
 
@@ -280,7 +296,7 @@ class Facade(Resource):
         #: Set by the FacadeSite this facade is served by.
         self.site_max_body = 0
 
-    def render(self, request: Any) -> object:
+    def render(self, request: FacadeRequest) -> object:
         # Pass the engine's headers through as they are: no invented Content-Type, no
         # "Server: TwistedWeb" on an engine's answer.
         request.defaultContentType = None
@@ -294,7 +310,7 @@ class Facade(Resource):
             return server.NOT_DONE_YET
 
     def refusal_at_head(
-        self, client: object, target: bytes, headers: Any, length: int | None
+        self, client: object, target: bytes, headers: Headers, length: int | None
     ) -> str | None:
         """The reason to refuse a request from its head alone, or None to read its body.
 
@@ -317,12 +333,12 @@ class Facade(Resource):
             return "body-too-large"
         return None
 
-    def _admit(self, request: Any) -> object:
+    def _admit(self, request: FacadeRequest) -> object:
         engine = self.engine
         if self._peer is not None and not self._still_pinned(request):
             return server.NOT_DONE_YET
         path = request.path.decode("latin-1")
-        body = request.content.getvalue()
+        body = request.body()
         if self._peer is not None:
             route, model = RouteClass.PEER, None
         else:
@@ -359,7 +375,7 @@ class Facade(Resource):
         d.addErrback(self._contained, request)
         return server.NOT_DONE_YET
 
-    def _still_pinned(self, request: Any) -> bool:
+    def _still_pinned(self, request: FacadeRequest) -> bool:
         """Membership and pins are checked per request, not only at the handshake: a
         connection admitted before this node left the cluster (or before the peer's pin was
         removed) carries nothing further. The connection is dropped, which the peer sees as a
@@ -367,24 +383,26 @@ class Facade(Resource):
         assert self._peer is not None
         membership = self._peer()
         transport = request.channel.transport if request.channel is not None else None
-        certificate = transport.getPeerCertificate() if transport is not None else None
+        # TLSMemoryBIOProtocol has getPeerCertificate but declares no ISSLTransport.
+        peer_certificate = getattr(transport, "getPeerCertificate", None)
+        certificate = peer_certificate() if peer_certificate is not None else None
         if (
             membership is not None
-            and certificate is not None
+            and isinstance(certificate, crypto.X509)
             and membership.pinned(certificate) is not None
         ):
             return True
-        # Per-request detail stays below info (spec §9); the membership change itself is
-        # logged at info by the cluster watch.
+        # Per-request detail stays below info (docs/README.md#logging); the membership change itself
+        # is logged at info by the cluster watch.
         self.log.debug(
             "dropped a peer request: no longer a member or not pinned", engine=self.engine.id
         )
-        if transport is not None:
-            transport.abortConnection()
+        request.abort()
         return False
 
-    def _contained(self, failure: Failure, request: Any) -> None:
-        """An unexpected failure answers this request 500 and touches nothing else (§3.2)."""
+    def _contained(self, failure: Failure, request: FacadeRequest) -> None:
+        """An unexpected failure answers this request 500 and touches nothing else
+        (docs/request-path.md#admission)."""
         self.log.failure("handling a request failed", failure, engine=self.engine.id)
         if request.finished or request.channel is None:
             return
@@ -392,8 +410,3 @@ class Facade(Resource):
             write_error(request, self.engine, "internal")
         else:
             request.loseConnection()
-
-
-def upstream_headers(request: Any) -> list[tuple[bytes, list[bytes]]]:
-    """The client's end-to-end request headers, for the upstream hop."""
-    return end_to_end(request.requestHeaders.getAllRawHeaders(), request=True)

@@ -1,4 +1,4 @@
-"""One port, two personalities: the connection's first byte decides (spec §7).
+"""One port, two personalities: the connection's first byte decides (docs/cluster.md).
 
 ``0x16`` (a TLS handshake record) is the cluster personality — mutual TLS with pinned peers,
 whose requests go straight to the local engine. Anything else is plaintext HTTP for local
@@ -10,48 +10,26 @@ that was read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from OpenSSL import SSL
 from twisted.internet.interfaces import (
     IAddress,
     IDelayedCall,
-    IOpenSSLServerConnectionCreator,
     IProtocol,
+    IProtocolFactory,
     IReactorTime,
 )
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
-from nvpair.cluster import Membership, server_context
+from nvpair.cluster import Membership
+from nvpair.tls import MemberServer
 
 #: A connection that says nothing for this long is closed before it is given a personality.
 SNIFF_TIMEOUT = 10.0
 
 _TLS_HANDSHAKE = 0x16
-
-
-@implementer(IOpenSSLServerConnectionCreator)
-class _MemberServer:
-    """Per-connection server TLS from the live membership (checked per connection)."""
-
-    def __init__(self, membership: Callable[[], Membership | None]) -> None:
-        self._membership = membership
-        self._cache: tuple[Membership, SSL.Context] | None = None
-
-    def serverConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
-        membership = self._membership()
-        if membership is None:
-            raise SSL.Error("not a cluster member")
-        if self._cache is None or self._cache[0] is not membership:
-            self._cache = (membership, server_context(membership))
-        connection = SSL.Connection(self._cache[1], None)
-        connection.set_app_data(tlsProtocol)
-        connection.set_accept_state()
-        return connection
 
 
 class _Sniffer(Protocol):
@@ -105,8 +83,7 @@ class _Sniffer(Protocol):
 class SniffingFactory(ServerFactory):
     """The listening factory of a facade port.
 
-    :param plain: the plaintext site (loopback clients). Sites are typed Any: Twisted's
-        factory generics reject a Site where a Factory is expected.
+    :param plain: the plaintext site (loopback clients).
     :param peer: the site for pinned peers (local backend only), wrapped in TLS per connection.
     :param membership: the live membership; None means the TLS personality is off.
     """
@@ -116,8 +93,8 @@ class SniffingFactory(ServerFactory):
     def __init__(
         self,
         clock: IReactorTime,
-        plain: Any,
-        peer: Any,
+        plain: IProtocolFactory,
+        peer: IProtocolFactory,
         membership: Callable[[], Membership | None],
         timeout: float = SNIFF_TIMEOUT,
     ) -> None:
@@ -125,7 +102,7 @@ class SniffingFactory(ServerFactory):
         self.plain = plain
         self.timeout = timeout
         self._membership = membership
-        self._tls = TLSMemoryBIOFactory(_MemberServer(membership), False, peer, clock)
+        self._tls = TLSMemoryBIOFactory(MemberServer(membership), False, peer, clock)
 
     def buildProtocol(self, addr: IAddress | None) -> Protocol:
         assert addr is not None

@@ -1,4 +1,4 @@
-"""Responses the proxy generates itself (contract cli-and-http.md, "Proxy-generated responses").
+"""Responses the proxy generates itself (docs/request-path.md#proxy-generated-answers).
 
 Each carries ``X-Nvpair-Error`` and a body in the route's dialect, and grants no CORS
 permission: every header the response already held (an engine's, a default) is cleared first.
@@ -7,11 +7,11 @@ permission: every header the response already held (an engine's, a default) is c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from twisted.web.http import RESPONSES
 
 from nvpair.engines import Engine
+from nvpair.web import ProxiedRequest
 
 #: reason → (status, message). The message is operational text only: never request content.
 REASONS: dict[str, tuple[int, str]] = {
@@ -45,7 +45,7 @@ def error_answer(
 def head_refusal(engine: Engine, path: str, reason: str, *, head_only: bool) -> bytes:
     """A whole HTTP/1.1 answer for a request refused at its head, closing the connection.
 
-    Written straight to the transport before the body is read (contract, refusals at the
+    Written straight to the transport before the body is read (docs/robustness.md, refusals at the
     request head), so it is framed here rather than through ``twisted.web``'s Request.
     """
     status, body = error_answer(engine, path, reason)
@@ -61,7 +61,7 @@ def head_refusal(engine: Engine, path: str, reason: str, *, head_only: bool) -> 
 
 
 def write_error(
-    request: Any,
+    request: ProxiedRequest,
     engine: Engine,
     reason: str,
     *,
@@ -74,7 +74,8 @@ def write_error(
     :param request: a ``twisted.web.server.Request`` whose response has not started.
     :param retry_after: seconds for ``Retry-After`` (503 answers), at least 1.
     :param cors: the one exception to "no CORS headers": ``inventory-invalid`` carries the
-        intersected headers when every responder granted (contract engine-routes.md).
+        intersected headers when every responder granted
+        (docs/browser-policy.md#the-proxys-own-answers).
     """
     status, body = error_answer(engine, request.path.decode("latin-1"), reason, message)
     headers = request.responseHeaders

@@ -1,37 +1,51 @@
 """Facade lifecycle: enabling an engine's listener, its aliases, moving it, persisting its port.
 
-Each facade's failures stay its own (spec §3.2): a lost bind race is reported against that
-engine, and no other facade's listener is touched.
+Each facade's failures stay its own (docs/ports.md#bind-failures): a lost bind race is reported
+against that engine, and no other facade's listener is touched.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
 from attrs import define, field
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
 from twisted.logger import Logger
 
-from nvpair.broker import BIND_FAILED, INTERNAL_ERROR, RpcError, invalid_params
 from nvpair.cluster import Membership
 from nvpair.engines import ENGINES, Engine
-from nvpair.facade import Facade, FacadeSite, RequestHandler
-from nvpair.listener import SniffingFactory
-from nvpair.ports import PortCorrupt, PortFound, read_persisted_port, write_persisted_port
+from nvpair.http_facade import Facade, FacadeSite, RequestHandler
+from nvpair.outbox import Outbox
+from nvpair.ports import (
+    PortCorrupt,
+    PortFound,
+    parse_alias,
+    read_persisted_port,
+    write_persisted_port,
+)
+from nvpair.sniffing import SniffingFactory
 
 
-class Outbox(Protocol):
-    """Where the process's own messages go: the broker, or (standalone) the log."""
+class FacadeError(Exception):
+    """A facade could not be enabled or moved; everything else is left as it was.
 
-    def notify(self, method: str, params: dict[str, object]) -> None: ...
+    The broker edge turns it into a JSON-RPC error, fleet mode into a log line
+    (docs/ports.md#bind-failures).
 
-    def call(self, method: str, params: dict[str, object]) -> Deferred[object]: ...
+    :ivar tag: ``bind`` (the port is taken), ``persist`` (the state directory cannot be
+        written) or ``conflict`` (enabled already, on another port).
+    """
+
+    def __init__(self, tag: str, engine: str, port: int, message: str) -> None:
+        super().__init__(message)
+        self.tag = tag
+        self.engine = engine
+        self.port = port
+        self.message = message
 
 
 @define(eq=False)
@@ -46,26 +60,6 @@ class LiveFacade:
     alias_listeners: list[IListeningPort] = field(factory=list)
 
 
-def parse_alias(text: object) -> tuple[str, int]:
-    """A loopback ``host:port`` alias (``127.0.0.1:11434``, ``[::1]:11434``); ValueError else."""
-    if not isinstance(text, str):
-        raise ValueError("an alias is a host:port string")
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ValueError(f"alias {text!r} is not host:port")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    port = int(port_text)
-    if not 1 <= port <= 65535:
-        raise ValueError(f"alias {text!r} has no valid port")
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        raise ValueError(f"alias {text!r} is not a loopback address")
-    return host, port
-
-
 class FacadeManager:
     """Enables, moves and stops facades; one per process.
 
@@ -78,7 +72,7 @@ class FacadeManager:
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTCP,
         handler: RequestHandler,
         outbox: Outbox,
         *,
@@ -89,9 +83,10 @@ class FacadeManager:
         idle_timeout: float = 300.0,
         membership: Callable[[], Membership | None] = lambda: None,
     ) -> None:
-        """:param reactor: IReactorTCP and IReactorTime.
+        """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
         :param membership: the live cluster membership (None: plaintext personality only)."""
         self._reactor = reactor
+        self._clock = IReactorTime(reactor)
         self._membership = membership
         self._handler = handler
         self._outbox = outbox
@@ -127,9 +122,10 @@ class FacadeManager:
         aliases: Sequence[str],
         ignore_persisted: bool,
     ) -> dict[str, object]:
-        """Open ``engine_id``'s facade (spec §8 port rules); the broker's ``facade/enable``.
+        """Open ``engine_id``'s facade (docs/ports.md#choosing-the-port-at-enable); the broker's
+        ``facade/enable``.
 
-        :raises RpcError: -32602 for a conflicting re-enable, -32001 (tag ``bind``) when the
+        :raises FacadeError: ``conflict`` for a re-enable on another port, ``bind`` when the
             port is taken.
         """
         engine = ENGINES[engine_id]
@@ -139,10 +135,15 @@ class FacadeManager:
         live = self.facades.get(engine_id)
         if live is not None:
             if live.port != wanted:
-                raise invalid_params("port", f"{engine_id} is already enabled on port {live.port}")
+                raise FacadeError(
+                    "conflict",
+                    engine_id,
+                    wanted,
+                    f"{engine_id} is already enabled on port {live.port}",
+                )
             return self._result(live)
         factory = SniffingFactory(
-            self._reactor,
+            self._clock,
             self._site(Facade(engine, self._handler)),
             self._site(Facade(engine, self._handler, peer=self._membership)),
             self._membership,
@@ -162,7 +163,7 @@ class FacadeManager:
             self._max_request_body,
             head_timeout=self._head_timeout,
             idle_timeout=self._idle_timeout,
-            clock=self._reactor,
+            clock=self._clock,
         )
 
     def _ready(self, live: LiveFacade) -> None:
@@ -183,8 +184,8 @@ class FacadeManager:
         is told so. No step here closes a listener before its replacement listens, which is
         why this process never has a port to re-listen (the ``relisten`` error tag).
 
-        :raises RpcError: -32001 (tag ``bind``) when the port is taken; -32603 (tag
-            ``persist``) when the state directory cannot be written.
+        :raises FacadeError: ``bind`` when the port is taken, ``persist`` when the state
+            directory cannot be written.
         """
         live = self.facades[engine_id]
         if port == live.port:
@@ -193,7 +194,7 @@ class FacadeManager:
         listener = self._listen(live.engine, port, live.factory)
         try:
             self._persist(live.engine, port)
-        except RpcError:
+        except FacadeError:
             listener.stopListening()
             raise
         old = live.listener
@@ -209,9 +210,7 @@ class FacadeManager:
         except OSError as error:
             message = f"cannot persist port {port}: {error.strerror or error}"
             self.log.warn("{message}", engine=engine.id, message=message)
-            raise RpcError(
-                INTERNAL_ERROR, message, {"tag": "persist", "engine": engine.id, "port": port}
-            ) from None
+            raise FacadeError("persist", engine.id, port, message) from None
 
     def _listen(self, engine: Engine, port: int, factory: SniffingFactory) -> IListeningPort:
         try:
@@ -222,20 +221,20 @@ class FacadeManager:
             self._outbox.notify(
                 f"{engine.id}:error", {"tag": "bind", "port": port, "message": message}
             )
-            raise RpcError(
-                BIND_FAILED, message, {"tag": "bind", "engine": engine.id, "port": port}
-            ) from None
+            raise FacadeError("bind", engine.id, port, message) from None
         return listener
 
     def _listen_alias(self, live: LiveFacade, alias: str) -> None:
         host, port = parse_alias(alias)
         try:
             # Aliases are loopback-only and plaintext: the clients of an inherited host
-            # variable, entering the same routing path.
-            listener = self._reactor.listenTCP(port, live.factory.plain, interface=host)
+            # variable, entering the same routing path. (Twisted's factory generic is
+            # invariant, so its stub rejects any Site here.)
+            plain = live.factory.plain
+            listener = self._reactor.listenTCP(port, plain, interface=host)  # type: ignore[arg-type]
         except CannotListenError as error:
-            # Non-fatal (spec §7): the alias's current owner is untouched and the primary
-            # listener stays up.
+            # Non-fatal (docs/ports.md#aliases): the alias's current owner is untouched and the
+            # primary listener stays up.
             message = f"alias {alias} is occupied: {error.socketError}"
             self.log.warn("{message}", engine=live.engine.id, message=message)
             self._outbox.notify(
@@ -249,11 +248,12 @@ class FacadeManager:
     def _result(self, live: LiveFacade) -> dict[str, object]:
         return {"engine": live.engine.id, "port": live.port, "aliases": list(live.aliases)}
 
-    def stop(self) -> Deferred[Any]:
+    def stop(self) -> Deferred[None]:
         """Stop accepting on every facade listener."""
-        stops = []
-        for live in self.facades.values():
-            for listener in [live.listener, *live.alias_listeners]:
-                stops.append(defer.maybeDeferred(listener.stopListening))
+        stops = [
+            defer.maybeDeferred(listener.stopListening)
+            for live in self.facades.values()
+            for listener in [live.listener, *live.alias_listeners]
+        ]
         self.facades.clear()
-        return defer.gatherResults(stops, consumeErrors=True)
+        return defer.gatherResults(stops, consumeErrors=True).addCallback(lambda _: None)

@@ -1,0 +1,93 @@
+"""The retry budget of one inference request, as a pure value (docs/retry-budget.md).
+
+Two bounds end the failover loop, and both are checked before every dispatch, never during
+one: the number of dispatches (``--max-dispatch-attempts``) and the job deadline
+(``--job-deadline`` from admission, a "no new attempts after" line rather than a ceiling on
+elapsed time). Between rounds the loop backs off, starting at ``--retry-backoff`` and doubling
+up to 8x. The loop asks this value; it never does the arithmetic itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+from attrs import evolve, field, frozen
+
+#: The backoff doubles each round up to this multiple of the first one.
+BACKOFF_CAP = 8
+
+
+@frozen
+class RetryBudget:
+    """What one request may still spend.
+
+    :ivar max_attempts: dispatches allowed in all.
+    :ivar deadline: the clock time after which no new dispatch starts.
+    :ivar first_backoff: the first pause between rounds (0: none).
+    :ivar used: dispatches spent so far.
+    :ivar backoff: the pause the next round would take.
+    """
+
+    max_attempts: int
+    deadline: float
+    first_backoff: float
+    used: int = 0
+    backoff: float = field()
+
+    @backoff.default
+    def _first(self) -> float:
+        return self.first_backoff
+
+    @classmethod
+    def start(
+        cls, created: float, job_deadline: float, max_attempts: int, retry_backoff: float
+    ) -> RetryBudget:
+        """A fresh budget for a request admitted at ``created``."""
+        return cls(max_attempts, created + job_deadline, retry_backoff)
+
+    def refusal(self, now: float) -> str | None:
+        """Why no dispatch may start now (the contract's reason), or None when one may."""
+        if self.used >= self.max_attempts:
+            return "attempts-exhausted"
+        if now >= self.deadline:
+            return "deadline"
+        return None
+
+    def spend(self) -> RetryBudget:
+        """One dispatch started."""
+        return evolve(self, used=self.used + 1)
+
+    @property
+    def final(self) -> bool:
+        """The dispatch just spent was the last permitted one: it answers for itself."""
+        return self.used >= self.max_attempts
+
+    def pause(self, now: float) -> float | None:
+        """How long to back off before the next round; None when the deadline has passed.
+
+        Never past the deadline: a wait that would end beyond it is cut to it, so the
+        refusal comes on time.
+        """
+        remaining = self.deadline - now
+        if remaining <= 0:
+            return None
+        return min(self.backoff, remaining)
+
+    def owner_wait(self, now: float) -> float | None:
+        """How long to wait for an owner to come back; None when the deadline has passed.
+
+        A zero backoff waits for the rest of the deadline: the caller also wakes on a
+        discovery change, so it never spins.
+        """
+        pause = self.pause(now)
+        if pause is None:
+            return None
+        return pause or self.deadline - now
+
+    def backed_off(self) -> RetryBudget:
+        """The budget after one pause: the next one is twice as long, up to the cap."""
+        return evolve(self, backoff=min(self.backoff * 2, self.first_backoff * BACKOFF_CAP))
+
+    def retry_after(self) -> int:
+        """``Retry-After`` for a refusal: whole seconds, at least 1."""
+        return max(1, math.ceil(self.backoff))

@@ -1,0 +1,130 @@
+"""The failover loop of an inference request (docs/request-path.md, docs/retry-budget.md).
+
+Each round plans its candidates from the live snapshot, reserves the least-loaded listed one,
+and tries them in order, moving on after a retryable status or transport failure. Before each
+dispatch the node is checked against the live snapshot (a node that left costs no attempt) and
+the budget is asked whether a dispatch may start. Between rounds the loop backs off; when every
+owner has gone it waits for one at no attempt's cost. Commit is the first body byte, decided
+by the attempt.
+"""
+
+from __future__ import annotations
+
+from twisted.internet import task
+from twisted.internet.defer import Deferred
+
+from nvpair.attempt import Outgoing
+from nvpair.control import Discovery
+from nvpair.delivery import answer_final, try_node
+from nvpair.job import Job, Services
+from nvpair.routing import Plan
+
+
+async def serve_inference(services: Services, job: Job) -> None:
+    engine = job.admitted.engine
+    candidates, clock = services.candidates, services.clock
+    round_plan = candidates.plan(job.admitted)
+    if not round_plan.candidates:
+        # No owner at admission: a model nobody advertises will not become servable by
+        # waiting, and nothing has been dispatched. Never admitted: no workload events.
+        job.refuse("no-owner")
+        return
+    model = job.admitted.model
+    job.workload = services.workloads.admit(engine.id, engine.model_display(model) if model else "")
+    outgoing = job.outgoing()
+    while True:
+        if not round_plan.candidates:
+            # An owner existed within this request's life and went away: wait for one, at
+            # no attempt's cost, until the deadline.
+            wait = job.budget.owner_wait(clock.seconds())
+            if wait is None:
+                job.refuse("no-owner-timeout", retry_after=job.budget.retry_after())
+                return
+            await _owner_change(services, engine.id, wait)
+            job.budget = job.budget.backed_off()
+            round_plan = candidates.plan(job.admitted)
+            continue
+
+        dispatched = await _round(services, job, round_plan, outgoing)
+        if dispatched is None:
+            return
+        if not dispatched:
+            # Every planned node left before its turn: plan again from the live snapshot
+            # (no backoff: nothing failed).
+            round_plan = candidates.plan(job.admitted)
+            continue
+        # The round is exhausted: nothing runs between attempts, so the claim goes now (a
+        # stale one would push the other engines' traffic off a free node).
+        services.reservations.release(job.reservation)
+        job.reservation = None
+        pause = job.budget.pause(clock.seconds())
+        if pause is None:
+            job.refuse("deadline", retry_after=job.budget.retry_after())
+            return
+        await task.deferLater(clock, pause, lambda: None)
+        job.budget = job.budget.backed_off()
+        round_plan = candidates.plan(job.admitted)
+
+
+async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgoing) -> bool | None:
+    """Try the round's candidates in order.
+
+    :return: None when the request has been answered (served or refused); else whether
+        anything was dispatched this round.
+    """
+    workload = job.workload
+    assert workload is not None
+    # The plan names a node to reserve unless an eligible pin applies; the claim then
+    # follows each dispatch (the node that refused is not doing the work).
+    reserving = round_plan.reserve is not None
+    dispatched = False
+    for planned in round_plan.candidates:
+        node = services.candidates.live(job.admitted, planned)
+        if node is None:
+            continue
+        # Both bounds are checked before every dispatch, never during one.
+        refusal = job.budget.refusal(services.clock.seconds())
+        if refusal is not None:
+            job.refuse(refusal, retry_after=job.budget.retry_after())
+            return None
+        job.budget = job.budget.spend()
+        if reserving:
+            job.reservation = services.reservations.move(job.reservation, node.id)
+        workload.submitted(node.id)
+        dispatched = True
+        failed = await try_node(services, job, outgoing, node, job.budget.final)
+        if failed is None:
+            return None
+        if job.budget.final:
+            answer_final(job, failed)
+            return None
+        # Between attempts the job is placed nowhere.
+        workload.submitted(None)
+    return dispatched
+
+
+def _owner_change(services: Services, engine: str, seconds: float) -> Deferred[None]:
+    """Fires after ``seconds``, or as soon as ``engine``'s discovery snapshot changes."""
+    subscribed = True
+
+    def stop() -> None:
+        nonlocal subscribed
+        if timer.active():
+            timer.cancel()
+        if subscribed:
+            subscribed = False
+            unsubscribe()
+
+    def wake() -> None:
+        stop()
+        if not d.called:
+            d.callback(None)
+
+    def changed(changed_engine: str, snapshot: Discovery) -> None:
+        if changed_engine == engine:
+            wake()
+
+    d: Deferred[None] = Deferred(lambda _: stop())
+    unsubscribe = services.control.on_discovery(changed)
+    timer = services.clock.callLater(max(0.0, seconds), wake)
+    return d

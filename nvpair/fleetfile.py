@@ -1,0 +1,123 @@
+"""The standalone fleet file (``--fleet``): parsed and validated once, into a :class:`Fleet`.
+
+The file names the facades to enable and each node's engine URLs
+(docs/broker-protocol.md#standalone-fleet-mode). Every problem is reported with the file and
+the offending key, never a silent default.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from attrs import frozen
+
+from nvpair.durations import parse_duration
+from nvpair.engines import ENGINES
+from nvpair.ports import parse_alias, valid_port
+
+
+class FleetFileError(ValueError):
+    """The fleet file cannot be used; the message names the file and the offending key."""
+
+
+@frozen
+class FacadeSpec:
+    port: int
+    aliases: tuple[str, ...]
+
+
+@frozen
+class FleetNode:
+    id: str
+    engines: Mapping[str, str]
+
+
+@frozen
+class Fleet:
+    """A parsed fleet file."""
+
+    inventory_interval: float
+    facades: Mapping[str, FacadeSpec]
+    nodes: tuple[FleetNode, ...]
+
+
+def _fail(path: Path, where: str, why: str) -> FleetFileError:
+    return FleetFileError(f"{path}: {where}: {why}")
+
+
+def _check_keys(path: Path, where: str, table: Mapping[str, object], allowed: set[str]) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise _fail(path, where, f"unknown key(s) {', '.join(unknown)}")
+
+
+def load_fleet(path: Path) -> Fleet:
+    """Parse and validate a fleet file; :class:`FleetFileError` names what is wrong."""
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise FleetFileError(f"{path}: cannot read: {error.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise FleetFileError(f"{path}: not valid TOML: {error}") from None
+    _check_keys(path, "top level", document, {"inventory-interval", "facades", "nodes"})
+
+    interval_text = document.get("inventory-interval", "5s")
+    try:
+        interval = parse_duration(interval_text) if isinstance(interval_text, str) else -1.0
+    except ValueError:
+        interval = -1.0
+    if interval <= 0:
+        raise _fail(path, "inventory-interval", 'must be a positive duration such as "5s"')
+
+    facades_table = document.get("facades", {})
+    if not isinstance(facades_table, dict) or not facades_table:
+        raise _fail(path, "facades", "name at least one facade, e.g. [facades.ollama]")
+    facades: dict[str, FacadeSpec] = {}
+    for engine, spec in facades_table.items():
+        where = f"facades.{engine}"
+        if engine not in ENGINES:
+            raise _fail(path, where, f"unknown engine; expected one of {', '.join(ENGINES)}")
+        if not isinstance(spec, dict):
+            raise _fail(path, where, "must be a table")
+        _check_keys(path, where, spec, {"port", "aliases"})
+        port = spec.get("port", 0)
+        if not valid_port(port, zero=True):
+            raise _fail(path, f"{where}.port", "must be an integer in 0-65535")
+        aliases = spec.get("aliases", [])
+        if not isinstance(aliases, list):
+            raise _fail(path, f"{where}.aliases", "must be a list of loopback host:port")
+        for alias in aliases:
+            try:
+                parse_alias(alias)
+            except ValueError as bad:
+                raise _fail(path, f"{where}.aliases", str(bad)) from None
+        facades[engine] = FacadeSpec(port, tuple(aliases))
+
+    nodes_list = document.get("nodes", [])
+    if not isinstance(nodes_list, list):
+        raise _fail(path, "nodes", "must be an array of tables ([[nodes]])")
+    nodes: list[FleetNode] = []
+    seen: set[str] = set()
+    for index, item in enumerate(nodes_list):
+        where = f"nodes[{index}]"
+        if not isinstance(item, dict):
+            raise _fail(path, where, "must be a table")
+        _check_keys(path, where, item, {"id", "engines"})
+        node_id = item.get("id")
+        if not isinstance(node_id, str) or not node_id or node_id in seen:
+            raise _fail(path, f"{where}.id", "must be a unique non-empty string")
+        seen.add(node_id)
+        engines = item.get("engines", {})
+        if not isinstance(engines, dict):
+            raise _fail(path, f"{where}.engines", "must be a table of engine = URL")
+        for engine, url in engines.items():
+            if engine not in ENGINES:
+                raise _fail(path, f"{where}.engines.{engine}", "unknown engine")
+            parts = urlsplit(url) if isinstance(url, str) else None
+            if parts is None or parts.scheme != "http" or not parts.hostname:
+                raise _fail(path, f"{where}.engines.{engine}", "must be an http:// URL")
+        nodes.append(FleetNode(node_id, dict(engines)))
+    return Fleet(interval, facades, tuple(nodes))

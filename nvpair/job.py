@@ -1,0 +1,111 @@
+"""One admitted request's life (:class:`Job`) and what every route's server works with.
+
+A job is the request's cancellation scope: the requester leaving, a client that stopped
+reading, or shutdown each cancel it with an :class:`Ending`, and outcome classification reads
+that reason rather than inferring it from an exception (an attempt's own cancellation must
+never look like the requester leaving). :class:`Services` is the set of process-wide pieces
+the servers in :mod:`nvpair.failover`, :mod:`nvpair.forwarding` and :mod:`nvpair.fleetwide`
+share.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from attrs import define, frozen
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.http_headers import Headers
+
+from nvpair.activity import NodeActivity
+from nvpair.attempt import Attempts, Outgoing
+from nvpair.budget import RetryBudget
+from nvpair.candidates import Candidates
+from nvpair.config import Config
+from nvpair.control import ControlState
+from nvpair.headers import end_to_end
+from nvpair.http_facade import Admitted
+from nvpair.inferstats import Stats
+from nvpair.proxy_answers import write_error
+from nvpair.reservations import Reservation, Reservations
+from nvpair.web import ProxiedRequest, UpstreamClient
+from nvpair.workload import Workload, Workloads
+
+
+class Ending(enum.Enum):
+    """Why a request stopped early (the parent scope's cancellation reason)."""
+
+    REQUESTER_GONE = "requester-gone"
+    CLIENT_WRITE_TIMEOUT = "client-write-timeout"
+    SHUTDOWN = "shutdown"
+
+
+@define(eq=False)
+class Job:
+    """One request's life: its scope, its budget and what it has answered so far."""
+
+    admitted: Admitted
+    request: ProxiedRequest
+    created: float
+    budget: RetryBudget
+    ending: Ending | None = None
+    reservation: Reservation | None = None
+    deferred: Deferred[None] | None = None
+    workload: Workload | None = None
+    #: The status of the response served as the answer (the commit), if one was.
+    served_status: int | None = None
+    #: The reason of the proxy-generated answer, if the proxy answered.
+    refused: str | None = None
+    stats: Stats | None = None
+
+    def cancelled(self) -> bool:
+        """Whether the request itself was cancelled (the parent scope)."""
+        return self.ending is not None
+
+    def cancel(self, ending: Ending) -> None:
+        """Cancel the whole request (the parent scope); the first reason sticks."""
+        if self.ending is None:
+            self.ending = ending
+        if self.deferred is not None:
+            self.deferred.cancel()
+
+    def refuse(self, reason: str, *, retry_after: int | None = None) -> None:
+        """Answer with a proxy-generated error and remember why, for the terminal event."""
+        self.refused = reason
+        write_error(self.request, self.admitted.engine, reason, retry_after=retry_after)
+
+    def outgoing(self) -> Outgoing:
+        """What each attempt sends: the client's request with its end-to-end headers."""
+        admitted = self.admitted
+        headers = Headers()
+        for name, values in end_to_end(
+            self.request.requestHeaders.getAllRawHeaders(), request=True
+        ):
+            headers.setRawHeaders(name, values)
+        return Outgoing(
+            admitted.engine.id,
+            admitted.route,
+            admitted.method,
+            admitted.uri,
+            headers,
+            admitted.body,
+        )
+
+
+@frozen
+class Services:
+    """The process-wide pieces a route's server works with (one set per process)."""
+
+    clock: IReactorTime
+    control: ControlState
+    config: Config
+    upstream: UpstreamClient
+    candidates: Candidates
+    attempts: Attempts
+    reservations: Reservations
+    workloads: Workloads
+    activity: NodeActivity
+    #: This node's cluster id while it is a member: what ``X-Nvpair-Node`` names for the
+    #: answers its own engine gives a peer.
+    own_id: Callable[[], str | None]

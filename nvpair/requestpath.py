@@ -1,0 +1,144 @@
+"""The request path's entry: an admitted request becomes a job, served by its route's server.
+
+Which server runs is a table lookup on the route class (:data:`SERVERS`). Whatever way a job
+ends — served, refused, the requester leaving, shutdown, a bug — :meth:`RequestPath.handle`
+runs the same cleanup: the reservation is released and exactly one terminal workload event is
+emitted (docs/request-path.md#workload-events).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
+
+from nvpair.activity import NodeActivity
+from nvpair.attempt import Attempts
+from nvpair.budget import RetryBudget
+from nvpair.candidates import Candidates
+from nvpair.config import Config
+from nvpair.control import ControlState
+from nvpair.engines import RouteClass
+from nvpair.failover import serve_inference
+from nvpair.fleetwide import serve_inventory, serve_preflight
+from nvpair.forwarding import serve_once_each, serve_peer
+from nvpair.http_facade import Admitted, RequestHandler
+from nvpair.job import Ending, Job, Services
+from nvpair.reservations import Reservations
+from nvpair.web import ProxiedRequest, UpstreamClient
+from nvpair.workload import State, Workloads
+
+Server = Callable[[Services, Job], Coroutine[Any, Any, None]]
+
+#: Each route class's server (docs/request-path.md#route-classes).
+SERVERS: dict[RouteClass, Server] = {
+    RouteClass.INFERENCE: serve_inference,
+    RouteClass.INVENTORY: serve_inventory,
+    RouteClass.PREFLIGHT: serve_preflight,
+    RouteClass.OTHER: serve_once_each,
+    RouteClass.PEER: serve_peer,
+}
+
+
+class RequestPath(RequestHandler):
+    """Serves admitted requests for every facade (one per process).
+
+    :param clock: timeouts, backoff and the job deadline.
+    :param control: the live control state, read per round.
+    :param reservations: the process-wide reservation map.
+    :param own_id: this node's cluster id, if it is a member (``X-Nvpair-Node`` of the
+        answers its local engine gives).
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        control: ControlState,
+        upstream: UpstreamClient,
+        config: Config,
+        reservations: Reservations,
+        workloads: Workloads,
+        activity: NodeActivity,
+        own_id: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        candidates = Candidates(control, reservations)
+        self._services = Services(
+            clock=clock,
+            control=control,
+            config=config,
+            upstream=upstream,
+            candidates=candidates,
+            attempts=Attempts(
+                clock, control, upstream, config.response_header_timeout, candidates.base_url
+            ),
+            reservations=reservations,
+            workloads=workloads,
+            activity=activity,
+            own_id=own_id,
+        )
+        self._jobs: set[Job] = set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet ended."""
+        return len(self._jobs)
+
+    def cancel_all(self) -> None:
+        """Process shutdown: cancel everything in flight (each ends as cancelled)."""
+        for job in list(self._jobs):
+            job.cancel(Ending.SHUTDOWN)
+
+    def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
+        services = self._services
+        config = services.config
+        now = services.clock.seconds()
+        budget = RetryBudget.start(
+            now, config.job_deadline, config.max_dispatch_attempts, config.retry_backoff
+        )
+        job = Job(admitted, request, now, budget)
+        d = Deferred.fromCoroutine(SERVERS[admitted.route](services, job))
+        job.deferred = d
+        self._jobs.add(job)
+        # The requester leaving ends the job at once: whatever it is waiting on is cancelled,
+        # and the cleanup below closes the upstream.
+        request.notifyFinish().addErrback(lambda _: job.cancel(Ending.REQUESTER_GONE))
+
+        def ended(result: object) -> object:
+            # Every exit path runs this. Exactly one terminal event per admitted request.
+            self._jobs.discard(job)
+            services.reservations.release(job.reservation)
+            job.reservation = None
+            if job.workload is not None:
+                state, error = terminal(job, result)
+                job.workload.terminal(state, error, job.stats)
+            return result
+
+        def cancelled(failure: Failure) -> None:
+            failure.trap(CancelledError)
+            # Shutdown or a stuck client: whoever is still connected sees the connection
+            # close rather than wait on an answer that will never come.
+            if not request.finished and request.connected:
+                request.loseConnection()
+
+        d.addBoth(ended)
+        d.addErrback(cancelled)
+        return d
+
+
+def terminal(job: Job, result: object) -> tuple[State, str | None]:
+    """A job's terminal workload state and error (docs/request-path.md#workload-events)."""
+    if job.ending is not None:
+        # The requester left, stopped reading, or we shut down: never a node failure.
+        return State.CANCELLED, job.ending.value
+    if isinstance(result, Failure):
+        return State.FAILED, "internal"
+    if job.served_status is not None:
+        if 200 <= job.served_status < 300:
+            # A stream truncated by its node dying still completed: it started, and the
+            # proxy cannot tell a truncated stream from a whole one.
+            return State.COMPLETED, None
+        return State.FAILED, f"upstream status {job.served_status}"
+    return State.FAILED, job.refused or "internal"

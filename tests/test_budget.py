@@ -1,0 +1,98 @@
+"""The retry budget as a pure value, property-tested (docs/retry-budget.md)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nvpair.budget import BACKOFF_CAP, RetryBudget
+
+budgets = st.builds(
+    RetryBudget.start,
+    created=st.floats(0, 1e6),
+    job_deadline=st.floats(0, 3600),
+    max_attempts=st.integers(1, 20),
+    retry_backoff=st.sampled_from([0.0, 0.05, 0.25, 1.0, 7.5]),
+)
+
+
+@given(
+    budgets,
+    st.lists(st.sampled_from(["spend", "back off", "wait"]), max_size=60),
+    st.floats(0, 1000),
+)
+def test_the_loop_never_exceeds_either_bound(
+    budget: RetryBudget, steps: list[str], step_seconds: float
+) -> None:
+    """Whatever the loop does, it dispatches only while the budget allows it."""
+    now = budget.deadline - 3600  # admission time is at most an hour before the deadline
+    for step in steps:
+        refusal = budget.refusal(now)
+        if step == "spend":
+            if refusal is None:
+                before = budget.used
+                budget = budget.spend()
+                assert budget.used == before + 1 <= budget.max_attempts
+        elif step == "back off":
+            before_backoff = budget.backoff
+            budget = budget.backed_off()
+            assert budget.backoff == min(before_backoff * 2, budget.first_backoff * BACKOFF_CAP)
+        else:
+            now += step_seconds
+        assert budget.used <= budget.max_attempts
+        assert budget.first_backoff <= budget.backoff <= budget.first_backoff * BACKOFF_CAP
+
+
+@given(budgets, st.floats(-10, 1e6))
+def test_refusal_says_which_bound_ended_it(budget: RetryBudget, offset: float) -> None:
+    now = budget.deadline + offset - 5e5
+    assert budget.refusal(now) == ("deadline" if now >= budget.deadline else None)
+    for _ in range(budget.max_attempts):
+        budget = budget.spend()
+    assert budget.final and budget.refusal(now) == "attempts-exhausted"
+
+
+@given(budgets, st.floats(-1e4, 1e4), st.integers(0, 6))
+def test_a_pause_never_runs_past_the_deadline(
+    budget: RetryBudget, offset: float, doublings: int
+) -> None:
+    for _ in range(doublings):
+        budget = budget.backed_off()
+    now = budget.deadline - offset
+    pause = budget.pause(now)
+    if now >= budget.deadline:
+        assert pause is None and budget.owner_wait(now) is None
+    else:
+        assert pause is not None and 0 <= pause <= budget.deadline - now
+        assert pause == min(budget.backoff, budget.deadline - now)
+        wait = budget.owner_wait(now)
+        # A zero backoff waits for the rest of the deadline (woken early by discovery).
+        assert wait == (pause or budget.deadline - now) and wait > 0
+
+
+@given(budgets, st.integers(0, 10))
+def test_retry_after_is_whole_seconds_at_least_one(budget: RetryBudget, doublings: int) -> None:
+    for _ in range(doublings):
+        budget = budget.backed_off()
+    retry_after = budget.retry_after()
+    assert isinstance(retry_after, int) and retry_after >= max(1, math.ceil(budget.backoff))
+
+
+@given(st.integers(1, 10), st.floats(0.5, 400), st.floats(1, 900))
+def test_fast_slow_and_ownerless_failures_end_as_the_docs_say(
+    max_attempts: int, attempt_seconds: float, job_deadline: float
+) -> None:
+    """Fast failures spend the dispatches; slow ones meet the deadline first
+    (docs/retry-budget.md#why-both-bounds-exist)."""
+    budget = RetryBudget.start(0.0, job_deadline, max_attempts, 0.0)
+    dispatched = 0
+    while budget.refusal(dispatched * attempt_seconds) is None:
+        budget = budget.spend()
+        dispatched += 1
+    now = dispatched * attempt_seconds
+    started_in_time = sum(1 for k in range(max_attempts) if k * attempt_seconds < job_deadline)
+    assert dispatched == started_in_time
+    ended_by = budget.refusal(now)
+    assert ended_by == ("attempts-exhausted" if dispatched == max_attempts else "deadline")

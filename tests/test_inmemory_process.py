@@ -1,0 +1,167 @@
+"""The whole process built by ``service.build`` on a MemoryReactorClock, no sockets at all.
+
+The real facade, request path, Agent and connection pool talk to a simulated engine's real
+resource over iosim transports. The fakes elsewhere in the suite cannot drift from how the
+real client behaves, because this test uses no fakes: only the network is in memory.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python.failure import Failure
+from twisted.test.iosim import ConnectionCompleter, FakeTransport, IOPump, connect
+
+from nvpair.config import Config
+from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode
+from nvpair.service import ProxyService, build
+from nvpair.sim import SimEngine
+from nvpair.sim.engine import Faults
+
+FACADE, ENGINE = 18080, 18081
+
+
+class Client(Protocol):
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.closed = True
+
+
+class InMemory:
+    """A process, simulated llama.cpp nodes (``a``, then ``b``...), and the pumps between them."""
+
+    def __init__(self, tmp_path: Path, faults: Faults | None = None, nodes: int = 1) -> None:
+        self.reactor = MemoryReactorClock()
+        self.sims = [
+            SimEngine(self.reactor, "llamacpp", models=["tiny"], node=name, faults=faults)
+            for name in "ab"[:nodes]
+        ]
+        for index, sim in enumerate(self.sims):
+            sim.listen(ENGINE + index)
+        self.sim = self.sims[0]
+        fleet = Fleet(
+            60.0,
+            {"llamacpp": FacadeSpec(FACADE, ())},
+            tuple(
+                FleetNode(sim.node, {"llamacpp": f"http://127.0.0.1:{ENGINE + index}"})
+                for index, sim in enumerate(self.sims)
+            ),
+        )
+        self.log = io.StringIO()
+        self.service: ProxyService = build(
+            self.reactor, Config(state_dir=tmp_path, fleet=fleet), log_out=self.log
+        )
+        self.completer = ConnectionCompleter(self.reactor)
+        self.pumps: list[IOPump] = []
+
+    def run(self, seconds: float = 0.0) -> None:
+        """Complete pending connections and move bytes until nothing changes."""
+        for _ in range(200):
+            pump = self.completer.succeedOnce()
+            if pump is not None:
+                self.pumps.append(pump)
+            moved = any([p.pump() for p in self.pumps])
+            self.reactor.advance(0)
+            if pump is None and not moved:
+                break
+        if seconds:
+            self.reactor.advance(seconds)
+            self.run()
+
+    def client(self, request: bytes, *, run: bool = True) -> Client:
+        factory = next(f for port, f, *_ in self.reactor.tcpServers if port == FACADE)
+        peer = IPv4Address("TCP", "127.0.0.1", 50000 + len(self.pumps))
+        server = factory.buildProtocol(peer)
+        client = Client()
+        pump = connect(
+            server,
+            FakeTransport(server, isServer=True, peerAddress=peer),
+            client,
+            FakeTransport(client, isServer=False),
+            clock=self.reactor,
+        )
+        self.pumps.append(pump)
+        assert client.transport is not None
+        client.transport.write(request)
+        if run:
+            self.run()
+        return client
+
+
+def completion(stream: bool) -> bytes:
+    body = json.dumps({"model": "tiny", "prompt": "hi", "stream": stream}).encode()
+    return (
+        b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+
+
+def test_one_request_and_one_shutdown_through_the_whole_process(tmp_path: Path) -> None:
+    process = InMemory(tmp_path)
+    process.service.startService()
+    process.run()  # the first inventory poll: node "a" joins
+    client = process.client(completion(stream=False))
+    head, _, body = client.data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"X-Nvpair-Node: a" in head
+    assert json.loads(body)["content"] == "Hello from a."
+    assert process.service.request_path.in_flight == 0
+
+    stopped = process.service.stopService()
+    process.run()
+    assert stopped.called
+    assert process.service.request_path.in_flight == 0
+    assert [line for line in log_lines(process) if "stack" in line] == []
+
+
+def test_shutdown_cancels_a_request_in_flight_and_closes_its_client(tmp_path: Path) -> None:
+    process = InMemory(tmp_path, Faults(stall=True))
+    process.service.startService()
+    process.run()
+    client = process.client(completion(stream=True))
+    assert process.service.request_path.in_flight == 1 and client.data == b""
+
+    stopped = process.service.stopService()
+    process.run()
+    assert stopped.called
+    assert process.service.request_path.in_flight == 0 and client.closed
+    # The engine's stalled answer was abandoned: its connection closed by the proxy.
+    assert process.sim.in_flight == 0
+    assert [line for line in log_lines(process) if "stack" in line] == []
+
+
+def test_a_refused_connection_fails_over_through_the_real_client(tmp_path: Path) -> None:
+    """How the real Agent reports a refused dial is what the loop classifies, not a fake's."""
+    process = InMemory(tmp_path, nodes=2)
+    process.service.startService()
+    process.run()
+    # The polls' kept-alive connections go, so the request has to dial.
+    process.service.upstream.close()
+    process.run()
+    client = process.client(completion(stream=False), run=False)
+    for pump in process.pumps:
+        pump.flush()
+    # The dial to node a (first by id) is refused; node b answers.
+    (_, port, *_), *_ = process.reactor.tcpClients
+    assert port == ENGINE
+    process.completer.failOnce()
+    process.run()
+    head, _, body = client.data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"X-Nvpair-Node: b" in head
+    assert json.loads(body)["content"] == "Hello from b."
+
+
+def log_lines(process: InMemory) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in process.log.getvalue().splitlines() if line]
