@@ -32,6 +32,7 @@ DEFAULTS: Mapping[str, str] = {
     "log-level": "info",
     "request-head-timeout": "30s",
     "idle-timeout": "5m",
+    "listen-backlog": "4096",
 }
 
 
@@ -72,3 +73,6 @@ class Config:
     admin_port: int | None = None
     request_head_timeout: float = _default("request-head-timeout", parse_duration)
     idle_timeout: float = _default("idle-timeout", parse_duration)
+    #: Connections the kernel queues for a facade before accept; Linux caps it at
+    #: ``net.core.somaxconn``. Twisted's default of 50 overflows on a burst of clients.
+    listen_backlog: int = _default("listen-backlog", parse_count)

@@ -134,7 +134,10 @@ class ControlState:
         A redelivered snapshot must not clear live reservations
         (docs/candidate-order.md#reservations), so the caller learns whether this one was applied.
         """
-        if generation <= self._priority.generation:
+        # The state before any snapshot also says generation 0 (entries None): a scheduler
+        # whose first snapshot is generation 0 must still be heard.
+        first = self._priority.entries is None
+        if generation <= self._priority.generation and not first:
             self.log.debug(
                 "ignored priority generation {generation} (have {current})",
                 generation=generation,

@@ -81,6 +81,7 @@ class FacadeManager:
         max_request_body: int,
         head_timeout: float = 30.0,
         idle_timeout: float = 300.0,
+        backlog: int = 4096,
         membership: Callable[[], Membership | None] = lambda: None,
     ) -> None:
         """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
@@ -95,6 +96,7 @@ class FacadeManager:
         self._max_request_body = max_request_body
         self._head_timeout = head_timeout
         self._idle_timeout = idle_timeout
+        self._backlog = backlog
         self.facades: dict[str, LiveFacade] = {}
 
     def enabled(self, engine: str) -> bool:
@@ -214,7 +216,9 @@ class FacadeManager:
 
     def _listen(self, engine: Engine, port: int, factory: SniffingFactory) -> IListeningPort:
         try:
-            listener: IListeningPort = self._reactor.listenTCP(port, factory, interface=self._bind)
+            listener: IListeningPort = self._reactor.listenTCP(
+                port, factory, backlog=self._backlog, interface=self._bind
+            )
         except CannotListenError as error:
             message = f"cannot listen on port {port}: {error.socketError}"
             self.log.warn("{message}", engine=engine.id, message=message)
@@ -231,7 +235,8 @@ class FacadeManager:
             # variable, entering the same routing path. (Twisted's factory generic is
             # invariant, so its stub rejects any Site here.)
             plain = live.factory.plain
-            listener = self._reactor.listenTCP(port, plain, interface=host)  # type: ignore[arg-type]
+            listen = self._reactor.listenTCP
+            listener = listen(port, plain, self._backlog, host)  # type: ignore[arg-type]
         except CannotListenError as error:
             # Non-fatal (docs/ports.md#aliases): the alias's current owner is untouched and the
             # primary listener stays up.

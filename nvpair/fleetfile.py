@@ -16,7 +16,7 @@ from attrs import frozen
 
 from nvpair.durations import parse_duration
 from nvpair.engines import ENGINES
-from nvpair.ports import parse_alias, valid_port
+from nvpair.ports import parse_aliases, valid_port
 
 
 class FleetFileError(ValueError):
@@ -86,15 +86,11 @@ def load_fleet(path: Path) -> Fleet:
         port = spec.get("port", 0)
         if not valid_port(port, zero=True):
             raise _fail(path, f"{where}.port", "must be an integer in 0-65535")
-        aliases = spec.get("aliases", [])
-        if not isinstance(aliases, list):
-            raise _fail(path, f"{where}.aliases", "must be a list of loopback host:port")
-        for alias in aliases:
-            try:
-                parse_alias(alias)
-            except ValueError as bad:
-                raise _fail(path, f"{where}.aliases", str(bad)) from None
-        facades[engine] = FacadeSpec(port, tuple(aliases))
+        try:
+            aliases = parse_aliases(spec.get("aliases", []))
+        except ValueError as bad:
+            raise _fail(path, f"{where}.aliases", str(bad)) from None
+        facades[engine] = FacadeSpec(port, aliases)
 
     nodes_list = document.get("nodes", [])
     if not isinstance(nodes_list, list):

@@ -39,6 +39,13 @@ _OLLAMA = {
 }
 # A stream event "with content": a generated piece of text that is not empty.
 _CONTENT = re.compile(rb'"(?:content|text|response)"\s*:\s*"(?:[^"\\]|\\.)')
+# The same judgement over whole lines at once, for a chunk made only of whole, short lines (the
+# usual SSE or NDJSON chunk): one regex pass instead of a split and a call per line.
+_CONTENT_LINE = re.compile(
+    rb'^[ \t\r\f\v]*(?:data:|\{)[^\n]*?"(?:content|text|response)"[ \t\r\f\v]*:[ \t\r\f\v]*"'
+    rb'(?:[^"\\\n]|\\.)',
+    re.MULTILINE,
+)
 
 
 @frozen
@@ -128,7 +135,11 @@ class StatsReader:
         tail += chunk
         if len(tail) > 2 * TAIL_BYTES:
             del tail[:-TAIL_BYTES]
-        self._count_events(chunk)
+        if not self._carry and len(chunk) <= _LINE_CARRY and chunk.endswith(b"\n"):
+            # Every line is whole and within the kept prefix: judged all at once.
+            self._events += len(_CONTENT_LINE.findall(chunk))
+        else:
+            self._count_events(chunk)
 
     def _count_events(self, chunk: bytes) -> None:
         # An event is a line: an SSE "data:" line or an NDJSON object. Lines may span chunks,

@@ -45,6 +45,10 @@ class BrokerOutbox:
             return defer.fail(ConnectionError("no broker link"))
         return self.protocol.call(method, params)
 
+    def wanted(self) -> bool:
+        """Whether notifications are consumed now: the broker always wants them."""
+        return True
+
 
 class LogOutbox:
     """Standalone mode's outbox: what would go to a broker goes to the log instead."""
@@ -53,8 +57,12 @@ class LogOutbox:
 
     def notify(self, method: str, params: dict[str, object]) -> None:
         # Workload events carry only operational fields (ids, model, node, times, state).
-        if debug_enabled():
+        if self.wanted():
             self.log.debug("event {method} {params}", method=method, params=json.dumps(params))
 
     def call(self, method: str, params: dict[str, object]) -> Deferred[object]:
         return defer.succeed({})
+
+    def wanted(self) -> bool:
+        """Only while the log level is debug: otherwise an event would be built for nothing."""
+        return debug_enabled()

@@ -29,6 +29,7 @@ __all__ = [
     "PortFound",
     "PortRead",
     "parse_alias",
+    "parse_aliases",
     "read_persisted_port",
     "valid_port",
     "write_persisted_port",
@@ -195,3 +196,25 @@ def parse_alias(text: object) -> tuple[str, int]:
     if not loopback:
         raise ValueError(f"alias {text!r} is not a loopback address")
     return host, port
+
+
+#: Aliases one facade may listen on: a handful is what inherited host variables need, and
+#: each one is a listening socket.
+MAX_ALIASES = 16
+
+
+def parse_aliases(values: object) -> tuple[str, ...]:
+    """A facade's aliases: a list of distinct loopback ``host:port``; ValueError says why."""
+    if values is None:
+        return ()
+    if not isinstance(values, list):
+        raise ValueError("aliases must be a list of loopback host:port")
+    if len(values) > MAX_ALIASES:
+        raise ValueError(f"at most {MAX_ALIASES} aliases")
+    seen: set[tuple[str, int]] = set()
+    for alias in values:
+        parsed = parse_alias(alias)
+        if parsed in seen:
+            raise ValueError(f"alias {alias!r} is listed twice")
+        seen.add(parsed)
+    return tuple(values)

@@ -32,7 +32,9 @@ class Reservations:
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
-        self._generation = 0
+        #: Below any generation a scheduler sends: its first snapshot (even 0) supersedes
+        #: what was reserved before it.
+        self._generation = -1
 
     @property
     def generation(self) -> int:

@@ -26,7 +26,7 @@ from nvpair.control import ControlState, Node, PriorityEntry
 from nvpair.engines import ENGINES, Engine
 from nvpair.facade_manager import FacadeError, FacadeManager
 from nvpair.logs import JsonLineObserver, parse_level
-from nvpair.ports import parse_alias, valid_port
+from nvpair.ports import parse_aliases, valid_port
 
 #: The largest generation accepted: a scheduler's counter fits an int64. A bigger one is no real
 #: generation, and once applied it would make every later snapshot look stale for good.
@@ -217,16 +217,10 @@ class BrokerMethods(MethodTable):
         if not isinstance(engine, str) or engine not in ENGINES:
             raise invalid_params("engine", f"engine must be one of {', '.join(ENGINES)}")
         port = _port(params)
-        aliases = params.get("aliases", [])
-        if aliases is None:
-            aliases = []
-        if not isinstance(aliases, list):
-            raise invalid_params("aliases", "aliases must be a list of loopback host:port")
-        for alias in aliases:
-            try:
-                parse_alias(alias)
-            except ValueError as bad:
-                raise invalid_params("aliases", str(bad)) from None
+        try:
+            aliases = parse_aliases(params.get("aliases", []))
+        except ValueError as bad:
+            raise invalid_params("aliases", str(bad)) from None
         ignore = params.get("ignorePersistedPort", False)
         if not isinstance(ignore, bool):
             raise invalid_params("ignorePersistedPort", "ignorePersistedPort must be a boolean")

@@ -224,7 +224,7 @@ def build(
     # (docs/candidate-order.md#reservations).
     control.on_priority(lambda priority: reservations.new_snapshot(priority.generation))
     outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
-    workloads = Workloads(outbox.notify, lambda: int(clock.seconds() * 1000))
+    workloads = Workloads(outbox.notify, lambda: int(clock.seconds() * 1000), wanted=outbox.wanted)
     activity = NodeActivity(clock, outbox.notify)
     request_path = RequestPath(
         clock,
@@ -245,6 +245,7 @@ def build(
         max_request_body=config.max_request_body,
         head_timeout=config.request_head_timeout,
         idle_timeout=config.idle_timeout,
+        backlog=config.listen_backlog,
         membership=lambda: cluster.membership,
     )
 

@@ -99,6 +99,11 @@ class Options(usage.Options):
                 "close the connection.",
             ),
             ("idle-timeout", "A kept-alive client connection idle this long is closed."),
+            (
+                "listen-backlog",
+                "Connections queued per facade port before accept (the kernel caps it at "
+                "net.core.somaxconn).",
+            ),
         )
     ]
 
@@ -161,6 +166,7 @@ class Options(usage.Options):
             admin_port=self._parse("admin-port", _port),
             request_head_timeout=self._defaulted("request-head-timeout", parse_duration),
             idle_timeout=self._defaulted("idle-timeout", parse_duration),
+            listen_backlog=self._defaulted("listen-backlog", parse_count),
         )
 
 

@@ -40,10 +40,19 @@ class Workloads:
 
     :param emit: sends ``(method, params)`` to the broker (or, standalone, to the log).
     :param now_ms: the clock, in Unix milliseconds.
+    :param wanted: whether anyone consumes the events now; when not, none is built (fleet
+        mode logs them at debug level only).
     """
 
-    def __init__(self, emit: Emit, now_ms: Callable[[], int], run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        emit: Emit,
+        now_ms: Callable[[], int],
+        run_id: str | None = None,
+        wanted: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._emit = emit
+        self._wanted = wanted
         self._now_ms = now_ms
         self.run_id = run_id or new_run_id()
         self._ids = itertools.count(1)
@@ -52,6 +61,7 @@ class Workloads:
         """A new admitted inference request: emits its first ``submitted``."""
         workload = Workload(
             emit=self._emit,
+            wanted=self._wanted,
             now_ms=self._now_ms,
             id=str(next(self._ids)),
             run_id=self.run_id,
@@ -69,6 +79,7 @@ class Workload:
     """One admitted inference request's events."""
 
     emit: Emit
+    wanted: Callable[[], bool]
     now_ms: Callable[[], int]
     id: str
     run_id: str
@@ -134,4 +145,5 @@ class Workload:
 
     def _send(self, method: str) -> None:
         self.seq += 1
-        self.emit(method, {"workloadInfo": self.info()})
+        if self.wanted():
+            self.emit(method, {"workloadInfo": self.info()})

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactor, MemoryReactorClock
+from twisted.python.usage import UsageError
 
 from nvpair.facade_manager import FacadeError, FacadeManager
 from nvpair.http_facade import RequestHandler
@@ -180,3 +181,35 @@ def test_a_move_that_cannot_be_persisted_does_not_happen(tmp_path: Path) -> None
 def test_an_alias_port_in_other_scripts_digits_is_refused() -> None:
     with pytest.raises(ValueError):
         parse_alias("127.0.0.1:\u0661\u0661\u0664\u0663\u0664")
+
+
+def test_facades_listen_with_a_backlog_sized_for_bursts(tmp_path: Path) -> None:
+    """Twisted's default backlog of 50 overflows when hundreds of clients connect at once."""
+    facades, reactor, _ = manager(tmp_path)
+    facades.enable("ollama", 11500, ["127.0.0.1:11434"], False)
+    assert [entry[2] for entry in reactor.tcpServers] == [4096, 4096]
+
+
+def test_the_backlog_is_an_option(tmp_path: Path) -> None:
+    from nvpair.tap import Options
+
+    options = Options(environ={"HOME": str(tmp_path)})
+    options.parseOptions(["--listen-backlog", "1024"])
+    assert options.config is not None and options.config.listen_backlog == 1024
+    with pytest.raises(UsageError):
+        Options(environ={}).parseOptions(["--listen-backlog", "0"])
+
+
+@pytest.mark.parametrize(
+    "aliases",
+    [
+        ["127.0.0.1:11434", "127.0.0.1:11434"],
+        [f"127.0.0.1:{20000 + n}" for n in range(17)],
+        "127.0.0.1:11434",
+    ],
+)
+def test_aliases_are_few_distinct_and_a_list(aliases: object) -> None:
+    from nvpair.ports import parse_aliases
+
+    with pytest.raises(ValueError):
+        parse_aliases(aliases)

@@ -68,7 +68,7 @@ class ReservationMachine(RuleBasedStateMachine):
         super().__init__()
         self.map = Reservations()
         self.claims: list[Reservation] = []
-        self.generation = 0
+        self.generation = self.map.generation  # before any snapshot
 
     @rule(node=NODES)
     def take(self, node: str) -> None:

@@ -94,3 +94,25 @@ def test_fanout_order_is_pin_priority_default_without_load() -> None:
     assert ids(order([A, B, C, LOCAL], None, priority)) == ["c", "b", "z", "a"]
     assert ids(order([A, B, C, LOCAL], "a", priority)) == ["a", "c", "b", "z"]
     assert ids(order([A, B, C, LOCAL], None, Priority())) == ["z", "a", "b", "c"]
+
+
+def test_a_first_snapshot_of_generation_zero_is_applied() -> None:
+    from nvpair.control import ControlState, PriorityEntry
+
+    control = ControlState()
+    assert control.set_priority(0, [PriorityEntry("b", 0, 0)])
+    assert control.priority.entries == (PriorityEntry("b", 0, 0),)
+    assert not control.set_priority(0, [])  # a redelivery of it is not
+
+
+def test_a_first_snapshot_of_generation_zero_supersedes_earlier_reservations() -> None:
+    from nvpair.control import ControlState, PriorityEntry
+    from nvpair.reservations import Reservations
+
+    control, reservations = ControlState(), Reservations()
+    control.on_priority(lambda p: reservations.new_snapshot(p.generation))
+    before = reservations.take("b")
+    assert control.set_priority(0, [PriorityEntry("b", 1, 0)])
+    assert dict(reservations.counts) == {}  # the snapshot's pending counts that work now
+    reservations.release(before)
+    assert dict(reservations.counts) == {}  # the superseded release changes nothing

@@ -238,3 +238,22 @@ def test_a_bug_mid_request_still_ends_with_one_terminal_event(
     info = terminal(h)
     assert (info["state"], info["error"]) == ("failed", "internal") and len(failures) == 1
     assert h.path.in_flight == 0 and dict(h.reservations.counts) == {}
+
+
+def test_no_event_is_built_when_nobody_consumes_it() -> None:
+    """Fleet mode below debug level: the workload's events are counted, never built."""
+    from nvpair.workload import Workloads
+
+    sent: list[str] = []
+
+    def emit(method: str, params: dict[str, Any]) -> None:
+        sent.append(method)
+
+    wanted = [False]
+    workloads = Workloads(emit, lambda: 0, run_id="r", wanted=lambda: wanted[0])
+    workload = workloads.admit("ollama", "m")
+    workload.submitted("a")
+    assert sent == [] and workload.seq == 2
+    wanted[0] = True
+    workload.started("a")
+    assert sent == ["workload:started"] and workload.seq == 3
