@@ -18,11 +18,14 @@ pytestmark = pytest.mark.integration
 
 @contextlib.asynccontextmanager
 async def running_proxy(
-    state_dir: Path, *args: str, env: dict[str, str] | None = None
+    state_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    twistd_reactor: str | None = None,
 ) -> AsyncIterator[ProxyProcess]:
     """The proxy process for the body of a ``with``; terminated (and reaped) afterwards."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    proxy = start_proxy(state_dir, *args, env=env)
+    proxy = start_proxy(state_dir, *args, env=env, twistd_reactor=twistd_reactor)
     try:
         yield proxy
     finally:

@@ -216,18 +216,35 @@ def run_twistd(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start_proxy(state_dir: Path, *args: str, env: dict[str, str] | None = None) -> ProxyProcess:
+def start_proxy(
+    state_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    twistd_reactor: str | None = None,
+) -> ProxyProcess:
     """Spawn ``twistd -n nvpair-proxy`` with this side as its broker.
 
     ``--pidfile=`` keeps parallel test processes from fighting over one twistd.pid.
     """
     proxy = ProxyProcess()
+    # NVPAIR_TEST_REACTOR=uvloop runs the whole integration suite on another twistd reactor.
+    chosen = twistd_reactor or os.environ.get("NVPAIR_TEST_REACTOR")
+    reactor_args = ["-r", chosen] if chosen else []
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NVPAIR_")}
     environ.update(env or {})
     reactor.spawnProcess(
         proxy,
         TWISTD,
-        [TWISTD, "--pidfile=", "-n", "nvpair-proxy", "--state-dir", str(state_dir), *args],
+        [
+            TWISTD,
+            "--pidfile=",
+            *reactor_args,
+            "-n",
+            "nvpair-proxy",
+            "--state-dir",
+            str(state_dir),
+            *args,
+        ],
         env=environ,
         path=str(state_dir),
     )
