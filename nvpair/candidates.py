@@ -8,11 +8,11 @@ check reads the live snapshot.
 
 from __future__ import annotations
 
-from nvpair.control import ControlState, Discovery, Node
+from nvpair.control import ControlState, Node
 from nvpair.engines import RouteClass
 from nvpair.http_facade import Admitted
 from nvpair.reservations import Reservations
-from nvpair.routing import Plan, order, owners, plan
+from nvpair.routing import Plan, advertises, order, owners, plan
 
 
 class NoAddress(LookupError):
@@ -54,7 +54,7 @@ class Candidates:
         current = self._control.discovery(engine).node(node.id)
         if current is None or not self.dialable(engine, current):
             return None
-        return current if owners(Discovery((current,)), admitted.model_key) else None
+        return current if advertises(current, admitted.model_key) else None
 
     def every_node(self, engine: str) -> list[Node]:
         """Every node of the engine in candidate order (fleet-wide requests)."""

@@ -31,15 +31,35 @@ class Node:
 
 @frozen
 class Discovery:
-    """One engine's discovery snapshot; each one replaces the previous wholesale."""
+    """One engine's discovery snapshot; each one replaces the previous wholesale.
+
+    Indexed by node id and by model key when it is made: snapshots are rare and requests many,
+    so a request's routing costs the same with 2 nodes as with 256 (bench/README.md).
+    """
 
     nodes: tuple[Node, ...] = ()
+    _by_id: Mapping[str, Node] = field(init=False, eq=False, repr=False)
+    _by_model: Mapping[str, tuple[Node, ...]] = field(init=False, eq=False, repr=False)
+    _with_models: tuple[Node, ...] = field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        by_model: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for key in node.model_keys:
+                by_model.setdefault(key, []).append(node)
+        # A frozen value is still being made here: its indexes are set once.
+        object.__setattr__(self, "_by_id", {node.id: node for node in reversed(self.nodes)})
+        object.__setattr__(self, "_by_model", {k: tuple(v) for k, v in by_model.items()})
+        object.__setattr__(self, "_with_models", tuple(n for n in self.nodes if n.model_keys))
 
     def node(self, node_id: str) -> Node | None:
-        for node in self.nodes:
-            if node.id == node_id:
-                return node
-        return None
+        return self._by_id.get(node_id)
+
+    def owners(self, model_key: str | None) -> tuple[Node, ...]:
+        """Nodes advertising ``model_key``, in snapshot order; None: every node with a model."""
+        if model_key is None:
+            return self._with_models
+        return self._by_model.get(model_key, ())
 
 
 @frozen

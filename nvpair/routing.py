@@ -21,9 +21,12 @@ def owners(discovery: Discovery, model_key: str | None) -> list[Node]:
     ``None`` means a model-less inference body on an engine that serves whatever it has loaded:
     every node advertising at least one model is eligible (docs/candidate-order.md#owners,
     "Model-less inference")."""
-    if model_key is None:
-        return [node for node in discovery.nodes if node.model_keys]
-    return [node for node in discovery.nodes if model_key in node.model_keys]
+    return list(discovery.owners(model_key))
+
+
+def advertises(node: Node, model_key: str | None) -> bool:
+    """Whether ``node`` is an owner of ``model_key`` (the same rule as :func:`owners`)."""
+    return bool(node.model_keys) if model_key is None else model_key in node.model_keys
 
 
 def default_order(nodes: Sequence[Node]) -> list[Node]:

@@ -116,3 +116,19 @@ def test_a_first_snapshot_of_generation_zero_supersedes_earlier_reservations() -
     assert dict(reservations.counts) == {}  # the snapshot's pending counts that work now
     reservations.release(before)
     assert dict(reservations.counts) == {}  # the superseded release changes nothing
+
+
+def test_the_snapshot_index_agrees_with_a_scan() -> None:
+    from nvpair.control import Discovery, Node
+
+    held = [
+        Node(f"n{i}", False, f"http://n{i}", (), frozenset({f"m{i % 3}", f"m{(i + 1) % 3}"}))
+        for i in range(7)
+    ]
+    nodes = (*held, Node("empty", False, "http://e", (), frozenset()))
+    discovery = Discovery(nodes)
+    for key in ("m0", "m1", "m2", "nope"):
+        assert list(discovery.owners(key)) == [n for n in nodes if key in n.model_keys]
+    assert list(discovery.owners(None)) == [n for n in nodes if n.model_keys]
+    assert discovery.node("n3") is nodes[3] and discovery.node("x") is None
+    assert Discovery(nodes) == discovery
