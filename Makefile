@@ -34,9 +34,18 @@ chromium:
 test: $(STAMP) chromium
 	$(BIN)/pytest -q
 
-# Side by side with nginx and LiteLLM (README "Benchmarks"). nginx and wrk come from Debian's
-# packages, LiteLLM into a venv of its own; each only when missing.
+# The performance table (bench/README.md): nvpair beside a minimal Twisted proxy (the floor),
+# nginx and LiteLLM, with PASS/MISS per target; not part of `make test`. nginx and wrk come from
+# Debian's packages, LiteLLM and py-spy into a venv of their own, matplotlib (the PNG) into .venv
+# through the `bench` extra; each only when missing. A short smoke run:
+# make bench BENCH_ARGS=--quick
 BENCH_VENV := .venv-bench
+BENCH_STAMP := $(VENV)/.bench-installed
+BENCH_ARGS ?=
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test,dev,bench]' --config-settings editable_mode=compat
+	touch $(BENCH_STAMP)
 
 bench-tools:
 	@if [ ! -x /usr/sbin/nginx ] || ! command -v wrk >/dev/null; then \
@@ -45,14 +54,15 @@ bench-tools:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			nginx wrk >/dev/null; \
 	fi
-	@if [ ! -x $(BENCH_VENV)/bin/litellm ]; then \
-		echo "installing LiteLLM into $(BENCH_VENV) for the benchmarks"; \
-		$(PYTHON) -m venv $(BENCH_VENV) && \
-		$(BENCH_VENV)/bin/pip install --quiet -r bench/requirements-litellm.txt; \
+	@if [ ! -x $(BENCH_VENV)/bin/litellm ] || [ ! -x $(BENCH_VENV)/bin/py-spy ]; then \
+		echo "installing LiteLLM and py-spy into $(BENCH_VENV) for the benchmarks"; \
+		{ [ -x $(BENCH_VENV)/bin/pip ] || $(PYTHON) -m venv $(BENCH_VENV); } && \
+		$(BENCH_VENV)/bin/pip install --quiet -r bench/requirements-litellm.txt \
+			-r bench/requirements-tools.txt; \
 	fi
 
-bench: $(STAMP) bench-tools
-	$(BIN)/python -m bench
+bench: $(BENCH_STAMP) bench-tools
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # Mixed traffic with random faults against simulated nodes (README "Soak"); not part of `make test`.
 # A shorter smoke run: make soak SOAK_DURATION=60

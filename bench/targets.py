@@ -1,0 +1,214 @@
+"""Pure judging: per-round measurements in, PASS/MISS verdicts out.
+
+Every scenario runs in rounds with the contenders taking turns, so a target compares numbers
+from the same round (nvpair against the floor measured a few seconds apart on the same machine
+state) and the verdict is on the median of those per-round figures. The thresholds are the
+issue's targets.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+
+Rounds = Sequence[float | None]
+"""One value per round; None where that round could not measure it."""
+Table = Mapping[str, Mapping[str, Rounds]]
+"""metric -> contender -> rounds."""
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank percentile (``p`` in 0..100) of a non-empty sample."""
+    if not values:
+        raise ValueError("percentile of nothing")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def median(values: Rounds) -> float | None:
+    present = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(present) if present else None
+
+
+def rounds(table: Table, metric: str, contender: str) -> Rounds:
+    return table.get(metric, {}).get(contender, ())
+
+
+def ratios(table: Table, metric: str, a: str, b: str) -> list[float | None]:
+    """``a / b`` per round (None where either is missing or ``b`` is zero)."""
+    out: list[float | None] = []
+    for x, y in zip(rounds(table, metric, a), rounds(table, metric, b), strict=False):
+        out.append(x / y if x is not None and y else None)
+    return out
+
+
+def differences(table: Table, metric: str, a: str, b: str) -> list[float | None]:
+    """``a - b`` per round."""
+    out: list[float | None] = []
+    for x, y in zip(rounds(table, metric, a), rounds(table, metric, b), strict=False):
+        out.append(x - y if x is not None and y is not None else None)
+    return out
+
+
+class Verdict(enum.Enum):
+    PASS = "PASS"
+    MISS = "MISS"
+    NA = "n/a"
+
+
+@attrs.frozen
+class Target:
+    """One line of the issue's table.
+
+    :param name: what is promised, as the issue words it.
+    :param per_round: the judged figure of each round, from the measurements.
+    :param bound: the threshold.
+    :param at_most: True when the figure must be at most ``bound``, else at least.
+    :param unit: how the figure is printed (``x``, ``ms``, ``MB``, ...).
+    :param reduce: how the rounds are combined (median by default).
+    """
+
+    name: str
+    per_round: Callable[[Table], Sequence[float | None]]
+    bound: float
+    at_most: bool
+    unit: str
+    reduce: Callable[[Rounds], float | None] = median
+
+
+@attrs.frozen
+class Judged:
+    target: Target
+    value: float | None
+    per_round: tuple[float | None, ...]
+    verdict: Verdict
+
+
+def judge(target: Target, table: Table) -> Judged:
+    per_round = tuple(target.per_round(table))
+    value = target.reduce(per_round)
+    if value is None:
+        verdict = Verdict.NA
+    elif value <= target.bound if target.at_most else value >= target.bound:
+        verdict = Verdict.PASS
+    else:
+        verdict = Verdict.MISS
+    return Judged(target, value, per_round, verdict)
+
+
+def worst(values: Rounds) -> float | None:
+    """The largest value: for a promise that must hold in every round."""
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def flatness(table: Table) -> list[float | None]:
+    """Per round: the largest departure of routing cost from the 2-node cost, in percent."""
+    costs = table.get("route_us", {})
+    base = costs.get("2", ())
+    out: list[float | None] = []
+    for index, two in enumerate(base):
+        if two is None or two <= 0:
+            out.append(None)
+            continue
+        spread = []
+        for values in costs.values():
+            value = values[index] if index < len(values) else None
+            if value is not None:
+                spread.append(abs(value / two - 1) * 100)
+        out.append(max(spread) if spread else None)
+    return out
+
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "non-streaming req/s at c=32 >= 1.5x the floor",
+        lambda t: ratios(t, "rps_c32", "nvpair", "floor"),
+        1.5,
+        False,
+        "x",
+    ),
+    Target(
+        "streams/s (64 chunks) at c=32 >= 1.5x the floor",
+        lambda t: ratios(t, "streams_c32", "nvpair", "floor"),
+        1.5,
+        False,
+        "x",
+    ),
+    Target(
+        "added latency p50 at c=1 (over direct) <= 0.35 ms",
+        lambda t: differences(t, "latency_p50_ms", "nvpair", "direct"),
+        0.35,
+        True,
+        "ms",
+    ),
+    Target(
+        "proxy CPU per 64-chunk stream <= 0.8x the floor's",
+        lambda t: ratios(t, "cpu_per_stream_us", "nvpair", "floor"),
+        0.8,
+        True,
+        "x",
+    ),
+    Target(
+        "held streams: all intact (broken streams, worst round)",
+        lambda t: rounds(t, "held_broken", "nvpair"),
+        0,
+        True,
+        "",
+        worst,
+    ),
+    Target(
+        "held streams: TTFB p99 <= 250 ms",
+        lambda t: rounds(t, "held_ttfb_p99_ms", "nvpair"),
+        250,
+        True,
+        "ms",
+    ),
+    Target(
+        "held streams: worst inter-chunk gap p99 <= 1.15 s",
+        lambda t: rounds(t, "held_gap_p99_s", "nvpair"),
+        1.15,
+        True,
+        "s",
+    ),
+    Target(
+        "held streams: peak RSS <= 80 MB",
+        lambda t: rounds(t, "held_rss_mb", "nvpair"),
+        80,
+        True,
+        "MB",
+    ),
+    Target(
+        "failover on a 503 adds <= 1 ms to TTFB",
+        lambda t: rounds(t, "failover_added_ms:503", "nvpair"),
+        1,
+        True,
+        "ms",
+    ),
+    Target(
+        "failover on a refused connection adds <= 5 ms to TTFB",
+        lambda t: rounds(t, "failover_added_ms:refused", "nvpair"),
+        5,
+        True,
+        "ms",
+    ),
+    Target(
+        "routing cost flat (+-20 %) from 2 to 256 nodes, 10,000 models",
+        flatness,
+        20,
+        True,
+        "%",
+    ),
+    Target(
+        "LiteLLM still >= 30x behind nvpair (req/s at c=32)",
+        lambda t: ratios(t, "rps_c32", "nvpair", "litellm"),
+        30,
+        False,
+        "x",
+    ),
+)

@@ -1,0 +1,102 @@
+"""The report: profile summaries, the markdown table and the plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.profile import frame_label, parse, summarize
+from bench.report import Run, console, load, markdown, plot, render, save
+
+ROOT = "<module> (twistd:6);run (twisted/internet/base.py:90)"
+COLLAPSED = "\n".join(
+    [
+        f"{ROOT};doRead (twisted/internet/tcp.py:10) 6",
+        f"{ROOT};handle (nvpair/requestpath.py:70);plan (nvpair/candidates.py:30) 3",
+        "<module> (twistd:6);handle (nvpair/requestpath.py:70) 1",
+        "not a stack line",
+    ]
+)
+
+
+def test_frames_are_labelled_by_file_and_function() -> None:
+    assert frame_label("plan (nvpair/candidates.py:30)") == "nvpair/candidates.py:plan"
+    long = "write (/work/main/.venv/lib/python3.11/site-packages/twisted/web/http.py:1)"
+    assert frame_label(long) == "twisted/web/http.py:write"
+    assert frame_label("odd") == "odd"
+
+
+def test_malformed_lines_are_skipped() -> None:
+    assert [count for _, count in parse(COLLAPSED)] == [6, 3, 1]
+
+
+def test_summary_shares_own_and_inclusive_time() -> None:
+    """Own time goes to the top frame; inclusive time counts a function once per stack."""
+    text = summarize(COLLAPSED)
+    assert "10 samples." in text
+    assert " 60.0 % `twisted/internet/tcp.py:doRead`" in text
+    assert " 40.0 % `nvpair/requestpath.py:handle`" in text  # 3 + 1 of 10
+    assert " 30.0 % `nvpair/candidates.py:plan`" in text
+    assert summarize("") == "(no samples)"
+
+
+TABLE: dict[str, dict[str, list[float | None]]] = {
+    "rps_c32": {"nvpair": [900.0, 1100.0], "floor": [1000.0, 1000.0], "litellm": [30.0, None]},
+    "latency_p50_ms": {"nvpair": [1.0, 1.2], "direct": [0.5, 0.5]},
+    "route_us": {"2": [5.0, 5.0], "256": [15.0, 14.0]},
+}
+
+
+def test_markdown_has_every_target_with_a_verdict_and_the_side_by_side_table() -> None:
+    text = markdown("title", ["header"], TABLE, ["a note"], "profile text")
+    assert "| non-streaming req/s at c=32 >= 1.5x the floor | 1.00x | 0.90 / 1.10 | **MISS** |" in (
+        text
+    )
+    assert "| LiteLLM still >= 30x behind nvpair (req/s at c=32) | 30.00x |" in text
+    assert "**n/a**" in text  # the scenarios not run
+    assert "| req/s at c=32 | — | 1,000 | 1,000 | — | 30 |" not in text  # no nginx column
+    assert "| | direct | nvpair | floor | litellm |" in text
+    assert "- a note" in text
+    assert "profile text" in text
+
+
+def test_console_prints_pass_and_miss() -> None:
+    lines = console(TABLE).splitlines()
+    assert any(line.startswith("  MISS  non-streaming req/s") for line in lines)
+    assert any(line.startswith("  PASS  LiteLLM still") for line in lines)
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    samples = {"c=1 latency (ms)": {"nvpair": [1.0, 1.2, 3.0], "floor": [0.9, 1.0]}}
+    out = tmp_path / "plot.png"
+    plot(samples, TABLE, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_saved_run_draws_the_same_table_again(tmp_path: Path) -> None:
+    run = Run("t", ["h"], TABLE, {"x (ms)": {"nvpair": [1.0, 2.0]}}, ["n"], None)
+    save(run, tmp_path / "run.json")
+    again = load(tmp_path / "run.json")
+    assert again == run
+    md, _ = render(again, tmp_path / "run")
+    assert md.read_text() == markdown("t", ["h"], TABLE, ["n"], None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        '{"table": [], "samples": {}, "header": [], "notes": []}',
+        '{"table": {"m": {"a": ["1"]}}, "samples": {}, "header": [], "notes": []}',
+        '{"table": {}, "samples": {"s": {"a": [null]}}, "header": [], "notes": []}',
+        '{"table": {"m": {"a": [true]}}, "samples": {}, "header": [], "notes": []}',
+        "not json",
+    ],
+)
+def test_a_file_that_is_not_a_saved_run_is_refused(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError):
+        load(path)

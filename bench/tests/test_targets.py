@@ -1,0 +1,78 @@
+"""Judging: same-round ratios, medians, and the PASS/MISS/n/a verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.targets import (
+    TARGETS,
+    Table,
+    Target,
+    Verdict,
+    differences,
+    flatness,
+    judge,
+    median,
+    percentile,
+    ratios,
+    rounds,
+    worst,
+)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    """p50 of 1..10 is 5 and p99 is the largest: no interpolation between samples."""
+    values = [float(v) for v in range(10, 0, -1)]
+    assert percentile(values, 50) == 5
+    assert percentile(values, 99) == 10
+    assert percentile(values, 0) == 1
+    assert percentile([3.0], 99) == 3
+
+
+def test_percentile_of_nothing_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_ratios_pair_values_of_the_same_round() -> None:
+    """Round i of one contender is only ever divided by round i of the other."""
+    table: Table = {"rps": {"nvpair": [300.0, None, 100.0], "floor": [100.0, 50.0, 0.0]}}
+    assert ratios(table, "rps", "nvpair", "floor") == [3.0, None, None]
+    assert differences(table, "rps", "nvpair", "floor") == [200.0, None, 100.0]
+
+
+def test_median_skips_missing_and_non_finite_rounds() -> None:
+    assert median([1.0, None, 3.0, float("nan")]) == 2.0
+    assert median([None]) is None
+    assert worst([1.0, None, 4.0]) == 4.0
+
+
+def test_verdicts_follow_the_bound_and_its_direction() -> None:
+    """At least: PASS at or above the bound; at most: PASS at or below; no data: n/a."""
+    table = {"m": {"a": [1.5, 1.4, 2.0]}}
+    at_least = Target("m", lambda t: rounds(t, "m", "a"), 1.5, False, "x")
+    at_most = Target("m", lambda t: rounds(t, "m", "a"), 1.4, True, "x")
+    assert judge(at_least, table).verdict is Verdict.PASS  # median 1.5
+    assert judge(at_most, table).verdict is Verdict.MISS
+    assert judge(at_least, {}).verdict is Verdict.NA
+
+
+def test_a_promise_for_every_round_is_judged_on_the_worst() -> None:
+    """One round with a broken held stream is a MISS even when the median round had none."""
+    target = next(t for t in TARGETS if "intact" in t.name)
+    table = {"held_broken": {"nvpair": [0.0, 2.0, 0.0]}}
+    judged = judge(target, table)
+    assert judged.value == 2
+    assert judged.verdict is Verdict.MISS
+
+
+def test_flatness_is_the_largest_departure_from_two_nodes() -> None:
+    """Per round, every size is compared with that round's 2-node cost."""
+    table: Table = {"route_us": {"2": [10.0, 5.0], "16": [11.0, 5.0], "256": [13.0, None]}}
+    assert flatness(table) == pytest.approx([30.0, 0.0])
+
+
+def test_every_issue_target_is_judged() -> None:
+    """The table has the issue's twelve lines, each with a verdict even on no data."""
+    assert len(TARGETS) == 12
+    assert all(judge(t, {}).verdict is Verdict.NA for t in TARGETS)
