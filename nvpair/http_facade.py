@@ -133,8 +133,17 @@ class FacadeChannel(http.HTTPChannel):
 
     def timeoutConnection(self) -> None:
         # The idle timeout (no request in flight): Twisted's own logs every such close at
-        # info, which is per-connection detail (docs/README.md#logging).
+        # info, which is per-connection detail (docs/README.md#logging). Like Twisted's, a
+        # client that never reads what was already written is aborted after abortTimeout,
+        # else the graceful close would wait on it forever.
+        if self.abortTimeout is not None:
+            self._abortingCall = self.callLater(self.abortTimeout, self._abort_idle)
         self.loseConnection()
+
+    def _abort_idle(self) -> None:
+        self._abortingCall = None
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm_head_timer()

@@ -280,3 +280,15 @@ def test_bytes_after_a_refusal_are_not_parsed_or_answered() -> None:
     answered = conn.transport.value()
     conn.send(b"GET /a b HTTP/1.1\r\nX\r\n\r\n" + b"X-Big: " + b"a" * 20000 + b"\r\n\r\n")
     assert conn.transport.value() == answered and conn.closed()
+
+
+def test_an_idle_client_that_reads_nothing_is_aborted_after_the_grace() -> None:
+    """The idle close is graceful; a peer that never drains the last answer is still cut off."""
+    conn = Connection(LLAMACPP, head_timeout=30, idle_timeout=300)
+    conn.send(head("GET", "/models"))
+    aborts: list[bool] = []
+    conn.transport.abortConnection = lambda: aborts.append(True)  # type: ignore[method-assign]
+    conn.clock.advance(301)
+    assert conn.closed() and aborts == []  # graceful first
+    conn.clock.advance(conn.protocol.abortTimeout + 1)
+    assert aborts == [True]
