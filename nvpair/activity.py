@@ -29,6 +29,10 @@ class NodeActivity:
         self._last_sent: dict[tuple[str, str], float] = {}
         self._pending: dict[tuple[str, str], IDelayedCall] = {}
 
+    def in_flight(self, engine: str, node: str) -> int:
+        """This process's dispatches in flight to ``node``'s ``engine`` now."""
+        return self._counts.get((engine, node), 0)
+
     @contextmanager
     def tracking(self, engine: str, node: str) -> Iterator[None]:
         """Count one dispatch toward ``node`` for the duration of the block."""

@@ -4,7 +4,8 @@ Two bounds end the failover loop, and both are checked before every dispatch, ne
 one: the number of dispatches (``--max-dispatch-attempts``) and the job deadline
 (``--job-deadline`` from admission, a "no new attempts after" line rather than a ceiling on
 elapsed time). Between rounds the loop backs off, starting at ``--retry-backoff`` and doubling
-up to 8x. The loop asks this value; it never does the arithmetic itself.
+up to 8x. In standalone fleet mode a third bound caps the wait for an owner to come back
+(``--owner-wait``). The loop asks this value; it never does the arithmetic itself.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class RetryBudget:
     :ivar first_backoff: the first pause between rounds (0: none).
     :ivar used: dispatches spent so far.
     :ivar backoff: the pause the next round would take.
+    :ivar owner_deadline: while every owner is gone, the clock time the wait for one ends
+        (``--owner-wait``); None when nothing bounds it but :attr:`deadline`.
     """
 
     max_attempts: int
@@ -33,6 +36,7 @@ class RetryBudget:
     first_backoff: float
     used: int = 0
     backoff: float = field()
+    owner_deadline: float | None = field(default=None, kw_only=True)
 
     @backoff.default
     def _first(self) -> float:
@@ -73,8 +77,22 @@ class RetryBudget:
             return None
         return min(self.backoff, remaining)
 
+    def owners_gone(self, now: float, limit: float) -> RetryBudget:
+        """Every owner has gone: the wait for one starts now, bounded by ``limit`` seconds
+        (0: only the deadline bounds it). A wait already running keeps its bound."""
+        if self.owner_deadline is not None or limit <= 0:
+            return self
+        return evolve(self, owner_deadline=now + limit)
+
+    def owners_back(self) -> RetryBudget:
+        """An owner is there again: should every owner go once more, the wait starts afresh."""
+        if self.owner_deadline is None:
+            return self
+        return evolve(self, owner_deadline=None)
+
     def owner_wait(self, now: float) -> float | None:
-        """How long to wait for an owner to come back; None when the deadline has passed.
+        """How long to wait for an owner to come back; None when the deadline, or the owner
+        wait's own bound (:meth:`owners_gone`), has passed.
 
         A zero backoff waits for the rest of the deadline: the caller also wakes on a
         discovery change, so it never spins.
@@ -82,7 +100,11 @@ class RetryBudget:
         pause = self.pause(now)
         if pause is None:
             return None
-        return pause or self.deadline - now
+        wait = pause or self.deadline - now
+        if self.owner_deadline is None:
+            return wait
+        left = self.owner_deadline - now
+        return min(wait, left) if left > 0 else None
 
     def backed_off(self) -> RetryBudget:
         """The budget after one pause: the next one is twice as long, up to the cap."""

@@ -2,8 +2,9 @@
 
 The ordering itself is pure (:mod:`nvpair.routing`); this module applies it to what the
 control state holds right now: the discovery snapshot, the pin, the scheduler's priority and
-the process's reservations. There is no memory of past nodes: each plan and each pre-dispatch
-check reads the live snapshot.
+the process's reservations — or, in standalone fleet mode, what the fleet's own scheduling
+knows instead of a priority list (:mod:`nvpair.scheduling`). There is no memory of past
+nodes: each plan and each pre-dispatch check reads the live snapshot.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from nvpair.engines import RouteClass
 from nvpair.http_facade import Admitted
 from nvpair.reservations import Reservations
 from nvpair.routing import Plan, advertises, order, owners, plan
+from nvpair.scheduling import FleetScheduler
 
 
 class NoAddress(LookupError):
@@ -20,11 +22,21 @@ class NoAddress(LookupError):
 
 
 class Candidates:
-    """Plans and checks candidates against the live control state."""
+    """Plans and checks candidates against the live control state.
 
-    def __init__(self, control: ControlState, reservations: Reservations) -> None:
+    :param fleet: standalone fleet mode's scheduling; None in broker mode, where the
+        scheduler's priority list ranks.
+    """
+
+    def __init__(
+        self,
+        control: ControlState,
+        reservations: Reservations,
+        fleet: FleetScheduler | None = None,
+    ) -> None:
         self._control = control
         self._reservations = reservations
+        self._fleet = fleet
 
     def plan(self, admitted: Admitted) -> Plan:
         """This round's candidates, in order, and the node to reserve."""
@@ -41,7 +53,12 @@ class Candidates:
         # candidate: trying it would cost an attempt and report a dispatch that never left.
         dialable = [node for node in eligible if self.dialable(engine, node)]
         control = self._control
-        return plan(dialable, control.pin(engine), control.priority, self._reservations.counts)
+        counts = self._reservations.counts
+        if self._fleet is not None:
+            return self._fleet.plan(
+                engine, dialable, control.pin(engine), admitted.model_key, counts
+            )
+        return plan(dialable, control.pin(engine), control.priority, counts)
 
     def live(self, admitted: Admitted, node: Node) -> Node | None:
         """``node`` as the live snapshot has it now, if it is still one of the owners.

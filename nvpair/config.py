@@ -33,6 +33,10 @@ DEFAULTS: Mapping[str, str] = {
     "request-head-timeout": "30s",
     "idle-timeout": "5m",
     "listen-backlog": "4096",
+    "owner-wait": "30s",
+    "fail-threshold": "3",
+    "cooldown": "5s",
+    "cooldown-max": "2m",
 }
 
 
@@ -76,3 +80,11 @@ class Config:
     #: Connections the kernel queues for a facade before accept; Linux caps it at
     #: ``net.core.somaxconn``. Twisted's default of 50 overflows on a burst of clients.
     listen_backlog: int = _default("listen-backlog", parse_count)
+    #: Fleet mode: how long an in-flight request waits for an owner after every owner left
+    #: (0: up to the job deadline, as in broker mode) (docs/fleet-scheduling.md#owner-wait).
+    owner_wait: float = _default("owner-wait", parse_duration)
+    #: Fleet mode's passive health (docs/fleet-scheduling.md#passive-health): failed attempts
+    #: in a row that hold a node back, the first cool-down, and the longest.
+    fail_threshold: int = _default("fail-threshold", parse_count)
+    cooldown: float = _default("cooldown", parse_duration)
+    cooldown_max: float = _default("cooldown-max", parse_duration)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 from attrs import frozen
 
+from nvpair.loadstate import LLAMACPP_PROBE, LMSTUDIO_PROBE, OLLAMA_PROBE, LoadProbe
 from nvpair.names import ollama_display, ollama_key
 
 
@@ -79,6 +80,8 @@ class Engine:
     :ivar model_key: the comparison key of a model name (exact for engines without aliases).
     :ivar model_display: the display form used in events and merged lists.
     :ivar poll_path: the model list a standalone fleet polls for each node's inventory.
+    :ivar load_probe: what a standalone fleet asks each node, with the inventory, about the
+        engine's load: models in memory, slots, loading (docs/fleet-scheduling.md#load-state).
     :ivar plain_errors: which paths answer errors as ``{"error": "..."}`` rather than
         OpenAI's envelope (Ollama's native routes, not its ``/v1/*`` shims).
     :ivar named_model_paths: "other" routes whose body names a model in ``model``, or
@@ -100,6 +103,7 @@ class Engine:
     model_key: Callable[[str], str]
     model_display: Callable[[str], str]
     poll_path: str
+    load_probe: LoadProbe
     plain_errors: Callable[[str], bool] = _never
     named_model_paths: frozenset[str] = frozenset()
     host_guard: bool = False
@@ -179,6 +183,7 @@ OLLAMA = Engine(
     model_key=ollama_key,
     model_display=ollama_display,
     poll_path="/api/tags",
+    load_probe=OLLAMA_PROBE,
     plain_errors=lambda path: not path.startswith("/v1/"),
     named_model_paths=frozenset(
         {"/api/show", "/api/pull", "/api/push", "/api/create", "/api/delete"}
@@ -216,6 +221,7 @@ LMSTUDIO = Engine(
     model_key=_exact,
     model_display=_exact,
     poll_path="/v1/models",
+    load_probe=LMSTUDIO_PROBE,
 )
 
 LLAMACPP = Engine(
@@ -255,6 +261,7 @@ LLAMACPP = Engine(
     model_key=_exact,
     model_display=_exact,
     poll_path="/v1/models",
+    load_probe=LLAMACPP_PROBE,
 )
 
 #: The registry: every engine the process knows, by id. Order is presentation order.

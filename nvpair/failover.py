@@ -5,7 +5,9 @@ and tries them in order, moving on after a retryable status or transport failure
 dispatch the node is checked against the live snapshot (a node that left costs no attempt) and
 the budget is asked whether a dispatch may start. Between rounds the loop backs off; when every
 owner has gone it waits for one at no attempt's cost. Commit is the first body byte, decided
-by the attempt.
+by the attempt. In standalone fleet mode each attempt's outcome also tells passive health
+about its node, and the wait for an owner is bounded by ``--owner-wait``
+(docs/fleet-scheduling.md).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from __future__ import annotations
 from twisted.internet import task
 from twisted.internet.defer import Deferred
 
-from nvpair.attempt import Outgoing
-from nvpair.control import Discovery
+from nvpair.attempt import Failed, Fault, Outgoing
+from nvpair.control import Discovery, Node
 from nvpair.delivery import answer_final, try_node
 from nvpair.job import Job, Services
+from nvpair.outcome import Verdict, classify
 from nvpair.routing import Plan
 
 
@@ -35,7 +38,8 @@ async def serve_inference(services: Services, job: Job) -> None:
     while True:
         if not round_plan.candidates:
             # An owner existed within this request's life and went away: wait for one, at
-            # no attempt's cost, until the deadline.
+            # no attempt's cost, until the deadline (in fleet mode, at most --owner-wait).
+            job.budget = job.budget.owners_gone(clock.seconds(), _owner_wait(services))
             wait = job.budget.owner_wait(clock.seconds())
             if wait is None:
                 job.refuse("no-owner-timeout", retry_after=job.budget.retry_after())
@@ -45,6 +49,7 @@ async def serve_inference(services: Services, job: Job) -> None:
             round_plan = candidates.plan(job.admitted)
             continue
 
+        job.budget = job.budget.owners_back()
         dispatched = await _round(services, job, round_plan, outgoing)
         if dispatched is None:
             return
@@ -92,7 +97,7 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
             job.reservation = services.reservations.move(job.reservation, node.id)
         workload.submitted(node.id)
         dispatched = True
-        failed = await try_node(services, job, outgoing, node, job.budget.final)
+        failed = await _attempt(services, job, outgoing, node)
         if failed is None:
             return None
         if job.budget.final:
@@ -101,6 +106,50 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
         # Between attempts the job is placed nowhere.
         workload.submitted(None)
     return dispatched
+
+
+def _owner_wait(services: Services) -> float:
+    """The bound on waiting for an owner beyond the deadline's: fleet mode only, where no
+    broker's node-loss sweep would otherwise end a request whose every node is gone."""
+    return services.config.owner_wait if services.fleet is not None else 0.0
+
+
+async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node) -> Failed | None:
+    """One dispatch (:func:`~nvpair.delivery.try_node`); in fleet mode, what its outcome says
+    about the node goes to passive health (docs/fleet-scheduling.md#passive-health)."""
+    fleet = services.fleet
+    if fleet is None:
+        return await try_node(services, job, outgoing, node, job.budget.final)
+    engine = job.admitted.engine.id
+    trial = fleet.health.dispatching(engine, node.id)
+    failed: Failed | None = None
+    try:
+        failed = await try_node(services, job, outgoing, node, job.budget.final)
+    finally:
+        # Also when the request is cancelled (the requester left, shutdown): that says nothing
+        # about the node, unless the node had already answered.
+        why = _against_node(job, failed)
+        if why == "":
+            fleet.health.succeeded(engine, node.id)
+        elif why is not None:
+            fleet.health.failed(engine, node.id, trial, why)
+    return failed
+
+
+def _against_node(job: Job, failed: Failed | None) -> str | None:
+    """What an attempt says about its node: a failure in a few words, "" for an answer, or
+    None for nothing (the node left discovery, or the request ended before any answer)."""
+    if failed is not None:
+        if failed.why is Fault.NODE_LEFT:
+            return None
+        return f"status {failed.status}" if failed.why is Fault.STATUS else failed.why.value
+    status = job.served_status
+    if status is None:
+        return None
+    # The final attempt serves a retryable status as the answer: still the node failing.
+    if classify(status, job.admitted.route) is Verdict.RETRY:
+        return f"status {status}"
+    return ""
 
 
 def _owner_change(services: Services, engine: str, seconds: float) -> Deferred[None]:

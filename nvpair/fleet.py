@@ -3,18 +3,20 @@
 
 The file names the facades to enable and each node's engine URLs. Each node's inventory is its
 engine's own model list, polled; a node whose poll fails leaves discovery until it answers
-again. There is no scheduler, so every node counts as listed with no load and the process's
-own reservations alone spread the work.
+again. There is no scheduler: with each inventory the poll also reads the engine's load state
+(models in memory, busy slots, loading) for the fleet's own scheduling
+(docs/fleet-scheduling.md).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.internet import defer
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -26,7 +28,11 @@ from nvpair.engines import ENGINES
 from nvpair.facade_manager import FacadeError
 from nvpair.fanout import ask
 from nvpair.fleetfile import Fleet, FleetNode
+from nvpair.loadstate import UNKNOWN, Answer, LoadState
+from nvpair.scheduling import FleetScheduler
 from nvpair.web import UpstreamClient
+
+T = TypeVar("T")
 
 #: Bound on one inventory poll beyond the dial timeout (docs/inventories.md#polled-inventories).
 POLL_GRACE = 30.0
@@ -47,14 +53,19 @@ class FleetService(Service):
     """Enables the file's facades and keeps each engine's discovery from polled inventories.
 
     Every (node, engine) pair is polled on its own schedule: at start, then every
-    ``inventory-interval``, never twice at once. One poll (dial, headers and body together) is
+    ``inventory-interval``, never twice at once. One poll asks for the model list and, at the
+    same time, the engine's load routes; each request (dial, headers and body together) is
     bounded by the dial timeout plus :data:`POLL_GRACE` and by :data:`MAX_INVENTORY_BODY`, so a
-    node that stalls delays only its own next poll, never another node's.
+    node that stalls delays only its own next poll, never another node's. The two readings
+    are recorded as each arrives, and neither failing spoils the other — except that a node
+    whose model list fails while its engine says it is loading keeps its last known models, so
+    it stays in discovery as loading rather than leaving (docs/fleet-scheduling.md#load-state).
 
     :param clock: the poll schedule and bounds.
     :param upstream: the process's shared upstream client (its pool is closed by the
         process's shutdown, with everything else's).
     :param dial_timeout: connect timeout for each poll.
+    :param scheduler: where load states go; None polls inventories only.
     """
 
     log = Logger()
@@ -67,6 +78,7 @@ class FleetService(Service):
         facades: Facades,
         upstream: UpstreamClient,
         dial_timeout: float,
+        scheduler: FleetScheduler | None = None,
     ) -> None:
         self._clock = clock
         self._fleet = fleet
@@ -74,10 +86,14 @@ class FleetService(Service):
         self._facades = facades
         self._upstream = upstream
         self._timeout = (dial_timeout or 10.0) + POLL_GRACE
-        # engine -> node id -> models from that node's last successful poll
+        self._scheduler = scheduler
+        # engine -> node id -> models from that node's last successful poll, while in discovery
         self._answered: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in fleet.facades}
+        # engine -> node id -> the last models it ever answered, kept after it leaves: what a
+        # node that comes back loading is known to serve.
+        self._known: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in fleet.facades}
         self._loops: list[LoopingCall] = []
-        self._polling: set[Deferred[list[str]]] = set()
+        self._polling: set[Deferred[Any]] = set()
 
     def startService(self) -> None:
         super().startService()
@@ -115,18 +131,23 @@ class FleetService(Service):
             poll.cancel()
         return None
 
-    async def _poll_once(self, engine: str, url: str) -> list[str]:
-        spec = ENGINES[engine]
+    async def _ask(self, url: str, path: str) -> Answer:
+        """One GET of a poll, bounded as a whole (time and bytes)."""
         reply = await ask(
             self._upstream,
             self._clock,
             self._timeout,
             url,
             b"GET",
-            spec.poll_path.encode(),
+            path.encode(),
             Headers(),
             MAX_INVENTORY_BODY,
         )
+        return Answer(reply.status, reply.body)
+
+    async def _poll_once(self, engine: str, url: str) -> list[str]:
+        spec = ENGINES[engine]
+        reply = await self._ask(url, spec.poll_path)
         if not 200 <= reply.status < 300:
             raise ValueError(f"status {reply.status}")
         models = spec.inventory_models(json.loads(reply.body))
@@ -134,34 +155,99 @@ class FleetService(Service):
             raise ValueError("not the engine's model-list envelope")
         return models
 
-    def _poll(self, node: FleetNode, engine: str, url: str) -> Deferred[None]:
-        poll = Deferred.fromCoroutine(self._poll_once(engine, url))
-        self._polling.add(poll)
+    async def _load_answer(self, url: str, path: str) -> Answer | None:
+        try:
+            return await self._ask(url, path)
+        except CancelledError:
+            raise
+        except Exception:
+            # Refused, reset, timed out, too large: this route says nothing this time.
+            return None
 
-        def settled(result: list[str] | Failure) -> None:
-            self._polling.discard(poll)
-            if not self.running:
-                return
-            try:
-                if isinstance(result, Failure):
-                    self._failed(node.id, engine, result)
-                else:
-                    self._record(engine, node.id, tuple(result))
-            except Exception:
+    async def _probe_load(self, engine: str, url: str) -> LoadState:
+        if self._scheduler is None:
+            return UNKNOWN
+        probe = ENGINES[engine].load_probe
+        # Every route at once, each bounded like the model list; one failing says nothing.
+        answers = await defer.gatherResults(
+            [Deferred.fromCoroutine(self._load_answer(url, path)) for path in probe.paths],
+            consumeErrors=True,
+        )
+        return probe.read(answers, ENGINES[engine].model_key)
+
+    def _track(self, d: Deferred[T]) -> Deferred[T]:
+        """Remember ``d`` until it settles, so a shutdown can cancel it (and close its exchange)."""
+        self._polling.add(d)
+
+        def settled(result: T) -> T:
+            self._polling.discard(d)
+            return result
+
+        return d.addBoth(settled)
+
+    def _poll(self, node: FleetNode, engine: str, url: str) -> Deferred[None]:
+        def done(result: object) -> None:
+            if isinstance(result, Failure) and self.running and not result.check(CancelledError):
                 # Swallowed so this pair's loop keeps running.
                 self.log.failure(
-                    "recording {node}'s {engine} poll failed", node=node.id, engine=engine
+                    "recording {node}'s {engine} poll failed", result, node=node.id, engine=engine
                 )
 
-        return poll.addBoth(settled)
+        return Deferred.fromCoroutine(self._poll_pair(node, engine, url)).addBoth(done)
 
-    def _failed(self, node_id: str, engine: str, failure: Failure) -> None:
+    async def _poll_pair(self, node: FleetNode, engine: str, url: str) -> None:
+        inventory = self._track(Deferred.fromCoroutine(self._poll_once(engine, url)))
+        load = self._track(Deferred.fromCoroutine(self._probe_load(engine, url)))
+
+        def record_load(result: object) -> LoadState:
+            if isinstance(result, Failure):
+                # Cancelled by a shutdown, or a bug reading the answers: nothing known.
+                if not result.check(CancelledError):
+                    self.log.failure(
+                        "reading {node}'s {engine} load", result, node=node.id, engine=engine
+                    )
+                return UNKNOWN
+            assert isinstance(result, LoadState)
+            # As soon as it arrives, whatever the inventory is doing.
+            if self.running and self._scheduler is not None:
+                self._scheduler.record_load(engine, node.id, result)
+            return result
+
+        loaded = load.addBoth(record_load)
+        try:
+            models = await inventory
+        except CancelledError:
+            raise
+        except Exception as error:
+            # Whether the node left or is loading is this round's load reading's to say.
+            state = await loaded
+            if self.running:
+                self._failed(node.id, engine, str(error) or type(error).__name__, state.loading)
+            return
+        if self.running:
+            assert isinstance(models, list)
+            self._record(engine, node.id, tuple(models))
+        await loaded
+
+    def _failed(self, node_id: str, engine: str, why: str, loading: bool) -> None:
+        known = self._known[engine].get(node_id)
+        if loading and known is not None:
+            # A llama.cpp server loading its model answers 503 everywhere, its model list
+            # included; it is no gone node. Kept with what it last listed, marked loading.
+            if node_id not in self._answered[engine]:
+                self.log.info(
+                    "{node} is loading: back in {engine} discovery with its last models",
+                    engine=engine,
+                    node=node_id,
+                )
+            self._record(engine, node_id, known)
+            return
         if node_id in self._answered[engine]:
             self.log.info(
                 "{node} left {engine} discovery: poll failed ({why})",
                 engine=engine,
                 node=node_id,
-                why=failure.getErrorMessage()[:200],
+                why=why[:200],
             )
         self._record(engine, node_id, None)
 
@@ -183,6 +269,7 @@ class FleetService(Service):
                     count=len(models),
                 )
             answered[node_id] = models
+            self._known[engine][node_id] = models
         spec = ENGINES[engine]
         urls = {n.id: n.engines[engine] for n in self._fleet.nodes if engine in n.engines}
         self._control.set_discovery(

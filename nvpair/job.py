@@ -29,6 +29,7 @@ from nvpair.http_facade import Admitted
 from nvpair.inferstats import Stats
 from nvpair.proxy_answers import write_error
 from nvpair.reservations import Reservation, Reservations
+from nvpair.scheduling import FleetScheduler
 from nvpair.web import ProxiedRequest, UpstreamClient
 from nvpair.workload import Workload, Workloads
 
@@ -109,3 +110,5 @@ class Services:
     #: This node's cluster id while it is a member: what ``X-Nvpair-Node`` names for the
     #: answers its own engine gives a peer.
     own_id: Callable[[], str | None]
+    #: Standalone fleet mode's scheduling (load states, passive health); None in broker mode.
+    fleet: FleetScheduler | None = None

@@ -28,6 +28,7 @@ from nvpair.forwarding import serve_once_each, serve_peer
 from nvpair.http_facade import Admitted, RequestHandler
 from nvpair.job import Ending, Job, Services
 from nvpair.reservations import Reservations
+from nvpair.scheduling import FleetScheduler
 from nvpair.web import ProxiedRequest, UpstreamClient
 from nvpair.workload import State, Workloads
 
@@ -51,6 +52,7 @@ class RequestPath(RequestHandler):
     :param reservations: the process-wide reservation map.
     :param own_id: this node's cluster id, if it is a member (``X-Nvpair-Node`` of the
         answers its local engine gives).
+    :param fleet: standalone fleet mode's scheduling; None in broker mode.
     """
 
     def __init__(
@@ -63,8 +65,9 @@ class RequestPath(RequestHandler):
         workloads: Workloads,
         activity: NodeActivity,
         own_id: Callable[[], str | None] = lambda: None,
+        fleet: FleetScheduler | None = None,
     ) -> None:
-        candidates = Candidates(control, reservations)
+        candidates = Candidates(control, reservations, fleet)
         self._services = Services(
             clock=clock,
             control=control,
@@ -78,6 +81,7 @@ class RequestPath(RequestHandler):
             workloads=workloads,
             activity=activity,
             own_id=own_id,
+            fleet=fleet,
         )
         self._jobs: set[Job] = set()
 

@@ -1,18 +1,21 @@
 """Pure candidate selection: filter to owners, then order pin → priority → default
-(docs/candidate-order.md#order).
+(docs/candidate-order.md#order), or in standalone fleet mode pin → warm → busy → cold
+(docs/fleet-scheduling.md#order).
 
-Values in, values out: no reactor, no I/O. The request path calls :func:`plan` once per round
-with the live snapshot, so a node that recovered or a model that finished pulling becomes
-eligible mid-retry.
+Values in, values out: no reactor, no I/O. The request path calls :func:`plan` (or
+:func:`fleet_plan`) once per round with the live snapshot, so a node that recovered or a model
+that finished pulling becomes eligible mid-retry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import enum
+from collections.abc import Callable, Mapping, Sequence
 
 from attrs import frozen
 
 from nvpair.control import Discovery, Node, Priority
+from nvpair.loadstate import UNKNOWN, LoadState
 
 
 def owners(discovery: Discovery, model_key: str | None) -> list[Node]:
@@ -106,3 +109,79 @@ def plan(
         if not pinned:
             reserve = least.id
     return Plan(tuple(head + listed + unlisted), pinned, reserve)
+
+
+# -- standalone fleet mode ------------------------------------------------------------------------
+
+
+class Tier(enum.IntEnum):
+    """How ready a node is to serve a model now, best first (docs/fleet-scheduling.md#order)."""
+
+    #: The model is in memory and a slot is free: it starts at once.
+    WARM_FREE = 0
+    #: The model is in memory, every slot is busy: it waits behind others, but never loads.
+    WARM_BUSY = 1
+    #: Not in memory, or the engine did not say: the first request may wait for a load.
+    COLD = 2
+
+
+@frozen
+class Standing:
+    """What fleet mode knows about one candidate besides its inventory.
+
+    :ivar load: what the engine's last poll said about its load.
+    :ivar held: passive health holds the node back (docs/fleet-scheduling.md#passive-health).
+    """
+
+    load: LoadState = UNKNOWN
+    held: bool = False
+
+
+def tier(node: Node, model_key: str | None, load: LoadState, reserved: int) -> Tier:
+    """The node's tier for ``model_key`` with ``reserved`` of this proxy's requests on it."""
+    if not load.in_memory(model_key, node.model_keys):
+        return Tier.COLD
+    return Tier.WARM_FREE if load.free_slot(reserved) else Tier.WARM_BUSY
+
+
+def fleet_load(load: LoadState, reserved: int) -> int:
+    """Estimated load in fleet mode: this proxy's own requests on the node (its reservations:
+    with no scheduler snapshot ever arriving, they are exactly its dispatches in flight), plus
+    the slots its engine reported busy with other clients' work."""
+    return reserved + load.busy
+
+
+def fleet_plan(
+    eligible: Sequence[Node],
+    pin: str | None,
+    model_key: str | None,
+    standing: Callable[[str], Standing],
+    reservations: Mapping[str, int],
+) -> Plan:
+    """Order ``eligible`` owners in standalone fleet mode (docs/fleet-scheduling.md#order).
+
+    The pin first, then the nodes not held back, by tier (:class:`Tier`), within a tier by
+    :func:`fleet_load`, ties by node id; then the held-back nodes in the same order. A node
+    whose engine is loading is left out while any other owner is there; when every owner is
+    loading they all stay, least loaded first. The first candidate behind the pin is the one
+    reserved.
+    """
+    pinned = [node for node in eligible if node.id == pin][:1]
+    rest = [node for node in eligible if node.id != pin]
+    states = {node.id: standing(node.id) for node in rest}
+    ready = [node for node in rest if not states[node.id].load.loading]
+    if ready or pinned:
+        rest = ready
+
+    def rank(node: Node) -> tuple[bool, Tier, int, str]:
+        state, reserved = states[node.id], reservations.get(node.id, 0)
+        return (
+            state.held,
+            tier(node, model_key, state.load, reserved),
+            fleet_load(state.load, reserved),
+            node.id,
+        )
+
+    ordered = sorted(rest, key=rank)
+    reserve = ordered[0].id if ordered and not pinned else None
+    return Plan(tuple(pinned + ordered), bool(pinned), reserve)

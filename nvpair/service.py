@@ -33,11 +33,13 @@ from nvpair.config import Config
 from nvpair.control import ControlState
 from nvpair.facade_manager import FacadeManager
 from nvpair.fleet import FleetService
+from nvpair.health import HealthPolicy
 from nvpair.logs import JsonLineObserver
 from nvpair.outbox import BrokerOutbox, LogOutbox
 from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
+from nvpair.scheduling import FleetScheduler
 from nvpair.tls import PinnedPeers
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
@@ -226,6 +228,16 @@ def build(
     outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
     workloads = Workloads(outbox.notify, lambda: int(clock.seconds() * 1000), wanted=outbox.wanted)
     activity = NodeActivity(clock, outbox.notify)
+    # Fleet mode has no scheduler: the proxy ranks nodes itself (docs/fleet-scheduling.md).
+    scheduler = (
+        FleetScheduler(
+            clock,
+            HealthPolicy(config.fail_threshold, config.cooldown, config.cooldown_max),
+            activity.in_flight,
+        )
+        if config.fleet is not None
+        else None
+    )
     request_path = RequestPath(
         clock,
         control,
@@ -235,6 +247,7 @@ def build(
         workloads,
         activity,
         own_id=lambda: cluster.membership.node_id if cluster.membership else None,
+        fleet=scheduler,
     )
     facades = FacadeManager(
         reactor,
@@ -265,8 +278,9 @@ def build(
         )
 
     if config.fleet is not None:
+        assert scheduler is not None
         FleetService(
-            clock, config.fleet, control, facades, upstream, config.dial_timeout
+            clock, config.fleet, control, facades, upstream, config.dial_timeout, scheduler
         ).setServiceParent(root)
     else:
         assert isinstance(outbox, BrokerOutbox)

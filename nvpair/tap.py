@@ -104,6 +104,17 @@ class Options(usage.Options):
                 "Connections queued per facade port before accept (the kernel caps it at "
                 "net.core.somaxconn).",
             ),
+            (
+                "owner-wait",
+                "Fleet mode: how long an in-flight request waits for an owner after every "
+                "owner left; 0 waits up to --job-deadline.",
+            ),
+            (
+                "fail-threshold",
+                "Fleet mode: failed attempts in a row that hold a node back for a cool-down.",
+            ),
+            ("cooldown", "Fleet mode: the first cool-down of a held-back node; 0 holds none."),
+            ("cooldown-max", "Fleet mode: cool-downs double up to this."),
         )
     ]
 
@@ -148,7 +159,7 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--fleet: {bad}") from None
         state_dir = self._parse("state-dir", _nonempty)
         cluster_dir = self._parse("cluster-dir", _nonempty)
-        self.config = Config(
+        config = Config(
             state_dir=Path(state_dir) if state_dir else default_state_dir(self._environ),
             cluster_dir=Path(cluster_dir) if cluster_dir else None,
             broker=self._defaulted("broker", _nonempty),
@@ -167,7 +178,14 @@ class Options(usage.Options):
             request_head_timeout=self._defaulted("request-head-timeout", parse_duration),
             idle_timeout=self._defaulted("idle-timeout", parse_duration),
             listen_backlog=self._defaulted("listen-backlog", parse_count),
+            owner_wait=self._defaulted("owner-wait", parse_duration),
+            fail_threshold=self._defaulted("fail-threshold", parse_count),
+            cooldown=self._defaulted("cooldown", parse_duration),
+            cooldown_max=self._defaulted("cooldown-max", parse_duration),
         )
+        if config.cooldown_max < config.cooldown:
+            raise usage.UsageError("--cooldown-max: must not be shorter than --cooldown")
+        self.config = config
 
 
 def makeService(options: Options) -> IService:

@@ -24,9 +24,11 @@ from nvpair.activity import NodeActivity
 from nvpair.config import Config
 from nvpair.control import ControlState, Node
 from nvpair.engines import ENGINES
+from nvpair.health import HealthPolicy
 from nvpair.http_facade import Admitted
 from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
+from nvpair.scheduling import FleetScheduler
 from nvpair.workload import Workloads
 
 
@@ -283,6 +285,8 @@ class Harness:
     reservations: Reservations
     path: RequestPath
     events: list[tuple[str, dict[str, Any]]]
+    #: Standalone fleet mode's scheduling, when the harness plays fleet mode.
+    fleet: FleetScheduler | None = None
 
     def workload_events(self) -> list[tuple[str, dict[str, Any]]]:
         """``(method, workloadInfo)`` of every workload event so far."""
@@ -314,7 +318,9 @@ class Harness:
         self.control.set_discovery(engine, nodes)
 
 
-def harness(**overrides: Any) -> Harness:
+def harness(fleet: HealthPolicy | None = None, **overrides: Any) -> Harness:
+    """A request path on a Clock; with ``fleet``, in standalone fleet mode with that passive
+    health policy (``overrides`` are :class:`~nvpair.config.Config` fields)."""
     clock = Clock()
     control = ControlState()
     upstream = ScriptedUpstream()
@@ -336,5 +342,8 @@ def harness(**overrides: Any) -> Harness:
 
     workloads = Workloads(emit, lambda: int(clock.seconds() * 1000), run_id="0123456789abcdef")
     activity = NodeActivity(clock, emit)
-    path = RequestPath(clock, control, upstream, config, reservations, workloads, activity)
-    return Harness(clock, control, upstream, reservations, path, events)
+    scheduler = None if fleet is None else FleetScheduler(clock, fleet, activity.in_flight)
+    path = RequestPath(
+        clock, control, upstream, config, reservations, workloads, activity, fleet=scheduler
+    )
+    return Harness(clock, control, upstream, reservations, path, events, scheduler)

@@ -96,3 +96,24 @@ def test_fast_slow_and_ownerless_failures_end_as_the_docs_say(
     assert dispatched == started_in_time
     ended_by = budget.refusal(now)
     assert ended_by == ("attempts-exhausted" if dispatched == max_attempts else "deadline")
+
+
+@given(budgets, st.floats(0, 100), st.floats(0, 200), st.floats(0, 200))
+def test_owner_wait_never_runs_past_its_own_bound_or_the_deadline(
+    budget: RetryBudget, limit: float, gone_at: float, later: float
+) -> None:
+    """``--owner-wait`` (fleet mode): counted from when every owner went, within the deadline;
+    a wait already running keeps its bound, and an owner back clears it."""
+    start = budget.deadline - 3600
+    gone = budget.owners_gone(start + gone_at, limit)
+    assert gone.owners_gone(start + gone_at + later, limit) == gone
+    now = start + gone_at + later
+    wait = gone.owner_wait(now)
+    plain = budget.owner_wait(now)
+    if limit <= 0:
+        assert gone == budget and wait == plain
+    elif now >= start + gone_at + limit:
+        assert wait is None
+    else:
+        assert plain is not None and wait == min(plain, start + gone_at + limit - now)
+    assert gone.owners_back() == budget

@@ -70,6 +70,11 @@ def test_go_durations() -> None:
         (["--max-request-body", "0"], "--max-request-body"),
         (["--log-level", "trace"], "--log-level"),
         (["--admin-port", "0"], "--admin-port"),
+        (["--owner-wait", "30"], "--owner-wait"),
+        (["--fail-threshold", "0"], "--fail-threshold"),
+        (["--cooldown", "-5s"], "--cooldown"),
+        (["--cooldown-max", "forever"], "--cooldown-max"),
+        (["--cooldown", "10s", "--cooldown-max", "5s"], "--cooldown-max"),
     ],
 )
 def test_malformed_values_name_the_option(argv: list[str], names: str) -> None:
@@ -93,3 +98,17 @@ def test_the_command_lines_defaults_are_configs_defaults(tmp_path: Path) -> None
     options.parseOptions([])
     assert options.config is not None
     assert attrs.evolve(options.config, state_dir=tmp_path) == Config(state_dir=tmp_path)
+
+
+def test_fleet_scheduling_options() -> None:
+    """Issue 13: ``--owner-wait`` 30s, ``--fail-threshold`` 3, ``--cooldown`` 5s doubling up to
+    ``--cooldown-max`` 2m (docs/fleet-scheduling.md)."""
+    config = parse([]).config
+    assert config is not None
+    assert (config.owner_wait, config.fail_threshold) == (30, 3)
+    assert (config.cooldown, config.cooldown_max) == (5, 120)
+    argv = ["--owner-wait", "0", "--fail-threshold", "1", "--cooldown", "250ms"]
+    config = parse([*argv, "--cooldown-max", "1m30s"]).config
+    assert config is not None
+    assert (config.owner_wait, config.fail_threshold) == (0, 1)
+    assert (config.cooldown, config.cooldown_max) == (0.25, 90)

@@ -2,6 +2,9 @@
 """Run simulated engines on loopback until SIGINT/SIGTERM (``make demo``).
 
 ``python -m nvpair.sim --serve ollama 21434 node-a llama3:latest,qwen2:7b --serve ...``
+
+``--cold --load-delay 2 --keep-alive 30`` starts every engine with no model in memory: a model's
+first request waits two seconds for its load, and a model unused for thirty seconds is unloaded.
 """
 
 from __future__ import annotations
@@ -45,12 +48,33 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="delay between streamed chunks (default 0.05, so a demo visibly streams)",
     )
+    parser.add_argument(
+        "--load-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="how long a model not in memory takes to load (default 0)",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="unload a model this long after its last request ends (default: never)",
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="start with no model in memory (default: every model loaded)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.load_delay < 0 or (args.keep_alive is not None and args.keep_alive < 0):
+        parser.error("--load-delay and --keep-alive must not be negative")
     specs: list[tuple[str, int, str, list[str]]] = []
     for engine, port, node, models in args.serve:
         if engine not in DIALECTS:
@@ -73,7 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     engines: list[SimEngine] = []
     for engine, port, node, names in specs:
         sim = SimEngine(
-            reactor, engine, models=names, node=node, chunk_interval=args.chunk_interval
+            reactor,
+            engine,
+            models=names,
+            node=node,
+            chunk_interval=args.chunk_interval,
+            load_delay=args.load_delay,
+            keep_alive=args.keep_alive,
+            warm=() if args.cold else None,
         )
         try:
             bound = sim.listen(port, "127.0.0.1")

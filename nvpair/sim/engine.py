@@ -4,14 +4,15 @@ record of what it received, and the machinery that delivers a dialect's reply ov
 
 The dialect (:mod:`nvpair.sim.ollama`, :mod:`~nvpair.sim.lmstudio`, :mod:`~nvpair.sim.llamacpp`)
 decides *what* to answer; this module decides *when*: header and first-byte delays, a stall, a
-connection killed mid-stream, chunks spaced by ``chunk_interval``, and a client going away.
+connection killed mid-stream, chunks spaced by ``chunk_interval``, a client going away, and a
+model that must be loaded first (:mod:`nvpair.sim.memory`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Protocol, cast
 
 import attrs
@@ -36,6 +37,7 @@ from nvpair.sim.cors import CorsPolicy, LlamaCppCors, LMStudioCors, OllamaCors, 
 from nvpair.sim.generation import default_tokens
 from nvpair.sim.llamacpp import LlamaCppDialect
 from nvpair.sim.lmstudio import LMStudioDialect
+from nvpair.sim.memory import Memory
 from nvpair.sim.ollama import OllamaDialect
 from nvpair.sim.wire import Call, Dialect, Reply, RouteKind
 
@@ -333,6 +335,15 @@ class SimEngine:
         usage figures.
     :param cors: the dialect's CORS setting, see :data:`CorsSetting`.
     :param chunk_interval: seconds between streamed chunks (0 still yields to the reactor).
+    :param load_delay: seconds a model not in memory takes to load. Ollama and LM Studio load a
+        model on its first request, which waits for the load (Ollama holds the headers, LM
+        Studio a stream's first byte); llama.cpp loads its one model when it starts listening,
+        answering 503 ``Loading model`` everywhere meanwhile.
+    :param keep_alive: seconds a model stays in memory after its last request ends (Ollama's
+        ``keep_alive``, LM Studio's idle TTL); None keeps it for good. llama.cpp never unloads.
+    :param warm: the models in memory at the start (default: every model), so a cold start is
+        ``warm=()``.
+    :param parallel: requests the engine runs at once, as llama.cpp's ``/slots`` lists them.
     """
 
     def __init__(
@@ -346,6 +357,10 @@ class SimEngine:
         tokens: Sequence[str] | None = None,
         cors: CorsSetting = None,
         chunk_interval: float = 0.0,
+        load_delay: float = 0.0,
+        keep_alive: float | None = None,
+        warm: Iterable[str] | None = None,
+        parallel: int = 1,
     ) -> None:
         self._reactor = reactor
         self._impl = _dialect(dialect)
@@ -356,13 +371,22 @@ class SimEngine:
         self.faults = faults if faults is not None else Faults()
         self.tokens: list[str] = list(tokens) if tokens is not None else list(default_tokens(node))
         self.chunk_interval = chunk_interval
+        self._memory = Memory(
+            reactor.seconds,
+            load_delay,
+            None if dialect == "llamacpp" else keep_alive,
+            self.models if warm is None else warm,
+        )
+        if parallel < 1:
+            raise ValueError("parallel must be at least 1")
+        self._parallel = parallel
         self.requests: list[RecordedRequest] = []
         self.abandoned = 0
         """How many answers the client abandoned (disconnected) before they were complete."""
         self.headers_sent = 0
         """How many answers have had their status line and headers written (any route)."""
         self._ids = itertools.count(1)
-        self._deliveries: dict[_Delivery, RouteKind] = {}
+        self._deliveries: dict[_Delivery, tuple[RouteKind, str | None]] = {}
         self._resource = _SimResource(self._render)
         self._connections = _Connections(_QuietSite(self._resource, reactor=reactor))
         self._listening: IListeningPort | None = None
@@ -374,7 +398,16 @@ class SimEngine:
     @property
     def in_flight(self) -> int:
         """Inference answers still being delivered (delayed, streaming or stalled)."""
-        return sum(1 for kind in self._deliveries.values() if kind is RouteKind.INFERENCE)
+        return sum(1 for kind, _ in self._deliveries.values() if kind is RouteKind.INFERENCE)
+
+    @property
+    def memory(self) -> Memory:
+        """Which models are in memory; :meth:`Memory.unload` makes the next request cold."""
+        return self._memory
+
+    @property
+    def parallel(self) -> int:
+        return self._parallel
 
     def now(self) -> float:
         return self._reactor.seconds()
@@ -398,6 +431,13 @@ class SimEngine:
         address = self._listening.getHost()
         assert isinstance(address, IPv4Address | IPv6Address)
         self._port, self._interface = address.port, interface
+        if (
+            self.dialect == "llamacpp"
+            and self.models
+            and not self._memory.in_memory(self.models[0])
+        ):
+            # llama-server loads its model as it starts, serving nothing meanwhile.
+            self._memory.load(self.models[0])
         return self._port
 
     def refuse(self) -> Deferred[None]:
@@ -456,7 +496,16 @@ class SimEngine:
         faults = attrs.evolve(self.faults)  # knobs as they were when the request arrived
         reply = self._reply(call, kind, faults).with_headers(cors.headers)
         plan = _plan(kind, faults, reply)
+        model = self._model(call, kind, faults, reply)
+        if model is not None:
+            wait = self._memory.use(model)
+            if wait > 0 and reply.streamed and self._impl.stream_headers_first:
+                plan = attrs.evolve(plan, first_byte_delay=plan.first_byte_delay + wait)
+            elif wait > 0:
+                plan = attrs.evolve(plan, header_delay=plan.header_delay + wait)
         if plan.immediate and not reply.streamed:
+            if model is not None:
+                self._memory.done(model)
             return self._send_now(request, reply)
         delivery = _Delivery(
             self._reactor,
@@ -467,9 +516,15 @@ class SimEngine:
             self._delivery_ended,
             self._headers_written,
         )
-        self._deliveries[delivery] = kind
+        self._deliveries[delivery] = (kind, model)
         delivery.start()
         return NOT_DONE_YET
+
+    def _model(self, call: Call, kind: RouteKind, faults: Faults, reply: Reply) -> str | None:
+        """The model an inference answer runs on, when the engine loads models on demand."""
+        if kind is not RouteKind.INFERENCE or faults.status is not None or reply.status >= 400:
+            return None
+        return self._impl.model_for(self, call)
 
     def _reply(self, call: Call, kind: RouteKind, faults: Faults) -> Reply:
         if kind is RouteKind.INFERENCE and faults.status is not None:
@@ -494,7 +549,9 @@ class SimEngine:
         self.headers_sent += 1
 
     def _delivery_ended(self, delivery: _Delivery, abandoned: bool) -> None:
-        self._deliveries.pop(delivery, None)
+        _, model = self._deliveries.pop(delivery, (RouteKind.OTHER, None))
+        if model is not None:
+            self._memory.done(model)
         if abandoned:
             self.abandoned += 1
 

@@ -6,7 +6,10 @@ routes carrying ``usage`` and ``timings``, the combined ``/models`` list, ``/hea
 
 The request's ``model`` is ignored: the server's model (the first configured name) answers and is
 named in every response. Every configured name is listed by ``/models``. With no model configured
-the server behaves as while loading: inference answers 503 ``Loading model``.
+the server behaves as while loading: inference answers 503 ``Loading model``. While the server
+loads its model (a cold start: from :meth:`~nvpair.sim.SimEngine.listen` for the engine's load
+delay) every route, ``/health`` included, answers 503 ``Loading model``, as current builds do.
+``/slots`` lists the engine's ``parallel`` slots, as many busy as answers are being delivered.
 """
 
 from __future__ import annotations
@@ -130,6 +133,9 @@ class LlamaCppDialect:
         return self._routes.kind(call)
 
     def answer(self, view: EngineView, call: Call) -> Reply:
+        if view.models and view.memory.loading(view.models[0]):
+            # The server's own gate while it loads: before routing, so every path answers it.
+            return error_reply(503, "Loading model")
         route = self._routes.find(call.method, call.path)
         if route is None:
             # cpp-httplib has no 405: a wrong method is as unknown as a wrong path.
@@ -138,6 +144,12 @@ class LlamaCppDialect:
 
     def failure(self, call: Call, status: int, message: str) -> Reply:
         return error_reply(status, message)
+
+    #: The model is loaded once, at start (single-model mode), never per request.
+    stream_headers_first = False
+
+    def model_for(self, view: EngineView, call: Call) -> str | None:
+        return None
 
     # -- shared request handling ---------------------------------------------------------------
 
@@ -215,7 +227,7 @@ class LlamaCppDialect:
                 "is_processing": False,
                 "params": {"n_predict": -1, "temperature": 0.8, "seed": 4294967295},
             },
-            "total_slots": 1,
+            "total_slots": view.parallel,
             "model_alias": model,
             "model_path": f"/models/{model}.gguf",
             "modalities": {"vision": False, "audio": False},
@@ -228,12 +240,21 @@ class LlamaCppDialect:
         return json_reply(200, props)
 
     def _slots(self, view: EngineView, call: Call) -> Reply:
-        # One slot, busy while any inference answer is still being delivered.
-        busy = view.in_flight > 0
-        if busy and "fail_on_no_slot=1" in call.query.split("&"):
+        # One slot per parallel request; a slot is busy while an inference answer is delivered.
+        busy = min(view.in_flight, view.parallel)
+        if busy == view.parallel and "fail_on_no_slot=1" in call.query.split("&"):
             return error_reply(503, "no slot available")
-        slot = {"id": 0, "id_task": -1, "n_ctx": N_CTX, "speculative": False, "is_processing": busy}
-        return json_reply(200, [slot])
+        slots = [
+            {
+                "id": index,
+                "id_task": -1,
+                "n_ctx": N_CTX,
+                "speculative": False,
+                "is_processing": index < busy,
+            }
+            for index in range(view.parallel)
+        ]
+        return json_reply(200, slots)
 
     # -- native inference ----------------------------------------------------------------------
 

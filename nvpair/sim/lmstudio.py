@@ -114,6 +114,14 @@ class LMStudioDialect:
     def failure(self, call: Call, status: int, message: str) -> Reply:
         return openai.error_reply(status, message, _error_type(status))
 
+    #: A stream's headers go out on accept; its first byte waits (spec §5.2's measurement).
+    stream_headers_first = True
+
+    def model_for(self, view: EngineView, call: Call) -> str | None:
+        # JIT loading: a request for a model not in memory loads it.
+        prepared = self._prepare(view, call)
+        return None if isinstance(prepared, Reply) else prepared[1]
+
     # -- shared request handling ---------------------------------------------------------------
 
     def _prepare(self, view: EngineView, call: Call) -> tuple[dict[str, object], str] | Reply:
@@ -147,7 +155,7 @@ class LMStudioDialect:
         data = [{"id": m, "object": "model", "owned_by": "organization_owner"} for m in view.models]
         return json_reply(200, {"data": data, "object": "list"})
 
-    def _v0_entry(self, model: str) -> Json:
+    def _v0_entry(self, view: EngineView, model: str) -> Json:
         return {
             "id": model,
             "object": "model",
@@ -156,12 +164,14 @@ class LMStudioDialect:
             "arch": "llama",
             "compatibility_type": "gguf",
             "quantization": "Q4_K_M",
-            "state": "loaded",
+            "state": "loaded" if view.memory.in_memory(model) else "not-loaded",
             "max_context_length": MAX_CONTEXT_LENGTH,
         }
 
     def _v0_models(self, view: EngineView, call: Call) -> Reply:
-        return json_reply(200, {"object": "list", "data": [self._v0_entry(m) for m in view.models]})
+        return json_reply(
+            200, {"object": "list", "data": [self._v0_entry(view, m) for m in view.models]}
+        )
 
     def _v0_model(self, view: EngineView, call: Call) -> Reply:
         wanted = call.path.removeprefix("/api/v0/models/")
@@ -170,7 +180,7 @@ class LMStudioDialect:
             return openai.error_reply(
                 404, message, "invalid_request_error", "model", "model_not_found"
             )
-        return json_reply(200, self._v0_entry(wanted))
+        return json_reply(200, self._v0_entry(view, wanted))
 
     def _v1_rest_models(self, view: EngineView, call: Call) -> Reply:
         entries = [
@@ -183,7 +193,11 @@ class LMStudioDialect:
                 "quantization": {"name": "Q4_K_M", "bits_per_weight": 4.8},
                 "size_bytes": 1_000_000_000 + int(hashlib.sha256(m.encode()).hexdigest()[:6], 16),
                 "params_string": "8B",
-                "loaded_instances": [{"id": m, "config": {"context_length": CONTEXT_LENGTH}}],
+                "loaded_instances": (
+                    [{"id": m, "config": {"context_length": CONTEXT_LENGTH}}]
+                    if view.memory.in_memory(m)
+                    else []
+                ),
                 "max_context_length": MAX_CONTEXT_LENGTH,
                 "format": "gguf",
                 "capabilities": {"vision": False, "trained_for_tool_use": True},

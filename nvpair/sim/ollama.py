@@ -220,6 +220,15 @@ class OllamaDialect:
             return openai.error_reply(status, message, _v1_error_type(status))
         return json_reply(status, {"error": message})
 
+    #: Ollama writes nothing, headers included, until the model is loaded.
+    stream_headers_first = False
+
+    def model_for(self, view: EngineView, call: Call) -> str | None:
+        body = parse_object(call.body)
+        if isinstance(body, BadJSON):
+            return None
+        return find_model(view.models, get_str(body, "model") or get_str(body, "name"))
+
     # -- shared request handling ---------------------------------------------------------------
 
     def _body(self, call: Call, target: str) -> dict[str, object] | Reply:
@@ -276,20 +285,22 @@ class OllamaDialect:
         return json_reply(200, {"models": [self._entry(i, m) for i, m in enumerate(view.models)]})
 
     def _ps(self, view: EngineView, call: Call) -> Reply:
-        # Every advertised model counts as loaded, expiring five minutes from now.
-        expires = timestamp(view.now() + 300)
+        # The models in memory, loading ones included: Ollama lists a runner as soon as it
+        # starts loading it. With no keep-alive a model never expires; it shows five minutes on.
+        now = view.now()
         entries = [
             {
-                "name": display(m),
-                "model": display(m),
-                "size": _size(m),
-                "digest": _digest(m),
+                "name": display(r.model),
+                "model": display(r.model),
+                "size": _size(r.model),
+                "digest": _digest(r.model),
                 "details": _details(),
-                "expires_at": expires,
-                "size_vram": _size(m),
+                "expires_at": timestamp(r.expires_at if r.expires_at is not None else now + 300),
+                "size_vram": _size(r.model),
                 "context_length": 4096,
             }
-            for m in view.models
+            for r in view.memory.resident()
+            if r.model in view.models
         ]
         return json_reply(200, {"models": entries})
 

@@ -16,6 +16,8 @@ from typing import Protocol
 
 import attrs
 
+from nvpair.sim.memory import Memory
+
 JSON_TYPE = "application/json; charset=utf-8"
 NDJSON_TYPE = "application/x-ndjson"
 SSE_TYPE = "text/event-stream"
@@ -100,6 +102,16 @@ class EngineView(Protocol):
     @property
     def in_flight(self) -> int: ...
 
+    @property
+    def memory(self) -> Memory:
+        """Which models are in memory (the cold-start knob)."""
+        ...
+
+    @property
+    def parallel(self) -> int:
+        """How many requests the engine says it runs at once (llama.cpp ``/slots``)."""
+        ...
+
     def now(self) -> float:
         """Reactor time in seconds since the epoch."""
         ...
@@ -122,6 +134,17 @@ class Dialect(Protocol):
 
     def failure(self, call: Call, status: int, message: str) -> Reply:
         """An error reply with ``status`` in the shape this dialect uses on ``call``'s route."""
+        ...
+
+    def model_for(self, view: EngineView, call: Call) -> str | None:
+        """The configured model an inference ``call`` runs on, when the engine loads models on
+        demand (its first request waits for the load); None otherwise."""
+        ...
+
+    @property
+    def stream_headers_first(self) -> bool:
+        """Whether a streamed answer sends its headers on accept, before the model is ready
+        (the load then delays the first body byte rather than the headers)."""
         ...
 
 

@@ -1,0 +1,226 @@
+"""Pure reading of what an engine says about its own load (docs/fleet-scheduling.md#load-state).
+
+Standalone fleet mode has no scheduler, so each poll also asks every engine what it holds in
+memory and how busy it is: Ollama ``GET /api/ps``, LM Studio ``GET /api/v0/models``,
+llama.cpp ``GET /health`` and ``GET /slots``. This module turns those answers into one
+:class:`LoadState` value. Anything it cannot read — a failed request, a status it does not
+expect, a body that is not JSON, the wrong shape, deep nesting, a number that overflows —
+gives :data:`UNKNOWN`, never an exception: a node's load is a hint for the order, and a
+hostile or broken answer must cost nothing but the hint. Asking is the caller's job
+(:mod:`nvpair.fleet`); this module only sees statuses and bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from attrs import frozen
+
+__all__ = [
+    "LLAMACPP_PROBE",
+    "LMSTUDIO_PROBE",
+    "OLLAMA_PROBE",
+    "UNKNOWN",
+    "Answer",
+    "LoadProbe",
+    "LoadState",
+]
+
+
+@frozen
+class LoadState:
+    """One engine's load on one node, as its last poll reported it.
+
+    :ivar loading: the engine says it is loading a model and serves nothing until it is done
+        (llama.cpp ``/health`` answering 503).
+    :ivar warm: the keys of the models it holds in memory; None when it did not say.
+    :ivar warm_all: every model the node lists is in memory (llama.cpp serves the one model it
+        loaded at start).
+    :ivar slots: how many requests it runs at once, where it says (llama.cpp ``/slots``).
+    :ivar busy: how many of those slots are generating for someone other than this proxy (the
+        poller subtracts the proxy's own requests in flight to that engine).
+    """
+
+    loading: bool = False
+    warm: frozenset[str] | None = None
+    warm_all: bool = False
+    slots: int | None = None
+    busy: int = 0
+
+    def in_memory(self, model_key: str | None, listed: frozenset[str]) -> bool | None:
+        """Whether the model is in memory: True, False, or None when the engine did not say.
+
+        :param model_key: the requested model's key; None for a model-less request, which the
+            engine answers with whatever it has loaded.
+        :param listed: the model keys the node's inventory lists.
+        """
+        if self.loading:
+            return False
+        if self.warm_all:
+            return bool(listed) if model_key is None else model_key in listed
+        if self.warm is None:
+            return None
+        return bool(self.warm) if model_key is None else model_key in self.warm
+
+    def free_slot(self, reserved: int) -> bool:
+        """Whether a slot is free with ``reserved`` of this proxy's own requests on the node.
+
+        Ollama and LM Studio do not say how many requests they run at once; both run one per
+        model by default, so one slot is assumed for them.
+        """
+        capacity = self.slots if self.slots else 1
+        return self.busy + reserved < capacity
+
+
+#: Nothing known: the engine did not answer, or not in a way this module reads.
+UNKNOWN = LoadState()
+
+
+@frozen
+class Answer:
+    """One load route's answer: its status and whole body."""
+
+    status: int
+    body: bytes
+
+
+Reader = Callable[[Sequence[Answer | None], Callable[[str], str]], LoadState]
+
+
+@frozen
+class LoadProbe:
+    """How to ask one engine for its load.
+
+    :ivar paths: the GET routes to ask, all at once.
+    :ivar read: turns their answers (in ``paths`` order; None for one that failed in transit
+        or past its bounds) and the engine's model-key function into a :class:`LoadState`.
+    """
+
+    paths: tuple[str, ...]
+    read: Reader
+
+
+def _json(answer: Answer | None) -> object:
+    """The body of a 2xx answer as strict JSON; None when there is none to read."""
+    if answer is None or not 200 <= answer.status < 300:
+        return None
+    try:
+        return json.loads(answer.body, parse_constant=_refuse, parse_float=_finite)
+    except (ValueError, RecursionError):
+        # JSONDecodeError, bad UTF-8, integers over Python's digit limit, the refusals below,
+        # and nesting deep enough to exhaust the parser's stack.
+        return None
+
+
+def _refuse(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} overflows a double")
+    return value
+
+
+def _names(
+    entries: object, key_field: str, wanted: Callable[[dict[str, object]], bool]
+) -> list[str] | None:
+    """The ``key_field`` of each entry ``wanted`` accepts, or None when the list is malformed."""
+    if not isinstance(entries, list):
+        return None
+    names: list[str] = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get(key_field), str):
+            return None
+        if wanted(entry):
+            names.append(entry[key_field])
+    return names
+
+
+def read_ollama(answers: Sequence[Answer | None], key: Callable[[str], str]) -> LoadState:
+    """``GET /api/ps``: ``{"models": [{"name", "expires_at", "size_vram", ...}]}``.
+
+    Every model listed is in memory, a loading one included (Ollama lists a runner as soon as
+    it starts loading it). ``expires_at`` is not used to age a model out between polls: while
+    a request runs on a model Ollama keeps the old expiry and restarts the timer only when the
+    request ends, so a past ``expires_at`` does not mean the model is gone; the next poll does.
+    """
+    document = _json(answers[0])
+    if not isinstance(document, dict) or "models" not in document:
+        return UNKNOWN
+    # Ollama writes [] for none; null is read the same way rather than as "unknown".
+    entries = document.get("models")
+    names = _names([] if entries is None else entries, "name", lambda entry: True)
+    if names is None:
+        return UNKNOWN
+    return LoadState(warm=frozenset(key(name) for name in names))
+
+
+def read_lmstudio(answers: Sequence[Answer | None], key: Callable[[str], str]) -> LoadState:
+    """``GET /api/v0/models``: ``{"data": [{"id", "state": "loaded" | "not-loaded", ...}]}``.
+
+    A version without REST v0 answers 200 with an "Unexpected endpoint" error object, which has
+    no ``data``: unknown, as is any ``state`` that is not a string.
+    """
+    document = _json(answers[0])
+    if not isinstance(document, dict):
+        return UNKNOWN
+    entries = document.get("data")
+    if isinstance(entries, list) and not all(
+        isinstance(entry, dict) and isinstance(entry.get("state"), str) for entry in entries
+    ):
+        return UNKNOWN
+    names = _names(entries, "id", lambda entry: entry.get("state") == "loaded")
+    if names is None:
+        return UNKNOWN
+    return LoadState(warm=frozenset(key(name) for name in names))
+
+
+def read_llamacpp(answers: Sequence[Answer | None], key: Callable[[str], str]) -> LoadState:
+    """``GET /health`` and ``GET /slots``.
+
+    ``/health`` answers 503 while the server loads its model (every other route does too), and
+    200 once it serves. ``/slots`` is a list with one object per slot, ``is_processing`` true
+    while it generates (builds before late 2024 said ``state``: 0 idle, 1 processing). A server
+    started with ``--no-slots`` answers an error there: its slot count stays unknown.
+    """
+    health, slots_answer = answers
+    if health is not None and health.status == 503:
+        return LoadState(loading=True)
+    slots = _slots(_json(slots_answer))
+    ready = health is not None and 200 <= health.status < 300
+    if not ready and slots is None:
+        return UNKNOWN
+    # Single-model mode: whatever the server lists is what it loaded at start.
+    if slots is None:
+        return LoadState(warm_all=True)
+    total, busy = slots
+    return LoadState(warm_all=True, slots=total, busy=busy)
+
+
+def _slots(document: object) -> tuple[int, int] | None:
+    """(slots, busy) from a ``/slots`` list, or None when it is not one."""
+    if not isinstance(document, list) or not document:
+        return None
+    busy = 0
+    for slot in document:
+        if not isinstance(slot, dict):
+            return None
+        processing = slot.get("is_processing")
+        if processing is None:
+            state = slot.get("state")
+            # bool is an int: a boolean "state" is no legacy slot either.
+            if not isinstance(state, int) or isinstance(state, bool) or state not in (0, 1):
+                return None
+            processing = state == 1
+        if not isinstance(processing, bool):
+            return None
+        busy += processing
+    return len(document), busy
+
+
+OLLAMA_PROBE = LoadProbe(("/api/ps",), read_ollama)
+LMSTUDIO_PROBE = LoadProbe(("/api/v0/models",), read_lmstudio)
+LLAMACPP_PROBE = LoadProbe(("/health", "/slots"), read_llamacpp)

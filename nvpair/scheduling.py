@@ -1,0 +1,73 @@
+"""Standalone fleet mode plays the scheduler (docs/fleet-scheduling.md).
+
+In broker mode the scheduler ranks nodes; in fleet mode there is none, so the proxy ranks them
+itself from two things it learns on its own: each engine's load state, polled with the
+inventory (:mod:`nvpair.loadstate`, :mod:`nvpair.fleet`), and each node's passive health, from
+the outcome of its attempts (:mod:`nvpair.health`). :class:`FleetScheduler` holds both and
+answers the request path's questions: the order of a round (:meth:`FleetScheduler.plan`, the pure
+:func:`nvpair.routing.fleet_plan` on live values) and what an attempt's outcome says about its
+node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from twisted.internet.interfaces import IReactorTime
+
+from nvpair.control import Node
+from nvpair.health import HealthPolicy, PassiveHealth
+from nvpair.loadstate import UNKNOWN, LoadState
+from nvpair.routing import Plan, Standing, fleet_plan
+
+
+class FleetScheduler:
+    """Load states and passive health of every (engine, node), read per round.
+
+    :param clock: passive health's cool-downs.
+    :param policy: passive health's options.
+    :param own_in_flight: this proxy's dispatches in flight to (engine, node): subtracted from
+        the busy slots an engine reports, which include them, so they are not counted twice.
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        policy: HealthPolicy,
+        own_in_flight: Callable[[str, str], int] = lambda engine, node: 0,
+    ) -> None:
+        self.health = PassiveHealth(clock, policy)
+        self._own = own_in_flight
+        self._loads: dict[tuple[str, str], LoadState] = {}
+
+    def load(self, engine: str, node: str) -> LoadState:
+        """What ``node``'s ``engine`` said about its load at its last poll."""
+        return self._loads.get((engine, node), UNKNOWN)
+
+    def record_load(self, engine: str, node: str, state: LoadState) -> None:
+        """A poll's reading; :data:`~nvpair.loadstate.UNKNOWN` forgets what was known."""
+        if state.busy:
+            # The engine counts this proxy's own requests among its busy slots; the order
+            # counts them as reservations already.
+            others = max(0, state.busy - self._own(engine, node))
+            state = LoadState(state.loading, state.warm, state.warm_all, state.slots, others)
+        if state == UNKNOWN:
+            self._loads.pop((engine, node), None)
+        else:
+            self._loads[(engine, node)] = state
+
+    def standing(self, engine: str, node: str) -> Standing:
+        return Standing(self.load(engine, node), self.health.held(engine, node))
+
+    def plan(
+        self,
+        engine: str,
+        eligible: Sequence[Node],
+        pin: str | None,
+        model_key: str | None,
+        reservations: Mapping[str, int],
+    ) -> Plan:
+        """This round's candidates in fleet order, and the node to reserve."""
+        return fleet_plan(
+            eligible, pin, model_key, lambda node: self.standing(engine, node), reservations
+        )

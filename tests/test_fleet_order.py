@@ -1,0 +1,217 @@
+"""Candidate order in standalone fleet mode (docs/fleet-scheduling.md#order, issue 13 item 2):
+pin → in memory with a free slot → in memory but busy → not in memory; within a tier the least
+estimated load, ties by id; held-back nodes last; a loading node only when no other owner is
+there. A pure function: table tests, then properties."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nvpair.control import Node
+from nvpair.loadstate import UNKNOWN, LoadState
+from nvpair.routing import Plan, Standing, Tier, fleet_plan, tier
+
+M = "m"
+
+
+def owner(node_id: str, *models: str) -> Node:
+    listed = models or (M,)
+    return Node(node_id, False, f"http://{node_id}", listed, frozenset(listed))
+
+
+WARM = LoadState(warm=frozenset({M}))
+COLD = LoadState(warm=frozenset({"other"}))
+LOADING = LoadState(loading=True)
+
+
+def llama(slots: int, busy: int) -> LoadState:
+    return LoadState(warm_all=True, slots=slots, busy=busy)
+
+
+def planned(
+    nodes: Mapping[str, Standing | LoadState],
+    *,
+    pin: str | None = None,
+    model: str | None = M,
+    reservations: Mapping[str, int] | None = None,
+) -> Plan:
+    standing = {
+        node_id: value if isinstance(value, Standing) else Standing(value)
+        for node_id, value in nodes.items()
+    }
+    return fleet_plan(
+        [owner(node_id) for node_id in nodes],
+        pin,
+        model,
+        lambda node_id: standing[node_id],
+        reservations or {},
+    )
+
+
+def ids(plan: Plan) -> list[str]:
+    return [node.id for node in plan.candidates]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "reservations", "expected"),
+    [
+        pytest.param({"a": COLD, "b": WARM}, {}, ["b", "a"], id="warm-beats-lower-id"),
+        pytest.param({"a": UNKNOWN, "b": WARM}, {}, ["b", "a"], id="unknown-counts-as-cold"),
+        pytest.param(
+            {"a": COLD, "b": WARM, "c": WARM}, {"b": 1}, ["c", "b", "a"], id="free-busy-cold"
+        ),
+        pytest.param({"a": WARM, "b": WARM}, {"a": 1, "b": 1}, ["a", "b"], id="busy-ties-by-id"),
+        pytest.param(
+            {"a": COLD, "b": COLD, "c": COLD}, {"a": 2, "b": 1}, ["c", "b", "a"], id="least-load"
+        ),
+        pytest.param(
+            {"a": llama(4, 3), "b": llama(4, 1)}, {}, ["b", "a"], id="busy-slots-are-pressure"
+        ),
+        pytest.param(
+            {"a": llama(2, 2), "b": COLD}, {}, ["a", "b"], id="all-slots-busy-still-beats-cold"
+        ),
+        pytest.param(
+            {"a": llama(4, 0), "b": llama(4, 2)}, {"a": 3}, ["b", "a"], id="own-plus-busy"
+        ),
+        pytest.param({"a": COLD, "b": COLD}, {}, ["a", "b"], id="no-knowledge-is-id-order"),
+    ],
+)
+def test_order(
+    nodes: Mapping[str, LoadState], reservations: Mapping[str, int], expected: list[str]
+) -> None:
+    plan = planned(nodes, reservations=reservations)
+    assert ids(plan) == expected
+    assert plan.reserve == expected[0] and not plan.pinned
+
+
+def test_tiers() -> None:
+    node = owner("a")
+    assert tier(node, M, WARM, 0) is Tier.WARM_FREE
+    assert tier(node, M, WARM, 1) is Tier.WARM_BUSY
+    assert tier(node, M, COLD, 0) is Tier.COLD
+    assert tier(node, M, UNKNOWN, 0) is Tier.COLD
+    assert tier(node, M, LOADING, 0) is Tier.COLD
+
+
+def test_a_loading_node_is_left_out_while_another_owner_is_there() -> None:
+    assert ids(planned({"a": LOADING, "b": COLD})) == ["b"]
+    held = Standing(COLD, held=True)
+    assert ids(planned({"a": LOADING, "b": held})) == ["b"]
+
+
+def test_loading_nodes_stay_when_every_owner_is_loading() -> None:
+    plan = planned({"a": LOADING, "b": LOADING}, reservations={"a": 1})
+    assert ids(plan) == ["b", "a"] and plan.reserve == "b"
+
+
+def test_held_back_nodes_go_last_but_stay_candidates() -> None:
+    nodes = {"a": Standing(WARM, held=True), "b": Standing(COLD), "c": Standing(WARM)}
+    assert ids(planned(nodes)) == ["c", "b", "a"]
+    everyone_held = {"a": Standing(COLD, held=True), "b": Standing(WARM, held=True)}
+    plan = planned(everyone_held)
+    assert ids(plan) == ["b", "a"] and plan.reserve == "b"
+
+
+def test_an_eligible_pin_leads_and_takes_no_reservation() -> None:
+    plan = planned({"a": WARM, "b": Standing(LOADING, held=True)}, pin="b")
+    assert ids(plan) == ["b", "a"] and plan.pinned and plan.reserve is None
+    # A pin that is no owner is ignored.
+    plan = planned({"a": COLD, "b": WARM}, pin="z")
+    assert ids(plan) == ["b", "a"] and not plan.pinned and plan.reserve == "b"
+
+
+def test_a_model_less_request_is_warm_wherever_anything_is_loaded() -> None:
+    assert ids(planned({"a": LoadState(warm=frozenset()), "b": COLD}, model=None)) == ["b", "a"]
+
+
+def test_no_owner_no_plan() -> None:
+    plan = planned({})
+    assert plan.candidates == () and plan.reserve is None
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+load_states = st.one_of(
+    st.just(UNKNOWN),
+    st.just(LOADING),
+    st.builds(LoadState, warm=st.frozensets(st.sampled_from([M, "other"]))),
+    st.builds(
+        lambda slots, busy: LoadState(warm_all=True, slots=slots, busy=min(busy, slots)),
+        st.integers(1, 8),
+        st.integers(0, 8),
+    ),
+)
+fleets = st.dictionaries(
+    st.text("abcdefgh", min_size=1, max_size=3),
+    st.tuples(load_states, st.booleans(), st.integers(0, 5)),
+    max_size=8,
+)
+
+
+Fleet = Mapping[str, tuple[LoadState, bool, int]]
+
+
+def rank_of(plan: Plan, states: Fleet) -> list[tuple[bool, Tier, int, str]]:
+    ranks = []
+    for node in plan.candidates[1:] if plan.pinned else plan.candidates:
+        load, held, reserved = states[node.id]
+        ranks.append((held, tier(node, M, load, reserved), reserved + load.busy, node.id))
+    return ranks
+
+
+def plan_for(
+    states: Mapping[str, tuple[LoadState, bool, int]], pin: str | None, order: list[str]
+) -> Plan:
+    return fleet_plan(
+        [owner(node_id) for node_id in order],
+        pin,
+        M,
+        lambda node_id: Standing(states[node_id][0], states[node_id][1]),
+        {node_id: reserved for node_id, (_, _, reserved) in states.items() if reserved},
+    )
+
+
+@given(fleet=fleets, pin=st.none() | st.text("abcdefgh", min_size=1, max_size=3), data=st.data())
+def test_properties(
+    fleet: Mapping[str, tuple[LoadState, bool, int]], pin: str | None, data: st.DataObject
+) -> None:
+    order = data.draw(st.permutations(sorted(fleet)))
+    plan = plan_for(fleet, pin, order)
+    chosen = ids(plan)
+    # Never broadens, never repeats; deterministic whatever order the snapshot lists owners.
+    assert len(set(chosen)) == len(chosen) and set(chosen) <= set(fleet)
+    assert plan == plan_for(fleet, pin, sorted(fleet))
+    # The pin leads when it is an owner; the first behind it is the one reserved.
+    assert plan.pinned == (pin in fleet)
+    if plan.pinned:
+        assert chosen[0] == pin and plan.reserve is None
+    else:
+        assert plan.reserve == (chosen[0] if chosen else None)
+    rest = [node_id for node_id in fleet if node_id != pin]
+    loading = {node_id for node_id in rest if fleet[node_id][0].loading}
+    if plan.pinned or len(loading) < len(rest):
+        # A loading node only when every owner is loading; every other owner stays.
+        assert set(chosen) - {pin} == set(rest) - loading
+    else:
+        assert set(chosen) == set(rest)
+    # Sorted: not held before held, then tier, then load, then id.
+    ranks = rank_of(plan, fleet)
+    assert ranks == sorted(ranks)
+
+
+@given(fleet=fleets)
+def test_a_node_that_warms_up_never_moves_back(fleet: Fleet) -> None:
+    """Putting the model in memory on one node (all else equal) never moves it later."""
+    for node_id, (load, held, reserved) in fleet.items():
+        if load.loading:
+            continue
+        before = ids(plan_for(fleet, None, sorted(fleet))).index(node_id)
+        hot = attrs.evolve(load, warm=(load.warm or frozenset()) | {M})
+        warmed = {**fleet, node_id: (hot, held, reserved)}
+        after = ids(plan_for(warmed, None, sorted(warmed))).index(node_id)
+        assert after <= before

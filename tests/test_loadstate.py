@@ -1,0 +1,206 @@
+"""Reading each engine's load answer (docs/fleet-scheduling.md#load-state, issue 13 item 1):
+what the engines really answer (engine-dialects.md) becomes a value; anything else is unknown,
+never an exception."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nvpair.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA
+from nvpair.loadstate import UNKNOWN, Answer, LoadState
+
+
+def ok(document: object, status: int = 200) -> Answer:
+    return Answer(status, json.dumps(document).encode())
+
+
+def read(engine_id: str, *answers: Answer | None) -> LoadState:
+    engine = ENGINES[engine_id]
+    return engine.load_probe.read(answers, engine.model_key)
+
+
+# -- Ollama GET /api/ps ---------------------------------------------------------------------------
+
+PS_ENTRY = {
+    "name": "llama3:latest",
+    "model": "llama3:latest",
+    "size": 5137025024,
+    "digest": "365c0bd3c000",
+    "details": {"format": "gguf", "family": "llama"},
+    "expires_at": "2026-01-01T00:05:00.123456789Z",
+    "size_vram": 5137025024,
+    "context_length": 4096,
+}
+
+
+def test_ollama_ps_lists_the_models_in_memory_as_keys() -> None:
+    """Names are compared with Ollama's key: ``library/Llama3`` is ``llama3:latest``."""
+    state = read("ollama", ok({"models": [PS_ENTRY, {**PS_ENTRY, "name": "library/Qwen2:7b"}]}))
+    assert OLLAMA.load_probe.paths == ("/api/ps",)
+    assert state.warm == frozenset({OLLAMA.model_key("llama3"), OLLAMA.model_key("qwen2:7b")})
+    assert not state.loading and state.slots is None
+    assert state.in_memory(OLLAMA.model_key("llama3"), frozenset()) is True
+    assert state.in_memory(OLLAMA.model_key("phi3"), frozenset()) is False
+
+
+def test_ollama_ps_empty_means_nothing_in_memory_not_unknown() -> None:
+    documents: list[dict[str, object]] = [{"models": []}, {"models": None}]
+    for document in documents:
+        state = read("ollama", ok(document))
+        assert state.warm == frozenset() and state != UNKNOWN
+        assert state.in_memory("x", frozenset({"x"})) is False
+
+
+def test_an_expired_expires_at_still_counts_as_in_memory() -> None:
+    """Ollama keeps the old expiry while a request runs on the model: listed is in memory."""
+    state = read("ollama", ok({"models": [{**PS_ENTRY, "expires_at": "2001-01-01T00:00:00Z"}]}))
+    assert state.warm == frozenset({OLLAMA.model_key("llama3")})
+
+
+# -- LM Studio GET /api/v0/models -----------------------------------------------------------------
+
+
+def v0(model: str, state: object) -> dict[str, object]:
+    return {"id": model, "object": "model", "type": "llm", "state": state}
+
+
+def test_lmstudio_loaded_models_are_warm() -> None:
+    state = read(
+        "lmstudio",
+        ok({"object": "list", "data": [v0("a/m1", "loaded"), v0("a/m2", "not-loaded")]}),
+    )
+    assert LMSTUDIO.load_probe.paths == ("/api/v0/models",)
+    assert state.warm == frozenset({"a/m1"})
+    # A model-less request runs on whatever is loaded.
+    assert state.in_memory(None, frozenset({"a/m1", "a/m2"})) is True
+
+
+def test_lmstudio_without_rest_v0_is_unknown() -> None:
+    """Versions before 0.3.6 answer any unknown route 200 with an error object."""
+    unexpected = ok({"error": "Unexpected endpoint or method. (GET /api/v0/models)"})
+    assert read("lmstudio", unexpected) == UNKNOWN
+
+
+# -- llama.cpp GET /health and GET /slots ---------------------------------------------------------
+
+
+def slot(index: int, processing: bool) -> dict[str, object]:
+    return {"id": index, "id_task": -1, "n_ctx": 4096, "is_processing": processing}
+
+
+HEALTHY = ok({"status": "ok"})
+LOADING = ok({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}, 503)
+
+
+def test_llamacpp_health_and_slots() -> None:
+    state = read("llamacpp", HEALTHY, ok([slot(0, True), slot(1, False), slot(2, True)]))
+    assert LLAMACPP.load_probe.paths == ("/health", "/slots")
+    assert (state.loading, state.warm_all, state.slots, state.busy) == (False, True, 3, 2)
+    assert state.in_memory("tiny", frozenset({"tiny"})) is True
+    assert state.free_slot(0) and not state.free_slot(1)
+
+
+def test_llamacpp_loading_is_a_503_from_health() -> None:
+    state = read("llamacpp", LOADING, LOADING)
+    assert state.loading and state.in_memory("tiny", frozenset({"tiny"})) is False
+
+
+def test_llamacpp_legacy_slot_state() -> None:
+    """Builds before late 2024 said ``state`` 0 (idle) or 1 (processing)."""
+    slots = ok([{"id": 0, "state": 1}, {"id": 1, "state": 0}])
+    assert read("llamacpp", HEALTHY, slots) == LoadState(warm_all=True, slots=2, busy=1)
+
+
+def test_llamacpp_without_slots_still_serves_its_model() -> None:
+    """``--no-slots``: the slot count is unknown, the model is in memory."""
+    disabled = ok({"error": {"code": 501, "message": "This server does not support slots"}}, 501)
+    assert read("llamacpp", HEALTHY, disabled) == LoadState(warm_all=True)
+    assert read("llamacpp", None, ok([slot(0, False)])) == LoadState(warm_all=True, slots=1)
+    assert read("llamacpp", None, None) == UNKNOWN
+
+
+# -- hostile and broken answers -------------------------------------------------------------------
+
+HOSTILE = [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"models": [{"name": ' + b"9" * 5000 + b"}]}",
+    b'{"models": [{"name": 1e400}]}',
+    b'{"models": [{"name": NaN}]}',
+    b"\xff\xfe not utf-8",
+    b"",
+    b"null",
+    b'"a string"',
+    b"[1, 2, 3]",
+    b'{"models": "nope"}',
+    b'{"models": [1]}',
+    b'{"models": [{"name": ["x"]}]}',
+    b'{"data": [{"id": "m", "state": ["loaded"]}]}',
+    b'{"data": [{"id": 7, "state": "loaded"}]}',
+    b'[{"is_processing": "yes"}]',
+    b'[{"state": true}]',
+    b'[{"state": 2}]',
+    b"[null]",
+]
+
+
+@pytest.mark.parametrize("body", HOSTILE, ids=range(len(HOSTILE)))
+@pytest.mark.parametrize("engine_id", ["ollama", "lmstudio"])
+def test_hostile_bodies_are_unknown(engine_id: str, body: bytes) -> None:
+    assert read(engine_id, Answer(200, body)) == UNKNOWN
+
+
+@pytest.mark.parametrize("body", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_slots_leave_the_slot_count_unknown(body: bytes) -> None:
+    assert read("llamacpp", HEALTHY, Answer(200, body)) == LoadState(warm_all=True)
+    assert read("llamacpp", None, Answer(200, body)) == UNKNOWN
+
+
+@pytest.mark.parametrize("status", [404, 500, 502, 301])
+def test_a_status_that_is_not_2xx_says_nothing(status: int) -> None:
+    assert read("ollama", ok({"models": [PS_ENTRY]}, status)) == UNKNOWN
+    assert read("lmstudio", ok({"data": [v0("m", "loaded")]}, status)) == UNKNOWN
+    assert read("llamacpp", ok({"status": "ok"}, status), None) == UNKNOWN
+
+
+def test_unknown_says_nothing_about_memory_and_assumes_one_slot() -> None:
+    assert UNKNOWN.in_memory("m", frozenset({"m"})) is None
+    assert UNKNOWN.free_slot(0) and not UNKNOWN.free_slot(1)
+
+
+def bodies() -> st.SearchStrategy[bytes]:
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+        max_leaves=20,
+    )
+    shaped = st.fixed_dictionaries(
+        {},
+        optional={
+            "models": st.lists(st.dictionaries(st.sampled_from(["name", "x"]), json_values)),
+            "data": st.lists(st.dictionaries(st.sampled_from(["id", "state"]), json_values)),
+        },
+    )
+    return st.binary() | (json_values | shaped).map(lambda v: json.dumps(v).encode())
+
+
+@given(
+    engine_id=st.sampled_from(sorted(ENGINES)),
+    statuses=st.lists(st.integers(100, 599), min_size=2, max_size=2),
+    payloads=st.lists(st.none() | bodies(), min_size=2, max_size=2),
+)
+def test_any_answer_gives_a_state_never_an_exception(
+    engine_id: str, statuses: Sequence[int], payloads: Sequence[bytes | None]
+) -> None:
+    engine = ENGINES[engine_id]
+    answers = [
+        None if body is None else Answer(status, body)
+        for status, body in zip(statuses, payloads, strict=True)
+    ][: len(engine.load_probe.paths)]
+    state = engine.load_probe.read(answers, engine.model_key)
+    assert isinstance(state, LoadState)
+    assert state.busy >= 0 and (state.slots is None or state.busy <= state.slots)
