@@ -253,7 +253,8 @@ class BodyRelay(Protocol):
 
     def _upstream(self) -> IPushProducer | None:
         # deliverBody hands us a transport that is a push producer over the upstream
-        # connection (twisted.web._newclient.TransportProxyProducer).
+        # connection (nvpair.upstream_conn.BodyTransport, as Twisted's
+        # TransportProxyProducer).
         return IPushProducer(self.transport, None)
 
     def _pause(self) -> None:
