@@ -15,8 +15,10 @@ import re
 
 from attrs import frozen
 
-#: How much of the body's end is kept for reading the engine's report.
-TAIL_BYTES = 8 * 1024
+#: How much of the body's end is kept for reading the engine's report. Every engine's report
+#: (usage, timings, stats, Ollama's counts) is its last few hundred bytes; the tail is held by
+#: every stream in flight, so it is what thousands of held streams cost (bench/README.md).
+TAIL_BYTES = 4 * 1024
 
 #: Longest partial line carried between chunks for event counting; longer lines are counted
 #: without being kept (an event's content does not matter, only that it has some).
