@@ -26,7 +26,8 @@ from collections import deque
 from email.utils import formatdate
 from typing import TYPE_CHECKING
 
-import httptools
+from httptools.parser.errors import HttpParserError, HttpParserUpgrade
+from httptools.parser.parser import HttpRequestParser
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
     IAddress,
@@ -275,7 +276,7 @@ class FacadeChannel(Protocol):
     def __init__(self, site: FacadeSite, address: IAddress | None) -> None:
         self.site = site
         self._address = address
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser = HttpRequestParser(self)
         #: Requests in order: [0] is being answered (or parsed); the rest wait, parsed.
         self._requests: deque[FacadeRequest] = deque()
         self._parsing: FacadeRequest | None = None
@@ -317,7 +318,7 @@ class FacadeChannel(Protocol):
             self._parser.feed_data(data)
         except _Refused:
             return
-        except httptools.HttpParserUpgrade:
+        except HttpParserUpgrade:
             # An Upgrade (or CONNECT) is served as an ordinary request (no facade speaks
             # anything but HTTP/1.1) and the connection ends after it: what follows the head
             # is not HTTP/1.1 any more.
@@ -326,7 +327,7 @@ class FacadeChannel(Protocol):
                 self._requests[-1].keep_alive = False
             self._pause_reading()
             return
-        except httptools.HttpParserError:
+        except HttpParserError:
             self._refuse_parsing("bad-request")
             return
         if in_head and parsing is self._parsing and parsing is not None and parsing.method == b"":
