@@ -73,7 +73,8 @@ def wrk(port: int, seconds: float, connections: int, work: Path, stream: bool) -
         f'wrk.headers["Authorization"] = "Bearer {KEY}"\n'
         f"wrk.body = {json.dumps(body.decode())}\n"
     )
-    argv = [binary, "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s"]
+    # wrk takes whole seconds only ("-d5.0s" is a usage error).
+    argv = [binary, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"]
     argv += ["-s", str(script), f"http://127.0.0.1:{port}{PATH}"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
     return WrkRun.parse(done.stdout)

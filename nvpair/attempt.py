@@ -48,8 +48,8 @@ class AttemptState:
     #: What the attempt awaits now (the response head, then the first body byte): what the
     #: watcher or the header timer cancels.
     waiting: Deferred[IResponse] | Deferred[First] | None = None
-    #: The header budget ran out (a cancelled Agent request fails with
-    #: ResponseNeverReceived, so the reason is recorded here rather than read off the error).
+    #: The header budget ran out (a cancelled request fails with whatever the client makes of
+    #: a cancel, so the reason is recorded here rather than read off the error).
     expired: bool = False
     timers: list[IDelayedCall] = field(factory=list)
 

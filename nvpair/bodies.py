@@ -6,9 +6,9 @@ that stalls after its headers, or sends without end, holds the reader and its co
 ever. Every read here ends: with the body, with a failure once a bound is passed, or on
 cancellation. In the last two cases the upstream connection is closed, never left open: the
 transport ``deliverBody`` hands a body protocol is a push producer over the connection
-(``twisted.web._newclient.TransportProxyProducer``), and stopping it closes the connection.
-Before ``deliverBody``, cancelling Agent's request Deferred is what closes it; :func:`fetch`
-bounds both phases as one.
+(:class:`nvpair.upstream_conn.BodyTransport`, as Twisted's ``TransportProxyProducer``), and
+stopping it closes the connection. Before ``deliverBody``, cancelling the request's Deferred is
+what closes it; :func:`fetch` bounds both phases as one.
 """
 
 from __future__ import annotations
@@ -190,8 +190,8 @@ async def _fetch(
     try:
         response: IResponse = await sent
     except Exception as error:
-        # A cancelled Agent request fails with ResponseNeverReceived or
-        # ConnectingCancelledError, never CancelledError, so expiry is recorded, not inferred.
+        # A cancelled request fails with CancelledError, ConnectingCancelledError or (Agent)
+        # ResponseNeverReceived, like other failures: expiry is recorded, not inferred.
         if expired:
             raise HeadersTimeout(f"no headers within {timeout}s") from error
         raise

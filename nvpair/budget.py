@@ -59,7 +59,11 @@ class RetryBudget:
 
     def spend(self) -> RetryBudget:
         """One dispatch started."""
-        return evolve(self, used=self.used + 1)
+        # Built directly rather than with attrs.evolve, which inspects the class on every
+        # call: this runs once per dispatch (bench/README.md, request-path cost).
+        return RetryBudget(
+            self.max_attempts, self.deadline, self.first_backoff, self.used + 1, self.backoff
+        )
 
     @property
     def final(self) -> bool:

@@ -100,6 +100,10 @@ class _Listeners:
     priority: list[Callable[[Priority], None]] = field(factory=list)
 
 
+#: The snapshot of an engine nobody has reported on yet.
+_NO_NODES = Discovery()
+
+
 class ControlState:
     """The process-wide control state every facade reads."""
 
@@ -115,7 +119,10 @@ class ControlState:
     # -- discovery -------------------------------------------------------------------------
 
     def discovery(self, engine: str) -> Discovery:
-        return self._discovery.get(engine, Discovery())
+        snapshot = self._discovery.get(engine)
+        # Not ``.get(engine, Discovery())``: that builds an empty snapshot on every call, and
+        # this is called several times per request.
+        return snapshot if snapshot is not None else _NO_NODES
 
     def set_discovery(self, engine: str, nodes: Iterable[Node]) -> None:
         snapshot = Discovery(tuple(nodes))

@@ -18,7 +18,8 @@ from twisted.logger import Logger
 
 from nvpair.cluster import Membership
 from nvpair.engines import ENGINES, Engine
-from nvpair.http_facade import Facade, FacadeSite, RequestHandler
+from nvpair.facade_server import FacadeSite
+from nvpair.http_facade import Facade, RequestHandler
 from nvpair.outbox import Outbox
 from nvpair.ports import (
     PortCorrupt,

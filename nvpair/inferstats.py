@@ -15,8 +15,10 @@ import re
 
 from attrs import frozen
 
-#: How much of the body's end is kept for reading the engine's report.
-TAIL_BYTES = 8 * 1024
+#: How much of the body's end is kept for reading the engine's report. Every engine's report
+#: (usage, timings, stats, Ollama's counts) is its last few hundred bytes; the tail is held by
+#: every stream in flight, so it is what thousands of held streams cost (bench/README.md).
+TAIL_BYTES = 4 * 1024
 
 #: Longest partial line carried between chunks for event counting; longer lines are counted
 #: without being kept (an event's content does not matter, only that it has some).
@@ -73,8 +75,11 @@ class Stats:
         return out
 
 
-def _last_object(tail: bytes, pattern: re.Pattern[bytes]) -> dict[str, object] | None:
+def _last_object(tail: bytes, pattern: re.Pattern[bytes], key: bytes) -> dict[str, object] | None:
     """The last ``"key": {...}`` object in ``tail`` that parses whole."""
+    if key not in tail:
+        # Most bodies carry one kind of report: a substring test is far cheaper than a scan.
+        return None
     for match in reversed(list(pattern.finditer(tail))):
         start = match.end() - 1
         try:
@@ -194,18 +199,18 @@ class StatsReader:
         tail = bytes(self._tail[-TAIL_BYTES:])
         prompt = completion = None
         rate: float | None = None
-        usage = _last_object(tail, _USAGE)
+        usage = _last_object(tail, _USAGE, b'"usage"')
         if usage is not None:
             prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
             completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
-        timings = _last_object(tail, _TIMINGS)
+        timings = _last_object(tail, _TIMINGS, b'"timings"')
         if timings is not None:
             prompt = prompt if prompt is not None else _count(timings.get("prompt_n"))
             completion = (
                 completion if completion is not None else _count(timings.get("predicted_n"))
             )
             rate = _rate(timings.get("predicted_per_second"))
-        lmstats = _last_object(tail, _LMSTATS)
+        lmstats = _last_object(tail, _LMSTATS, b'"stats"')
         if lmstats is not None:
             # LM Studio: REST v0 "stats" carry the rate; REST v1 "stats" the counts as well.
             prompt = prompt if prompt is not None else _count(lmstats.get("input_tokens"))
@@ -213,7 +218,7 @@ class StatsReader:
                 completion if completion is not None else _count(lmstats.get("total_output_tokens"))
             )
             rate = rate if rate is not None else _rate(lmstats.get("tokens_per_second"))
-        eval_count = _last_number(tail, _OLLAMA["eval_count"])
+        eval_count = _last_number(tail, _OLLAMA["eval_count"]) if b'"eval_count"' in tail else None
         if eval_count is not None:
             prompt_count = _last_number(tail, _OLLAMA["prompt_eval_count"])
             prompt = prompt if prompt is not None else _count(prompt_count)

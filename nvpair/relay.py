@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime, ITransport
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -58,8 +58,9 @@ class _State(enum.Enum):
 
 def _clean_end(reason: Failure) -> bool:
     # PotentialDataLoss: a body delimited by connection close, which HTTP/1.0-style upstreams
-    # legitimately use; the body is as complete as the upstream meant it.
-    return reason.check(ResponseDone, PotentialDataLoss) is not None
+    # legitimately use; the body is as complete as the upstream meant it. (isinstance, not
+    # Failure.check, which compares qualified class names as strings: once per body.)
+    return isinstance(reason.value, ResponseDone | PotentialDataLoss)
 
 
 @implementer(IPushProducer)
@@ -135,8 +136,16 @@ class BodyRelay(Protocol):
         self._ended: Failure | None = None
         self._request: ProxiedRequest | None = None
         self._client_gone = False
+        self._producer: IPushProducer | None = None
 
     # -- IProtocol -------------------------------------------------------------------------
+
+    def makeConnection(self, transport: ITransport) -> None:
+        # deliverBody hands us a transport that is a push producer over the upstream
+        # connection (nvpair.upstream_conn.BodyTransport); adapted once here rather than on
+        # every pause, resume and stop.
+        self._producer = IPushProducer(transport, None)
+        super().makeConnection(transport)  # type: ignore[no-untyped-call]
 
     def dataReceived(self, data: bytes) -> None:
         if self._state is _State.RELAYING:
@@ -252,9 +261,7 @@ class BodyRelay(Protocol):
         request.loseConnection()
 
     def _upstream(self) -> IPushProducer | None:
-        # deliverBody hands us a transport that is a push producer over the upstream
-        # connection (twisted.web._newclient.TransportProxyProducer).
-        return IPushProducer(self.transport, None)
+        return self._producer
 
     def _pause(self) -> None:
         upstream = self._upstream()

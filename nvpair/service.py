@@ -25,7 +25,6 @@ from twisted.python.failure import Failure
 from twisted.web.server import Site
 
 from nvpair.activity import NodeActivity
-from nvpair.admin import Admin
 from nvpair.admission import this_machine
 from nvpair.broker import BrokerProtocol
 from nvpair.cluster import ClusterWatch
@@ -271,6 +270,10 @@ def build(
     root = ProxyService(observer, facades, request_path, upstream, cluster, clock)
 
     if config.admin_port is not None:
+        # Imported only when asked for: klein and werkzeug are 6 MB of a resident set that
+        # every held stream adds to (bench/README.md, held streams).
+        from nvpair.admin import Admin
+
         admin = Admin(control, facades, lambda: request_path.in_flight, lambda: reservations.counts)
         site = _QuietSite(admin.app.resource())
         TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(

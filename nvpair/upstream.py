@@ -1,15 +1,21 @@
-"""The shared upstream client: one connection pool for every facade, raw Agent on the hot path.
+"""The shared upstream client: pooled HTTP/1.1 connections of our own, for every facade.
 
-treq would add a shared cookie jar, redirects and content decoding to every proxied request;
-a reverse proxy wants none of them, so this is a plain :class:`~twisted.web.client.Agent`.
+Agent, its pool and its parser were a fifth of a proxied request's CPU (issue 11's profile:
+``_newclient`` 10 %, the pool 4 %, ``Headers`` 4 %, with the Deferreds between them). A
+reverse proxy needs little of what they offer, so this client keeps their contract (the same
+``IResponse``, the same failures, the same keep-alive rules) on a connection of its own
+(:mod:`nvpair.upstream_conn`) and a pool that is a list per ``(scheme, host, port)``.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable
 
+from attrs import frozen
 from twisted.internet import defer
+from twisted.internet.abstract import isIPv6Address
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import (
     HostnameEndpoint,
@@ -18,33 +24,43 @@ from twisted.internet.endpoints import (
     wrapClientTLS,
 )
 from twisted.internet.interfaces import (
-    IAddress,
     IConsumer,
-    IProtocol,
-    IProtocolFactory,
+    IDelayedCall,
     IReactorTCP,
+    IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.web._newclient import HTTP11ClientProtocol, Request
-from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.python.failure import Failure
+from twisted.web.client import URI
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IPolicyForHTTPS, IResponse
+from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS, IResponse
 from zope.interface import implementer
 
-from nvpair.headers import connection_tokens
+from nvpair.upstream_conn import ConnectionFactory, Key, UpstreamConnection, request_head
 
 #: Idle connections kept per upstream. Twisted's default of 2 limits the idle cache, not
 #: concurrency, and halved throughput in a measurement.
 MAX_PERSISTENT_PER_HOST = 64
 
+#: Seconds an idle connection is kept (Twisted's ``cachedConnectionTimeout``).
+IDLE_TIMEOUT = 240.0
 
 _BODILESS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE", b"TRACE"})
+
+#: Methods whose request states an empty body as ``Content-Length: 0`` (Agent's rule,
+#: RFC 9110 §8.6).
+_BODY_EXPECTED = frozenset({b"PUT", b"POST"})
+
+_REPARSED = re.compile(rb"[#;]|\?\Z")
+
+#: Base URLs whose parse is kept; a fleet has a few dozen, so past this the cache restarts.
+_MAX_TARGETS = 1024
 
 
 @implementer(IBodyProducer)
 class BytesBody:
-    """A request body over bytes already in memory.
+    """A request body over bytes already in memory (for Agent, which the soak client uses).
 
     Each attempt gets a fresh one: ``FileBodyProducer`` closes its file at EOF, so a failover
     retry could not send the body again.
@@ -68,79 +84,62 @@ class BytesBody:
         """The whole body is written at once: nothing to stop."""
 
 
-class _ProxyClientProtocol(HTTP11ClientProtocol):
-    """Twisted's client connection, with the response's hop-by-hop headers fully removed.
+@frozen
+class Target:
+    """Where a base URL leads, parsed once.
 
-    Twisted moves ``Connection`` itself out of ``response.headers`` but keeps the headers it
-    names (RFC 9110 §7.6.1 makes those hop-by-hop too); once it is gone nobody downstream can
-    tell them apart. They are dropped here, where the ``Connection`` header is still known.
+    :ivar host_header: the ``Host`` value Agent sends: the port only when it is not the
+        scheme's default, an IPv6 literal in brackets.
+    :ivar plain: the base URL is only scheme and authority, so a request's target is its own
+        path and query as given.
     """
 
-    def request(self, request: Request) -> Deferred[IResponse]:
-        d: Deferred[IResponse] = super().request(request)
-        parser = getattr(self, "_parser", None)
-        if parser is not None and parser.request is request:
-            connection = parser.connHeaders
-            d.addCallback(_drop_connection_named, connection)
-        return d
+    scheme: bytes
+    host: bytes
+    port: int
+    host_header: bytes
+    plain: bool
+    base: bytes
+
+    @property
+    def key(self) -> Key:
+        return (self.scheme, self.host, self.port)
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == b"https"
+
+    def request_target(self, uri: bytes) -> bytes:
+        """The request target for ``uri`` (path and query) on this base, as Agent built it
+        from ``base + uri``: a fragment is dropped, a base path is kept in front."""
+        # Where urlparse would change nothing: no fragment, no ``;params`` (an empty one is
+        # dropped), no empty query.
+        if self.plain and uri[:1] == b"/" and not _REPARSED.search(uri):
+            return uri
+        target: bytes = URI.fromBytes(self.base + uri).originForm
+        return target
 
 
-def _drop_connection_named(response: IResponse, connection: Headers) -> IResponse:
-    named = connection_tokens(connection.getRawHeaders(b"connection", []))
-    for name in named:
-        response.headers.removeHeader(name)
-    return response
+def parse_target(base_url: str) -> Target:
+    """Parse an engine's base URL (``http://host:port``, no trailing slash needed)."""
+    base = base_url.rstrip("/").encode()
+    uri = URI.fromBytes(base)
+    host, port = uri.host, uri.port
+    shown = host
+    # As Agent's _computeHostValue.
+    if isIPv6Address(host.decode("ascii")):
+        shown = b"[" + host + b"]"
+    if (uri.scheme, port) not in ((b"http", 80), (b"https", 443)):
+        shown = b"%b:%d" % (shown, port)
+    plain = not (uri.path or uri.params or uri.query or uri.fragment)
+    return Target(uri.scheme, host, port, shown, plain, base)
 
 
-class _QuietClientFactory(_HTTP11ClientFactory):
-    # One factory per upstream connection: at Twisted's default every connection would log
-    # "Starting factory"/"Stopping factory" at info.
-    noisy = False
-
-    def buildProtocol(self, addr: IAddress | None) -> HTTP11ClientProtocol:
-        protocol: HTTP11ClientProtocol = _ProxyClientProtocol(  # type: ignore[no-untyped-call]
-            self._quiescentCallback
-        )
-        return protocol
-
-
-def quiet_pool(reactor: IReactorTCP) -> HTTPConnectionPool:
-    """A persistent pool whose connections do not log their factories' lifecycles."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
-    pool._factory = _QuietClientFactory
-    return pool
-
-
-@implementer(IStreamClientEndpoint)
-class _Watched:
-    """An endpoint that says when its connection is up (the dial budget ends there)."""
-
-    def __init__(self, endpoint: IStreamClientEndpoint, connected: Callable[[], None]) -> None:
-        self._endpoint = endpoint
-        self._connected = connected
-        self.dialled = False
-
-    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
-        self.dialled = True
-        d: Deferred[IProtocol] = self._endpoint.connect(protocolFactory)
-
-        def up(protocol: IProtocol) -> IProtocol:
-            self._connected()
-            return protocol
-
-        return d.addCallback(up)
-
-
-@implementer(IAgentEndpointFactory)
 class _Endpoints:
-    """Endpoints for the Agent, built once per plain ``host:port``.
+    """Endpoints to dial, built once per plain ``host:port``.
 
-    Agent asks for an endpoint on every request, pooled connection or not, and building a
-    HostnameEndpoint runs IDNA on the host each time: measurable per request. TLS endpoints
+    Building a HostnameEndpoint runs IDNA on the host: measurable per request. TLS endpoints
     are not kept: which certificate a peer must present follows the live membership.
-
-    :ivar watch: set around one ``Agent.request`` call: the endpoint handed out is then
-        wrapped to report its connection (Agent asks for it synchronously inside that call).
     """
 
     def __init__(
@@ -151,28 +150,19 @@ class _Endpoints:
         self._timeout = dial_timeout if dial_timeout > 0 else 10.0**9
         self._tls = tls
         self._plain: dict[tuple[bytes, int], IStreamClientEndpoint] = {}
-        self.watch: Callable[[], None] | None = None
-        self.watched: _Watched | None = None
 
-    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        endpoint = self._endpoint(uri)
-        if self.watch is not None:
-            self.watched = _Watched(endpoint, self.watch)
-            return self.watched
-        return endpoint
-
-    def _endpoint(self, uri: URI) -> IStreamClientEndpoint:
-        key = (uri.host, uri.port)
-        if uri.scheme == b"http":
+    def endpoint(self, target: Target) -> IStreamClientEndpoint:
+        key = (target.host, target.port)
+        if target.scheme == b"http":
             endpoint = self._plain.get(key)
             if endpoint is None:
-                endpoint = self._tcp(uri.host, uri.port)
+                endpoint = self._tcp(target.host, target.port)
                 self._plain[key] = endpoint
             return endpoint
-        if uri.scheme == b"https" and self._tls is not None:
-            creator = self._tls.creatorForNetloc(uri.host, uri.port)
-            return wrapClientTLS(creator, self._tcp(uri.host, uri.port))
-        raise SchemeNotSupported(f"unsupported scheme: {uri.scheme!r}")
+        if target.scheme == b"https" and self._tls is not None:
+            creator = self._tls.creatorForNetloc(target.host, target.port)
+            return wrapClientTLS(creator, self._tcp(target.host, target.port))
+        raise SchemeNotSupported(f"unsupported scheme: {target.scheme!r}")
 
     def _tcp(self, host: bytes, port: int) -> IStreamClientEndpoint:
         """A plain TCP endpoint; an IP literal skips the resolver.
@@ -191,12 +181,156 @@ class _Endpoints:
         return TCP6ClientEndpoint(self._reactor, text, port, self._timeout)
 
 
-def _pool(reactor: IReactorTCP) -> HTTPConnectionPool:
-    pool = quiet_pool(reactor)
-    pool.maxPersistentPerHost = MAX_PERSISTENT_PER_HOST
-    # The failover loop decides what is retried, never the pool.
-    pool.retryAutomatically = False
-    return pool
+class Pool:
+    """Idle connections per ``(scheme, host, port)``: the newest is used first, at most
+    :data:`MAX_PERSISTENT_PER_HOST` are kept, and one idle for :data:`IDLE_TIMEOUT` closes.
+
+    It limits the idle set, not concurrency: a request that finds none dials a new one. One
+    timer sweeps the whole pool, armed only while something is idle.
+
+    :ivar retired: connections coming back are closed instead of kept.
+    """
+
+    def __init__(self, clock: IReactorTime, max_idle: int, idle_timeout: float) -> None:
+        self._clock = clock
+        self._max = max_idle
+        self._timeout = idle_timeout
+        self._idle: dict[Key, list[UpstreamConnection]] = {}
+        self._timer: IDelayedCall | None = None
+        self.retired = False
+
+    def adopt(self, connection: UpstreamConnection, key: Key) -> None:
+        """A freshly dialled connection joins this pool (it is busy)."""
+        connection.owner = self
+        connection.key = key
+
+    def take(self, key: Key) -> UpstreamConnection | None:
+        idle = self._idle.get(key)
+        while idle:
+            connection = idle.pop()
+            connection.idle = False
+            if connection.usable:
+                return connection
+        return None
+
+    def put(self, connection: UpstreamConnection) -> None:
+        if self.retired:
+            connection.close()
+            return
+        idle = self._idle.get(connection.key)
+        if idle is None:
+            idle = self._idle[connection.key] = []
+        elif len(idle) >= self._max:
+            oldest = idle.pop(0)
+            oldest.idle = False
+            oldest.close()
+        connection.idle = True
+        connection.idle_since = self._clock.seconds()
+        idle.append(connection)
+        if self._timer is None:
+            self._timer = self._clock.callLater(self._timeout, self._sweep)
+
+    def drop(self, connection: UpstreamConnection) -> None:
+        if not connection.idle:
+            return
+        connection.idle = False
+        idle = self._idle.get(connection.key)
+        if idle is not None and connection in idle:
+            idle.remove(connection)
+            if not idle:
+                del self._idle[connection.key]
+
+    def _sweep(self) -> None:
+        self._timer = None
+        cutoff = self._clock.seconds() - self._timeout
+        next_due: float | None = None
+        for key, idle in list(self._idle.items()):
+            # Oldest first: each list is in the order its connections went idle.
+            while idle and idle[0].idle_since <= cutoff:
+                stale = idle.pop(0)
+                stale.idle = False
+                stale.close()
+            if not idle:
+                del self._idle[key]
+            elif next_due is None or idle[0].idle_since < next_due:
+                next_due = idle[0].idle_since
+        if next_due is not None:
+            delay = max(next_due + self._timeout - self._clock.seconds(), 0.0)
+            self._timer = self._clock.callLater(delay, self._sweep)
+
+    def close_idle(self) -> Deferred[None]:
+        """Close every idle connection; fires once all are closed."""
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+        closing = []
+        idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for connection in connections:
+                connection.idle = False
+                closing.append(connection.close())
+        return defer.gatherResults(closing).addCallback(lambda _: None)
+
+    def retire(self) -> Deferred[None]:
+        """Close the idle connections now and every busy one once its exchange ends."""
+        self.retired = True
+        return self.close_idle()
+
+
+class _Dial:
+    """One request that needs a new connection: dial, report it up, then send.
+
+    :ivar result: the request's Deferred. Cancelled while dialling it cancels the dial
+        (``ConnectingCancelledError``); once connected, the exchange.
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        key: Key,
+        method: bytes,
+        data: bytes,
+        connected: Callable[[], None] | None,
+    ) -> None:
+        self._pool = pool
+        self._key = key
+        self._method = method
+        self._data = data
+        self._connected = connected
+        self._dialling: Deferred[UpstreamConnection] | None = None
+        self._connection: UpstreamConnection | None = None
+        self.result: Deferred[IResponse] = Deferred(self._cancel)
+
+    def start(self, endpoint: IStreamClientEndpoint, factory: ConnectionFactory) -> None:
+        dialling: Deferred[UpstreamConnection] = endpoint.connect(factory)  # type: ignore[assignment]
+        self._dialling = dialling
+        dialling.addCallbacks(self._up, self._failed)
+
+    def _up(self, connection: UpstreamConnection) -> None:
+        self._dialling = None
+        self._connection = connection
+        self._pool.adopt(connection, self._key)
+        try:
+            if self._connected is not None:
+                # The dial budget ends, the header budget starts (docs/retry-budget.md).
+                self._connected()
+        except Exception:
+            connection.close()
+            self.result.errback()
+            return
+        connection.send(self._method, self._data, self.result)
+
+    def _failed(self, failure: Failure) -> None:
+        self._dialling = None
+        if not self.result.called:
+            self.result.errback(failure)
+
+    def _cancel(self, result: Deferred[IResponse]) -> None:
+        if self._dialling is not None:
+            self._dialling.cancel()
+        elif self._connection is not None:
+            self._connection.cancel(result)
 
 
 class Upstream:
@@ -204,7 +338,8 @@ class Upstream:
 
     Plain engines share one pool. Pinned peers (``https://``) get a pool of their own that is
     retired whenever trust changes (:meth:`trust_changed`): a connection verified against a
-    pin is never reused once that pin, or this node's membership, is gone.
+    pin is never reused once that pin, or this node's membership, is gone. Neither pool ever
+    retries a request: what is retried is the failover loop's decision.
 
     :param reactor: provides IReactorTCP, IReactorTime (and IReactorSSL for https peers).
     :param dial_timeout: seconds to connect (``--dial-timeout``).
@@ -214,28 +349,24 @@ class Upstream:
         self, reactor: IReactorTCP, dial_timeout: float, tls: IPolicyForHTTPS | None = None
     ) -> None:
         """:param tls: how ``https://`` peers are dialled (pinned mutual TLS)."""
-        self._reactor = reactor
+        self._clock = IReactorTime(reactor)
         self._endpoints = _Endpoints(reactor, dial_timeout, tls)
-        self._pool = _pool(reactor)
-        self._agent = Agent.usingEndpointFactory(reactor, self._endpoints, pool=self._pool)
-        self._peer_pool = _pool(reactor)
-        self._peer_agent = Agent.usingEndpointFactory(
-            reactor, self._endpoints, pool=self._peer_pool
-        )
+        self._factory = ConnectionFactory()
+        self._targets: dict[str, Target] = {}
+        self._pool = self._new_pool()
+        self._peer_pool = self._new_pool()
+
+    def _new_pool(self) -> Pool:
+        return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT)
 
     def trust_changed(self) -> None:
         """Membership or a pin changed: no peer connection made before now is used again.
 
-        Idle ones close now; one still carrying a response closes as soon as it is done
-        (a timeout of 0 on the retired pool), and new requests get a fresh pool.
+        Idle ones close now; one still carrying a response closes as soon as it is done, and
+        new requests get a fresh pool.
         """
-        retired = self._peer_pool
-        retired.cachedConnectionTimeout = 0
-        retired.closeCachedConnections()
-        self._peer_pool = _pool(self._reactor)
-        self._peer_agent = Agent.usingEndpointFactory(
-            self._reactor, self._endpoints, pool=self._peer_pool
-        )
+        self._peer_pool.retire()
+        self._peer_pool = self._new_pool()
 
     def request(
         self,
@@ -249,8 +380,8 @@ class Upstream:
         """Dispatch; fires with the response once its headers arrive.
 
         Cancelling the Deferred before then aborts the upstream connection. Anything that
-        fails while starting (no usable TLS trust, a bad URL) fails the Deferred: it never
-        raises.
+        fails while starting (no usable TLS trust, a bad URL, a header that cannot be sent)
+        fails the Deferred: it never raises.
 
         :param base_url: ``http://host:port`` of the engine (no trailing slash).
         :param uri: the path and query (origin form, as admission normalized it).
@@ -258,25 +389,43 @@ class Upstream:
             else when the dial completes (the header budget starts there,
             docs/retry-budget.md#per-attempt-budgets).
         """
-        # No body at all (rather than an empty one) keeps a GET free of "Content-Length: 0".
-        bodiless = not body and method in _BODILESS
-        producer = None if body is None or bodiless else BytesBody(body)
-        url = base_url.rstrip("/").encode() + uri
-        agent = self._peer_agent if url.startswith(b"https:") else self._agent
-        endpoints = self._endpoints
-        endpoints.watch = connected
         try:
-            d: Deferred[IResponse] = agent.request(method, url, headers, producer)
+            target = self._targets.get(base_url)
+            if target is None:
+                target = self._target(base_url)
+            path = target.request_target(uri)
+            if body is None or (not body and method in _BODILESS):
+                # No body at all (rather than an empty one) keeps a GET free of
+                # "Content-Length: 0".
+                length = 0 if method in _BODY_EXPECTED else None
+                data = request_head(method, path, target.host_header, headers, length)
+            else:
+                data = request_head(method, path, target.host_header, headers, len(body)) + body
+            pool = self._peer_pool if target.tls else self._pool
+            connection = pool.take(target.key)
+            endpoint = None if connection is not None else self._endpoints.endpoint(target)
         except Exception:
             return defer.fail()
-        finally:
-            watched, endpoints.watch, endpoints.watched = endpoints.watched, None, None
-        if connected is not None and (watched is None or not watched.dialled):
-            # No dial happened: the pool had a connection ready.
-            connected()
-        return d
+        if connection is not None:
+            sent: Deferred[IResponse] = Deferred(connection.cancel)
+            connection.send(method, data, sent)
+            if connected is not None:
+                # No dial: the header budget starts now.
+                connected()
+            return sent
+        assert endpoint is not None
+        dial = _Dial(pool, target.key, method, data, connected)
+        dial.start(endpoint, self._factory)
+        return dial.result
+
+    def _target(self, base_url: str) -> Target:
+        target = parse_target(base_url)
+        if len(self._targets) >= _MAX_TARGETS:
+            self._targets.clear()
+        self._targets[base_url] = target
+        return target
 
     def close(self) -> Deferred[None]:
         """Close idle pooled connections (process shutdown)."""
-        closing = [self._pool.closeCachedConnections(), self._peer_pool.closeCachedConnections()]
+        closing = [self._pool.close_idle(), self._peer_pool.close_idle()]
         return defer.gatherResults(closing).addCallback(lambda _: None)

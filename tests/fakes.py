@@ -232,8 +232,10 @@ class ScriptedUpstream:
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
-        #: What a cancelled dial fails with. Agent uses ResponseNeverReceived once connected
-        #: and ConnectingCancelledError while connecting: never plain CancelledError.
+        #: What a cancelled request fails with. Agent used ResponseNeverReceived once
+        #: connected and ConnectingCancelledError while connecting; nvpair.upstream gives
+        #: ConnectingCancelledError, then plain CancelledError. The request path must judge a
+        #: cancel by who cancelled, never by this (test_dispatch.py covers each).
         self.cancel_error: Exception = ResponseNeverReceived([Failure(CancelledError())])
         #: False: every dial stays pending until the test calls ``call.connected()``;
         #: True: connections are up at once, as a pooled one is.
@@ -249,7 +251,7 @@ class ScriptedUpstream:
         connected: Callable[[], None] | None = None,
     ) -> Deferred[IResponse]:
         def cancel(d: Deferred[IResponse]) -> None:
-            # As Agent does: a cancelled request fails with ResponseNeverReceived.
+            # By default as Agent did: a cancelled request fails with ResponseNeverReceived.
             call.cancelled = True
             d.errback(self.cancel_error)
 

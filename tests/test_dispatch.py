@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.defer import Deferred
+import pytest
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.error import ConnectingCancelledError
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseNeverReceived
 
 from nvpair.control import PriorityEntry
 from tests.fakes import Harness, Response, harness, node
@@ -339,6 +344,32 @@ def test_requester_leaving_while_connecting_is_not_a_transport_failure() -> None
     request.disconnect()
     h.clock.advance(100)
     assert len(h.upstream.calls) == 1 and fired(d)
+
+
+#: What an upstream client may fail a cancelled request with: Agent's two, and the plain
+#: CancelledError of nvpair.upstream once connected.
+CANCEL_ERRORS = [
+    pytest.param(ResponseNeverReceived([Failure(CancelledError())]), id="agent-connected"),
+    pytest.param(ConnectingCancelledError(HostnameEndpoint), id="dialling"),
+    pytest.param(CancelledError(), id="connected"),
+]
+
+
+@pytest.mark.parametrize("error", CANCEL_ERRORS)
+def test_a_cancel_is_judged_by_who_cancelled_not_by_its_error(error: Exception) -> None:
+    """Header timeout and node leaving fail over; the requester leaving ends the loop."""
+    h = harness(response_header_timeout=5.0)
+    h.upstream.cancel_error = error
+    h.nodes(A, B, C)
+    request, d = h.serve()
+    h.clock.advance(5.1)
+    assert h.upstream.bases == ["http://a", "http://b"] and not fired(d)
+    h.nodes(A, C)
+    assert h.upstream.bases == ["http://a", "http://b", "http://c"] and not fired(d)
+    request.disconnect()
+    h.clock.advance(100)
+    assert len(h.upstream.calls) == 3 and fired(d)
+    assert all(call.cancelled for call in h.upstream.calls)
 
 
 def test_shutdown_cancels_what_is_in_flight() -> None:

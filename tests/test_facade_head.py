@@ -17,7 +17,8 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from nvpair.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
-from nvpair.http_facade import Admitted, Facade, FacadeChannel, FacadeSite, RequestHandler
+from nvpair.facade_server import FacadeChannel, FacadeSite
+from nvpair.http_facade import Admitted, Facade, RequestHandler
 
 LOOPBACK = IPv4Address("TCP", "127.0.0.1", 40000)
 

@@ -24,7 +24,8 @@ from nvpair.activity import NodeActivity
 from nvpair.config import Config
 from nvpair.control import ControlState, Node
 from nvpair.engines import LLAMACPP
-from nvpair.http_facade import Facade, FacadeSite
+from nvpair.facade_server import FacadeSite
+from nvpair.http_facade import Facade
 from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.upstream import Upstream

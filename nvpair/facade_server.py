@@ -1,0 +1,627 @@
+# -*- test-case-name: tests.test_facade_head -*-
+"""A facade's HTTP/1.1 server connection, on llhttp (``httptools``) inside Twisted's reactor.
+
+twisted.web's server parses heads line by line in Python, builds a general-purpose request per
+message and answers through layers a reverse proxy does not use; at the request rates a LAN
+fleet sees, that machinery cost more than everything nvpair does per request (docs/performance.md).
+This connection does only what a facade needs, and does it at the request head:
+
+- Refusals the head decides (``forbidden``, ``forbidden-host``, ``bad-request``, a declared
+  ``body-too-large``) are answered as soon as the head is parsed; the body is never read and
+  the connection is closed (docs/robustness.md#refusals-at-the-request-head). So is a head the
+  parser rejects, one over 16 KiB, or a chunked body that crosses the cap.
+- A request head must be complete within ``head_timeout`` of its first byte, and a connection
+  with no request in flight is closed after ``idle_timeout`` without a byte.
+- Requests are answered one at a time, in order. A pipelined request waits, parsed, while the
+  one before it is answered, and reading stops until then: a client cannot queue work faster
+  than it is answered.
+- The response's producer (the upstream connection) is paused while the client's socket is
+  full, so a slow reader slows the engine rather than growing this process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from email.utils import formatdate
+from typing import TYPE_CHECKING
+
+from httptools.parser.errors import HttpParserError, HttpParserUpgrade
+from httptools.parser.parser import HttpRequestParser
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import (
+    IAddress,
+    IConsumer,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+)
+from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
+from twisted.python.failure import Failure
+from twisted.web.http import RESPONSES
+from twisted.web.http_headers import Headers
+from zope.interface import implementer
+
+from nvpair.admission import origin_form
+from nvpair.proxy_answers import head_refusal
+
+if TYPE_CHECKING:
+    from nvpair.http_facade import Facade
+
+#: Request line plus headers, as twisted.web bounds them: past this a head is 400.
+MAX_HEAD_BYTES = 16 * 1024
+
+#: Statuses whose answers have no body, whatever the headers say (RFC 9110 §6.4.1).
+_BODILESS_STATUS = frozenset({204, 304})
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing: the connection is answered and closing."""
+
+
+class _HttpDate:
+    """The ``Date`` header's value, formatted at most once a second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self._second:
+            self._second = second
+            self._value = formatdate(second, usegmt=True).encode("ascii")
+        return self._value
+
+
+_DATE = _HttpDate()
+
+
+class FacadeRequest:
+    """One request on a facade connection: its head, its body (in memory, capped) and its answer.
+
+    This is the :class:`nvpair.web.ProxiedRequest` the request path answers through. Writing
+    frames the answer the way the client's HTTP version and the request allow: the engine's
+    ``Content-Length`` when it gave one, chunked otherwise (HTTP/1.1), or delimited by the close
+    (HTTP/1.0); nothing after the head for ``HEAD``, 1xx, 204 and 304.
+    """
+
+    def __init__(self, channel: FacadeChannel) -> None:
+        self.channel: FacadeChannel | None = channel
+        self.method = b""
+        #: The target as sent (origin or absolute form), then origin form once admitted.
+        self.uri = b""
+        self.path = b""
+        self.clientproto = b"HTTP/1.1"
+        self.requestHeaders = Headers()
+        self.responseHeaders = Headers()
+        self.code = 200
+        self.code_message = b"OK"
+        self.keep_alive = True
+        #: Answered at the head (or mid-body) with this reason; never handed to the facade.
+        self.refused: str | None = None
+        self.expects_continue = False
+        self.complete = False
+        self.dispatched = False
+        self.finished = False
+        self.startedWriting = False
+        self._chunked = False
+        self._no_body = False
+        self._body_parts: list[bytes] = []
+        self._received = 0
+        #: Head bytes seen by the callbacks, and raw bytes fed while the head was incomplete.
+        self.head_bytes = 0
+        self.head_fed = 0
+        self._producer: IPushProducer | None = None
+        self._finish_waiters: list[Deferred[None]] = []
+
+    # -- the request -------------------------------------------------------------------------
+
+    def body(self) -> bytes:
+        """The whole request body, as received (within the cap)."""
+        parts = self._body_parts
+        if len(parts) == 1:
+            return parts[0]
+        joined = b"".join(parts)
+        self._body_parts = [joined]
+        return joined
+
+    @property
+    def connected(self) -> bool:
+        """The client connection is still there."""
+        return self.channel is not None
+
+    def getHeader(self, name: bytes) -> bytes | None:
+        values = self.requestHeaders.getRawHeaders(name)
+        return values[-1] if values else None
+
+    # -- the answer --------------------------------------------------------------------------
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        self.code = code
+        self.code_message = message if message is not None else RESPONSES.get(code, b"Unknown")
+
+    def setHeader(self, name: bytes, value: bytes) -> None:
+        self.responseHeaders.setRawHeaders(name, [value])
+
+    def write(self, data: bytes) -> None:
+        if self.finished:
+            raise RuntimeError("write() after finish()")
+        channel = self.channel
+        if channel is None or channel.transport is None:
+            return
+        if not self.startedWriting:
+            head = self._head()
+            if self._no_body or not data:
+                channel.transport.write(head)
+                return
+            channel.transport.write(head + (self._frame(data) if self._chunked else data))
+            return
+        if self._no_body or not data:
+            return
+        channel.transport.write(self._frame(data) if self._chunked else data)
+
+    def finish(self) -> None:
+        if self.finished:
+            raise RuntimeError("finish() called twice")
+        channel = self.channel
+        if channel is None or channel.transport is None:
+            return
+        if not self.startedWriting:
+            head = self._head()
+            channel.transport.write(head + b"0\r\n\r\n" if self._chunked else head)
+        elif self._chunked:
+            channel.transport.write(b"0\r\n\r\n")
+        self.finished = True
+        waiters, self._finish_waiters = self._finish_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+        channel.answered(self)
+
+    def loseConnection(self) -> None:
+        """Close after what was written has gone out (a truncated answer stays truncated)."""
+        channel = self.channel
+        if channel is not None:
+            channel.close()
+
+    def abort(self) -> None:
+        """Drop the client connection at once (a client that stopped reading)."""
+        channel = self.channel
+        if channel is not None and channel.transport is not None:
+            channel.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def notifyFinish(self) -> Deferred[None]:
+        """Fires when the answer is done; fails when the client left first."""
+        waiter: Deferred[None] = Deferred()
+        if self.finished:
+            waiter.callback(None)
+        elif self.channel is None:
+            waiter.errback(Failure(ConnectionError("the client connection was lost")))
+        else:
+            self._finish_waiters.append(waiter)
+        return waiter
+
+    def registerProducer(self, producer: IPushProducer, streaming: bool) -> None:
+        channel = self.channel
+        if channel is None:
+            producer.stopProducing()
+            return
+        self._producer = producer
+        if channel.write_paused:
+            producer.pauseProducing()
+
+    def unregisterProducer(self) -> None:
+        self._producer = None
+
+    # -- the channel's side ------------------------------------------------------------------
+
+    @property
+    def producer(self) -> IPushProducer | None:
+        return self._producer
+
+    def take_body(self, data: bytes, cap: int) -> bool:
+        """Keep a piece of body; False once the body is past ``cap`` (nothing more is kept)."""
+        self._received += len(data)
+        if self._received > cap:
+            self._body_parts = []
+            return False
+        self._body_parts.append(data)
+        return True
+
+    def lost(self, reason: Failure) -> None:
+        self.channel = None
+        producer, self._producer = self._producer, None
+        if producer is not None and not self.finished:
+            producer.stopProducing()
+        waiters, self._finish_waiters = self._finish_waiters, []
+        for waiter in waiters:
+            waiter.errback(reason)
+
+    def _head(self) -> bytes:
+        self.startedWriting = True
+        code = self.code
+        headers = self.responseHeaders
+        self._no_body = code < 200 or code in _BODILESS_STATUS or self.method == b"HEAD"
+        lines = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
+        has_length = headers.hasHeader(b"content-length")
+        if not self._no_body and not has_length:
+            if self.clientproto == b"HTTP/1.1":
+                self._chunked = True
+                lines.append(b"Transfer-Encoding: chunked\r\n")
+            else:
+                # An HTTP/1.0 body with no length ends with the connection.
+                self.keep_alive = False
+        for name, values in headers.getAllRawHeaders():
+            for value in values:
+                lines.append(b"%s: %s\r\n" % (name, value))
+        if not headers.hasHeader(b"date"):
+            lines.append(b"Date: %s\r\n" % _DATE.now())
+        if not self.keep_alive and self.clientproto == b"HTTP/1.1":
+            lines.append(b"Connection: close\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    @staticmethod
+    def _frame(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@implementer(IPushProducer)
+class FacadeChannel(Protocol):
+    """One client connection to a facade (see the module docstring)."""
+
+    #: Seconds a client being closed on may take to read what it was sent (as twisted.web).
+    abortTimeout = 15.0
+
+    def __init__(self, site: FacadeSite, address: IAddress | None) -> None:
+        self.site = site
+        self._address = address
+        self._parser = HttpRequestParser(self)
+        #: Requests in order: [0] is being answered (or parsed); the rest wait, parsed.
+        self._requests: deque[FacadeRequest] = deque()
+        self._parsing: FacadeRequest | None = None
+        #: A refusal was written, or the connection is closing: nothing more is read.
+        self._closing = False
+        #: Stop parsing: a request behind the one being answered was refused.
+        self._halted = False
+        #: A refusal owed once the answer in progress is out, for bytes that began no request.
+        self._pending_refusal: str | None = None
+        self._reading_paused = False
+        self.write_paused = False
+        self._head_timer: IDelayedCall | None = None
+        self._idle_timer: IDelayedCall | None = None
+        self._abort_timer: IDelayedCall | None = None
+        self._last_data = 0.0
+
+    # -- the connection ------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        transport = self.transport
+        assert transport is not None
+        no_delay = getattr(transport, "setTcpNoDelay", None)
+        if no_delay is not None:
+            # Answers are written whole or as stream events: Nagle would only delay them.
+            no_delay(True)
+        IConsumer(transport).registerProducer(self, True)
+        self._arm_idle()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closing or self._halted:
+            # Answered and closing: nothing more is read (a real socket has stopped reading).
+            return
+        self._last_data = self.site.clock.seconds()
+        if not self._requests and self._head_timer is None:
+            self._arm_head_timer()
+        parsing = self._parsing
+        in_head = parsing is not None and parsing.method == b""
+        try:
+            self._parser.feed_data(data)
+        except _Refused:
+            return
+        except HttpParserUpgrade:
+            # An Upgrade (or CONNECT) is served as an ordinary request (no facade speaks
+            # anything but HTTP/1.1) and the connection ends after it: what follows the head
+            # is not HTTP/1.1 any more.
+            self._halted = True
+            if self._requests:
+                self._requests[-1].keep_alive = False
+            self._pause_reading()
+            return
+        except HttpParserError:
+            self._refuse_parsing("bad-request")
+            return
+        if in_head and parsing is self._parsing and parsing is not None and parsing.method == b"":
+            # Still in the same head: llhttp keeps partial names and values itself, so the
+            # bound is checked on the bytes fed as well as on what the callbacks saw.
+            parsing.head_fed += len(data)
+            if parsing.head_fed > MAX_HEAD_BYTES:
+                self._refuse_parsing("bad-request")
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._closing = True
+        self._cancel_timers()
+        requests, self._requests = self._requests, deque()
+        for request in requests:
+            request.lost(reason)
+
+    # -- IPushProducer, for the transport's write buffer -----------------------------------
+
+    def pauseProducing(self) -> None:
+        self.write_paused = True
+        producer = self._requests[0].producer if self._requests else None
+        if producer is not None:
+            producer.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.write_paused = False
+        producer = self._requests[0].producer if self._requests else None
+        if producer is not None:
+            producer.resumeProducing()
+
+    def stopProducing(self) -> None:
+        producer = self._requests[0].producer if self._requests else None
+        if producer is not None:
+            producer.stopProducing()
+
+    # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        request = FacadeRequest(self)
+        self._parsing = request
+        self._requests.append(request)
+        if len(self._requests) > 1:
+            # Pipelined behind an answer in progress: parsed, then nothing more is read
+            # until its turn.
+            self._pause_reading()
+
+    def on_url(self, url: bytes) -> None:
+        request = self._parsing
+        assert request is not None
+        request.uri += url
+        if len(request.uri) > MAX_HEAD_BYTES:
+            self._refuse_parsing("bad-request")
+            raise _Refused()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self._parsing
+        assert request is not None
+        request.head_bytes += len(name) + len(value) + 4
+        if request.head_bytes + len(request.uri) > MAX_HEAD_BYTES:
+            self._refuse_parsing("bad-request")
+            raise _Refused()
+        request.requestHeaders.addRawHeader(name, value)
+
+    def on_headers_complete(self) -> None:
+        request = self._parsing
+        assert request is not None
+        parser = self._parser
+        request.method = parser.get_method()
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            # llhttp reads any single-digit version; a facade speaks HTTP/1.x only.
+            self._refuse_parsing("bad-request")
+            raise _Refused()
+        request.clientproto = b"HTTP/" + version.encode("ascii")
+        # HTTP/1.0 connections are not kept alive, as twisted.web did before: one answer each.
+        request.keep_alive = parser.should_keep_alive() and request.clientproto == b"HTTP/1.1"
+        headers = request.requestHeaders
+        length = None
+        declared = headers.getRawHeaders(b"content-length")
+        if declared and not headers.hasHeader(b"transfer-encoding"):
+            # llhttp has already refused a malformed or conflicting length.
+            length = int(declared[0])
+        assert self.transport is not None
+        reason = self.site.facade.refusal_at_head(
+            self.transport.getPeer(), request.uri, headers, length
+        )
+        if reason is not None:
+            request.refused = reason
+            if request is self._requests[0]:
+                self._disarm_head_timer()
+                self._answer_and_close(reason, request)
+            else:
+                self._halted = True
+            raise _Refused()
+        if request is self._requests[0]:
+            self._disarm_head_timer()
+        target = origin_form(request.uri)
+        assert target is not None
+        request.uri = target
+        request.path = target.split(b"?", 1)[0]
+        expect = headers.getRawHeaders(b"expect")
+        if expect and request.clientproto == b"HTTP/1.1" and b"100-continue" in expect[0].lower():
+            request.expects_continue = True
+            if request is self._requests[0]:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, data: bytes) -> None:
+        request = self._parsing
+        assert request is not None
+        if not request.take_body(data, self.site.max_request_body):
+            request.refused = "body-too-large"
+            if request is self._requests[0]:
+                self._answer_and_close("body-too-large", request)
+            else:
+                self._halted = True
+            raise _Refused()
+
+    def on_message_complete(self) -> None:
+        request = self._parsing
+        assert request is not None
+        self._parsing = None
+        request.complete = True
+        if request is self._requests[0]:
+            self._dispatch(request)
+
+    # -- answering ---------------------------------------------------------------------------
+
+    def _dispatch(self, request: FacadeRequest) -> None:
+        request.dispatched = True
+        self.site.facade.serve(request)
+
+    def answered(self, request: FacadeRequest) -> None:
+        """``request``'s answer is complete: close, or move on to the next one."""
+        if not self._requests or self._requests[0] is not request:
+            return
+        self._requests.popleft()
+        if not request.keep_alive:
+            self.close()
+            return
+        # The idle bound counts from the last byte or the last answer, whichever is later.
+        self._last_data = self.site.clock.seconds()
+        self._arm_idle()
+        if not self._requests:
+            if self._pending_refusal is not None:
+                self._answer_and_close(self._pending_refusal, None)
+                return
+            self._resume_reading()
+            return
+        following = self._requests[0]
+        if following.refused is not None:
+            self._answer_and_close(following.refused, following)
+            return
+        if len(self._requests) == 1:
+            self._resume_reading()
+        if following.complete:
+            self._dispatch(following)
+            return
+        if following.method == b"":
+            # Its head is still coming: its time starts now (the previous answer is out).
+            self._arm_head_timer()
+        elif following.expects_continue and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def close(self) -> None:
+        """Close once what was written has gone out; a client that never reads it is aborted."""
+        self._closing = True
+        if self.transport is None:
+            return
+        if self._abort_timer is None:
+            self._abort_timer = self.site.clock.callLater(self.abortTimeout, self._abort)
+        self.transport.loseConnection()
+
+    def _refuse_parsing(self, reason: str) -> None:
+        """The head or body cannot be read: answer ``reason`` now if nothing is being answered,
+        else right after the answer in progress; nothing more is parsed either way."""
+        if self._closing or self._halted:
+            return
+        front = self._requests[0] if self._requests else None
+        if front is not None and front.dispatched:
+            # Behind an answer in progress (pipelined): refused when its turn comes.
+            behind = self._parsing
+            if behind is not None and behind is not front:
+                behind.refused = reason
+            else:
+                self._pending_refusal = reason
+            self._halted = True
+            self._pause_reading()
+            return
+        self._answer_and_close(reason, self._parsing)
+
+    def _answer_and_close(self, reason: str, request: FacadeRequest | None) -> None:
+        if self._closing:
+            return
+        self._disarm_head_timer()
+        target = request.uri if request is not None else b"/"
+        path = (origin_form(target) or b"/").split(b"?", 1)[0].decode("latin-1")
+        head_only = request is not None and request.method == b"HEAD"
+        assert self.transport is not None
+        self.transport.write(
+            head_refusal(self.site.facade.engine, path, reason, head_only=head_only)
+        )
+        self.close()
+
+    # -- reading and timers ------------------------------------------------------------------
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self._halted:
+            self._reading_paused = False
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    def _arm_head_timer(self) -> None:
+        timeout = self.site.head_timeout
+        if timeout > 0 and self._head_timer is None:
+            self._head_timer = self.site.clock.callLater(timeout, self._head_too_slow)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._cancel(self._head_timer)
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        self._abort()
+
+    def _arm_idle(self) -> None:
+        timeout = self.site.idle_timeout
+        if timeout > 0 and self._idle_timer is None and not self._closing:
+            self._idle_timer = self.site.clock.callLater(timeout, self._idle)
+
+    def _idle(self) -> None:
+        self._idle_timer = None
+        if self._requests and self._requests[0].dispatched:
+            # A request in flight is never cut by the idle bound; its answer re-arms it.
+            return
+        # Every byte counts as activity (a body being uploaded slowly is not idle).
+        left = self._last_data + self.site.idle_timeout - self.site.clock.seconds()
+        if left > 0:
+            self._idle_timer = self.site.clock.callLater(left, self._idle)
+            return
+        self.close()
+
+    def _abort(self) -> None:
+        self._abort_timer = None
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._head_timer, self._idle_timer, self._abort_timer):
+            if timer is not None:
+                self._cancel(timer)
+        self._head_timer = self._idle_timer = self._abort_timer = None
+
+    @staticmethod
+    def _cancel(timer: IDelayedCall) -> None:
+        if timer.active():
+            timer.cancel()
+
+
+class FacadeSite(ServerFactory):
+    """The factory every facade listener serves.
+
+    :param facade: what admitted requests are handed to.
+    :param max_request_body: the body cap (``--max-request-body``).
+    :param head_timeout: seconds a request head may take from its first byte (0: no bound).
+    :param idle_timeout: seconds a kept-alive connection may wait for its next request
+        (0: no bound).
+    """
+
+    noisy = False
+
+    def __init__(
+        self,
+        facade: Facade,
+        max_request_body: int,
+        *,
+        head_timeout: float = 30.0,
+        idle_timeout: float = 300.0,
+        clock: IReactorTime | None = None,
+    ) -> None:
+        if clock is None:
+            from twisted.internet import reactor
+
+            clock = IReactorTime(reactor)
+        self.facade = facade
+        facade.site_max_body = max_request_body
+        self.max_request_body = max_request_body
+        self.head_timeout = head_timeout
+        self.idle_timeout = idle_timeout
+        self.clock: IReactorTime = clock
+
+    def buildProtocol(self, addr: IAddress | None) -> FacadeChannel:
+        return FacadeChannel(self, addr)

@@ -1,0 +1,298 @@
+"""The facade's own HTTP/1.1 connection: pipelining, framing, backpressure and bounds.
+
+Most cases feed the real connection over an in-memory transport, with a handler that answers
+when the test says; the last drives it over a real loopback socket. Refusals at the head and the
+timeouts are in tests/test_facade_head.py; arbitrary input in tests/test_http_fuzz.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest_twisted
+from twisted.internet import defer
+from twisted.internet import reactor as _reactor
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from nvpair.engines import LLAMACPP
+from nvpair.facade_server import MAX_HEAD_BYTES, FacadeChannel, FacadeRequest, FacadeSite
+from nvpair.http_facade import Admitted, Facade, RequestHandler
+from tests.httpwire import read_stream
+
+LOOPBACK = IPv4Address("TCP", "127.0.0.1", 40000)
+reactor: Any = _reactor
+
+
+class Held(RequestHandler):
+    """Keeps every admitted request unanswered until the test answers it."""
+
+    def __init__(self) -> None:
+        self.requests: list[FacadeRequest] = []
+        self.admitted: list[Admitted] = []
+
+    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+        self.admitted.append(admitted)
+        self.requests.append(request)
+        return defer.succeed(None)
+
+
+def answer(request: FacadeRequest, body: bytes = b"ok", length: bool = True) -> None:
+    request.setResponseCode(200)
+    if length:
+        request.setHeader(b"content-length", b"%d" % len(body))
+    request.write(body)
+    request.finish()
+
+
+class Conn:
+    def __init__(self, max_body: int = 1 << 20) -> None:
+        self.clock = Clock()
+        self.handler = Held()
+        site = FacadeSite(Facade(LLAMACPP, self.handler), max_body, clock=self.clock)
+        protocol = site.buildProtocol(LOOPBACK)
+        self.protocol: FacadeChannel = protocol
+        self.transport = StringTransport(peerAddress=LOOPBACK)
+        protocol.makeConnection(self.transport)
+
+    def send(self, data: bytes) -> None:
+        self.protocol.dataReceived(data)
+
+    def closed(self) -> bool:
+        return bool(self.transport.disconnecting)
+
+
+def get(path: str = "/props", extra: str = "", version: str = "1.1") -> bytes:
+    return f"GET {path} HTTP/{version}\r\nHost: localhost\r\n{extra}\r\n".encode()
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    return head.encode() + body
+
+
+def test_pipelined_requests_wait_their_turn_and_reading_stops_meanwhile() -> None:
+    conn = Conn()
+    conn.send(get("/a") + get("/b") + get("/c"))
+    # Only the first is handed on; the rest are parsed and wait, and the socket is not read.
+    assert [a.path for a in conn.handler.admitted] == ["/a"]
+    assert conn.transport.producerState == "paused"
+    answer(conn.handler.requests[0], b"A")
+    assert [a.path for a in conn.handler.admitted] == ["/a", "/b"]
+    answer(conn.handler.requests[1], b"B")
+    answer(conn.handler.requests[2], b"C")
+    responses = read_stream(conn.transport.value(), [b"GET"] * 3, closed=False)
+    assert [r.body for r in responses] == [b"A", b"B", b"C"]
+    assert conn.transport.producerState == "producing" and not conn.closed()
+
+
+def test_a_pipelined_request_refused_at_its_head_is_answered_after_the_one_before() -> None:
+    conn = Conn(max_body=10)
+    conn.send(get("/a") + post("/completion", b"x" * 11))
+    assert conn.transport.value() == b"" and not conn.closed()
+    answer(conn.handler.requests[0], b"A")
+    responses = read_stream(conn.transport.value(), [b"GET", b"POST"], closed=True)
+    assert [r.status for r in responses] == [200, 413]
+    assert responses[1].values(b"x-nvpair-error") == [b"body-too-large"]
+    assert conn.closed() and len(conn.handler.admitted) == 1
+
+
+def test_garbage_after_a_request_in_flight_is_400_once_it_is_answered() -> None:
+    conn = Conn()
+    conn.send(get("/a") + b"\x00\x01 not http\r\n\r\n")
+    answer(conn.handler.requests[0], b"A")
+    responses = read_stream(conn.transport.value(), [b"GET", None], closed=True)
+    assert [r.status for r in responses] == [200, 400] and conn.closed()
+
+
+def test_expect_100_continue_gets_the_interim_answer_before_the_body() -> None:
+    conn = Conn()
+    conn.send(
+        b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+    )
+    assert conn.transport.value() == b"HTTP/1.1 100 Continue\r\n\r\n"
+    conn.send(b"{}")
+    assert conn.handler.admitted[0].body == b"{}"
+
+
+def test_http_1_0_gets_one_answer_delimited_by_the_close() -> None:
+    conn = Conn()
+    conn.send(get("/a", version="1.0"))
+    answer(conn.handler.requests[0], b"whole body", length=False)
+    data = conn.transport.value()
+    assert data.startswith(b"HTTP/1.0 200 OK\r\n") and b"chunked" not in data.lower()
+    assert data.endswith(b"\r\n\r\nwhole body") and conn.closed()
+
+
+def test_connection_close_is_honoured_and_said() -> None:
+    conn = Conn()
+    conn.send(get("/a", extra="Connection: close\r\n") + get("/never"))
+    answer(conn.handler.requests[0])
+    (response,) = read_stream(conn.transport.value(), [b"GET"], closed=True)
+    assert response.values(b"connection") == [b"close"] and conn.closed()
+    assert len(conn.handler.admitted) == 1
+
+
+def test_an_answer_without_a_length_is_chunked_and_dated() -> None:
+    conn = Conn()
+    conn.send(get("/a"))
+    request = conn.handler.requests[0]
+    request.setResponseCode(200)
+    request.write(b"one")
+    request.write(b"")
+    request.write(b"two")
+    request.finish()
+    (response,) = read_stream(conn.transport.value(), [b"GET"], closed=False)
+    assert response.values(b"transfer-encoding") == [b"chunked"] and response.body == b"onetwo"
+    assert len(response.values(b"date")) == 1 and response.values(b"server") == []
+
+
+def test_an_engines_date_is_kept_not_doubled() -> None:
+    conn = Conn()
+    conn.send(get("/a"))
+    request = conn.handler.requests[0]
+    request.setHeader(b"date", b"Sun, 06 Nov 1994 08:49:37 GMT")
+    answer(request)
+    (response,) = read_stream(conn.transport.value(), [b"GET"], closed=False)
+    assert response.values(b"date") == [b"Sun, 06 Nov 1994 08:49:37 GMT"]
+
+
+def test_head_and_204_answers_carry_no_body_whatever_is_written() -> None:
+    conn = Conn()
+    conn.send(b"HEAD /props HTTP/1.1\r\nHost: x\r\n\r\n" + get("/nothing"))
+    head = conn.handler.requests[0]
+    head.setResponseCode(200)
+    head.setHeader(b"content-length", b"20")
+    head.write(b"twenty bytes of body")
+    head.finish()
+    nothing = conn.handler.requests[1]
+    nothing.setResponseCode(204)
+    nothing.write(b"ignored")
+    nothing.finish()
+    data = conn.transport.value()
+    responses = read_stream(data, [b"HEAD", b"GET"], closed=False)
+    assert responses[0].values(b"content-length") == [b"20"] and responses[0].body == b""
+    assert responses[1].status == 204 and responses[1].values(b"transfer-encoding") == []
+    assert b"twenty" not in data and b"ignored" not in data
+
+
+@implementer(IPushProducer)
+class Producer:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+    def stopProducing(self) -> None:
+        self.calls.append("stop")
+
+
+def test_a_full_client_socket_pauses_the_answers_producer_and_resumes_it() -> None:
+    conn = Conn()
+    conn.send(get("/a"))
+    request = conn.handler.requests[0]
+    producer = Producer()
+    request.registerProducer(producer, True)
+    conn.protocol.pauseProducing()  # what the transport does when its buffer is full
+    conn.protocol.resumeProducing()
+    assert producer.calls == ["pause", "resume"]
+    # Registered while the socket is full: paused at once.
+    conn.protocol.pauseProducing()
+    late = Producer()
+    request.unregisterProducer()
+    request.registerProducer(late, True)
+    assert late.calls == ["pause"]
+
+
+def test_a_client_that_leaves_stops_the_producer_and_fails_notify_finish() -> None:
+    conn = Conn()
+    conn.send(get("/a"))
+    request = conn.handler.requests[0]
+    producer = Producer()
+    request.registerProducer(producer, True)
+    finished = request.notifyFinish()
+    errors: list[Failure] = []
+    finished.addErrback(errors.append)
+    conn.protocol.connectionLost(Failure(ConnectionError("reset")))
+    assert producer.calls == ["stop"] and len(errors) == 1
+    assert not request.connected
+    request.write(b"late")  # a write after the client left is dropped, never raised
+    assert request.notifyFinish().called
+
+
+def test_a_head_over_16_kib_is_400_whether_in_many_headers_or_one_unfinished_line() -> None:
+    many = Conn()
+    headers = "".join(f"X-H{i}: {'v' * 100}\r\n" for i in range(MAX_HEAD_BYTES // 100))
+    many.send(get("/a", extra=headers))
+    assert many.transport.value().startswith(b"HTTP/1.1 400") and many.closed()
+    trickled = Conn()
+    trickled.send(b"GET /a HTTP/1.1\r\nX-Long: ")
+    for _ in range(MAX_HEAD_BYTES // 1000 + 1):
+        trickled.send(b"v" * 1000)
+    assert trickled.transport.value().startswith(b"HTTP/1.1 400") and trickled.closed()
+    assert many.handler.admitted == trickled.handler.admitted == []
+
+
+def test_a_version_other_than_1_x_is_400() -> None:
+    conn = Conn()
+    conn.send(get("/a", version="2.0"))
+    assert conn.transport.value().startswith(b"HTTP/1.1 400") and conn.closed()
+
+
+def test_an_upgrade_request_is_answered_plainly_and_the_connection_ends() -> None:
+    conn = Conn()
+    conn.send(get("/a", extra="Connection: upgrade\r\nUpgrade: websocket\r\n") + b"\x81\x05hello")
+    assert len(conn.handler.admitted) == 1
+    answer(conn.handler.requests[0])
+    (response,) = read_stream(conn.transport.value(), [b"GET"], closed=True)
+    assert response.status == 200 and conn.closed()
+
+
+class Raw(Protocol):
+    def __init__(self) -> None:
+        self.data = b""
+        self.done: Deferred[bytes] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.done.callback(self.data)
+
+
+class Echo(RequestHandler):
+    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+        answer(request, admitted.path.encode() + b":" + admitted.body)
+        return defer.succeed(None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_pipelined_requests_over_a_real_socket_are_answered_in_order() -> None:
+    site = FacadeSite(Facade(LLAMACPP, Echo()), 1 << 20)
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    try:
+        raw = Raw()
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port)
+        await connectProtocol(endpoint, raw)
+        assert raw.transport is not None
+        raw.transport.write(
+            post("/tokenize", b"{}")
+            + post("/detokenize", b"[1]")
+            + get("/health", extra="Connection: close\r\n")
+        )
+        data = await raw.done
+    finally:
+        await port.stopListening()
+    responses = read_stream(data, [b"POST", b"POST", b"GET"], closed=True)
+    assert [r.body for r in responses] == [b"/tokenize:{}", b"/detokenize:[1]", b"/health:"]

@@ -1,0 +1,778 @@
+# -*- test-case-name: tests.test_upstream_conn -*-
+"""One upstream connection (:mod:`nvpair.upstream_conn`), in memory: the request bytes, the
+response's head and body, and when the connection may carry another exchange.
+
+Each test drives an :class:`UpstreamConnection` over a ``StringTransport`` byte by byte, so
+what happens at a segment boundary is exact. The same behaviours over real sockets, through
+:class:`nvpair.upstream.Upstream`, are in ``tests/test_upstream.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+
+from nvpair.upstream_conn import (
+    MAX_HEAD,
+    BadResponse,
+    UpstreamConnection,
+    request_head,
+    response_headers,
+)
+from tests.test_bodies import failure_of, result_of
+
+# -- request heads (pure) -----------------------------------------------------------------------
+
+
+def test_a_bodiless_head_is_the_request_line_host_and_the_callers_headers() -> None:
+    headers = Headers({b"Accept": [b"application/json"], b"X-Multi": [b"a", b"b"]})
+    head = request_head(b"GET", b"/v1/models?x=1", b"127.0.0.1:8080", headers, None)
+    assert head == (
+        b"GET /v1/models?x=1 HTTP/1.1\r\n"
+        b"Host: 127.0.0.1:8080\r\n"
+        b"Accept: application/json\r\n"
+        b"X-Multi: a\r\n"
+        b"X-Multi: b\r\n"
+        b"\r\n"
+    )
+
+
+def test_a_length_is_sent_as_content_length() -> None:
+    head = request_head(b"POST", b"/api/chat", b"h", Headers(), 17)
+    assert head == b"POST /api/chat HTTP/1.1\r\nHost: h\r\nContent-Length: 17\r\n\r\n"
+
+
+def test_a_callers_framing_headers_are_never_sent() -> None:
+    """The body is framed by this client; a caller's Content-Length or Transfer-Encoding
+    would contradict it (request smuggling)."""
+    headers = Headers({b"Content-Length": [b"99"], b"Transfer-Encoding": [b"chunked"]})
+    head = request_head(b"POST", b"/", b"h", headers, 2)
+    assert head.count(b"Content-Length") == 1 and b"Content-Length: 2\r\n" in head
+    assert b"Transfer-Encoding" not in head
+
+
+def test_a_callers_host_is_kept_and_must_be_single() -> None:
+    head = request_head(b"GET", b"/", b"ignored", Headers({b"Host": [b"engine.lan"]}), None)
+    assert head == b"GET / HTTP/1.1\r\nHost: engine.lan\r\n\r\n"
+    with pytest.raises(ValueError):
+        request_head(b"GET", b"/", b"h", Headers({b"Host": [b"a", b"b"]}), None)
+
+
+@pytest.mark.parametrize("value", [b"a\rb", b"a\nb", b"a\r\nX-Injected: 1", b"a\x00b"])
+def test_a_value_with_cr_lf_or_nul_is_refused(value: bytes) -> None:
+    headers = Headers()
+    # Headers itself turns CR and LF into spaces; a value put in past it must still be caught.
+    headers._rawHeaders[b"X-Bad"] = [value]
+    with pytest.raises(ValueError):
+        request_head(b"GET", b"/", b"h", headers, None)
+
+
+def test_a_nul_is_refused_even_through_headers_api() -> None:
+    with pytest.raises(ValueError):
+        request_head(b"GET", b"/", b"h", Headers({b"X": [b"a\x00b"]}), None)
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "host"),
+    [
+        (b"GE T", b"/", b"h"),
+        (b"", b"/", b"h"),
+        (b"GET", b"/a b", b"h"),
+        (b"GET", b"/a\r\n", b"h"),
+        (b"GET", b"", b"h"),
+        (b"GET", b"/\x80", b"h"),
+        (b"GET", b"/", b"h\r\nX: 1"),
+    ],
+)
+def test_a_malformed_request_line_or_host_is_refused(
+    method: bytes, target: bytes, host: bytes
+) -> None:
+    with pytest.raises(ValueError):
+        request_head(method, target, host, Headers(), None)
+
+
+@given(
+    st.dictionaries(
+        st.from_regex(rb"\A[A-Za-z][A-Za-z0-9-]{0,15}\Z"),
+        st.lists(st.binary(max_size=20), min_size=1, max_size=3),
+        max_size=6,
+    )
+)
+def test_a_head_is_well_formed_or_refused(fields: dict[bytes, list[bytes]]) -> None:
+    """Whatever the values: a head that is built has exactly its own line breaks."""
+    headers = Headers()
+    for name, values in fields.items():
+        headers._rawHeaders[name] = values
+    try:
+        head = request_head(b"GET", b"/", b"h", headers, None)
+    except ValueError:
+        assert any(any(c in v for c in b"\r\n\x00") for vs in fields.values() for v in vs)
+        return
+    lines = head.split(b"\r\n")
+    assert lines[-2:] == [b"", b""] and b"\n" not in b"".join(lines) and b"\x00" not in head
+    sent = [v for vs in fields.values() for v in vs]
+    assert len(lines) == 2 + 2 + len(sent)  # request line, Host, fields, blank line
+
+
+# -- response headers (pure) --------------------------------------------------------------------
+
+
+def test_response_headers_lose_what_twisteds_client_removes() -> None:
+    fields = [
+        (b"Content-Type", b"application/json"),
+        (b"Content-Length", b"20"),
+        (b"Connection", b"x-hop, keep-alive"),
+        (b"Keep-Alive", b"timeout=5"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"TE", b"trailers"),
+        (b"Trailers", b"x"),
+        (b"Upgrade", b"h2c"),
+        (b"Proxy-Connection", b"close"),
+        (b"X-Hop", b"named by Connection"),
+        (b"X-End", b"kept  "),
+    ]
+    headers = response_headers(fields, head=False)
+    assert dict(headers.getAllRawHeaders()) == {
+        b"Content-Type": [b"application/json"],
+        b"X-End": [b"kept"],
+    }
+
+
+def test_a_head_answer_keeps_its_content_length() -> None:
+    headers = response_headers([(b"Content-Length", b"20")], head=True)
+    assert headers.getRawHeaders(b"content-length") == [b"20"]
+
+
+def test_repeated_response_headers_keep_their_order() -> None:
+    headers = response_headers([(b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")], head=False)
+    assert headers.getRawHeaders(b"set-cookie") == [b"a=1", b"b=2"]
+
+
+# -- one connection, in memory ------------------------------------------------------------------
+
+
+class Owner:
+    """The pool, as a connection sees it."""
+
+    def __init__(self) -> None:
+        self.put_back: list[UpstreamConnection] = []
+        self.dropped: list[UpstreamConnection] = []
+
+    def put(self, connection: UpstreamConnection) -> None:
+        self.put_back.append(connection)
+        connection.idle = True
+
+    def drop(self, connection: UpstreamConnection) -> None:
+        self.dropped.append(connection)
+        connection.idle = False
+
+
+class Writes(StringTransport):
+    """Counts ``write`` calls: a request must be one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        super().write(data)
+
+
+class Reader(Protocol):
+    """A body protocol that keeps what it gets."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.reason: Failure | None = None
+
+    def dataReceived(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.reason = reason
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+    @property
+    def ended(self) -> bool:
+        return self.reason is not None
+
+    def ended_with(self, kind: type[BaseException]) -> bool:
+        return self.reason is not None and self.reason.check(kind) is not None
+
+    def first_reason(self) -> Failure:
+        """The first cause a ``ResponseFailed`` end carries."""
+        assert self.reason is not None
+        return reasons(self.reason)[0]
+
+    def producer(self) -> IPushProducer:
+        producer = IPushProducer(self.transport, None)
+        assert producer is not None
+        return producer
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.owner = Owner()
+        self.transport = Writes()
+        self.connection = UpstreamConnection()
+        self.connection.owner = self.owner
+        self.connection.makeConnection(self.transport)
+
+    def send(self, method: bytes = b"GET", data: bytes | None = None) -> Deferred[IResponse]:
+        d: Deferred[IResponse] = Deferred(self.connection.cancel)
+        self.connection.send(method, data or method + b" / HTTP/1.1\r\nHost: h\r\n\r\n", d)
+        return d
+
+    def feed(self, *segments: bytes) -> None:
+        for segment in segments:
+            self.connection.dataReceived(segment)
+
+    def lose(self, reason: BaseException | None = None) -> None:
+        self.connection.connectionLost(Failure(reason or ConnectionDone()))
+
+    @property
+    def reused(self) -> bool:
+        return self.connection in self.owner.put_back
+
+    @property
+    def closing(self) -> bool:
+        return bool(self.transport.disconnecting)
+
+
+def result_of_now(d: Deferred[Any]) -> bool:
+    """Whether ``d`` has fired."""
+    return bool(d.called)
+
+
+def reasons(failure: Failure) -> list[Failure]:
+    """The causes inside a ``ResponseFailed`` (or ``ResponseNeverReceived``)."""
+    error = failure.value
+    assert isinstance(error, ResponseFailed), failure
+    causes: list[Failure] = error.reasons
+    return causes
+
+
+def read(response: IResponse) -> Reader:
+    reader = Reader()
+    response.deliverBody(reader)
+    return reader
+
+
+OK_20 = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n"
+BODY_20 = b'{"n_ctx":4096,"x":1}'
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def test_the_request_is_one_write() -> None:
+    """Head and body in one ``transport.write``: one write-interest toggle in the reactor."""
+    rig = Rig()
+    rig.send(b"POST", b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}")
+    assert rig.transport.writes == 1
+    assert rig.transport.value().endswith(b"\r\n\r\n{}")
+
+
+def test_the_response_fires_with_the_head_before_the_body() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20[:30])
+    assert not d.called
+    rig.feed(OK_20[30:])
+    response = result_of(d)
+    assert (response.code, response.phrase, response.version) == (200, b"OK", (b"HTTP", 1, 1))
+    assert response.length == 20
+    assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
+    assert not response.headers.hasHeader(b"content-length")
+    reader = read(response)
+    rig.feed(BODY_20[:5], BODY_20[5:])
+    assert reader.chunks == [BODY_20[:5], BODY_20[5:]]
+    assert reader.ended_with(ResponseDone)
+    assert rig.reused and not rig.closing
+
+
+def test_chunked_bodies_are_decoded_chunk_by_chunk_and_nothing_is_held_back() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(CHUNKED)
+    response = result_of(d)
+    assert response.length is UNKNOWN_LENGTH
+    reader = read(response)
+    rig.feed(b"5\r\nhel")
+    assert reader.body == b"hel"  # what arrived, no more, no less
+    rig.feed(b"lo\r\n6\r\n world\r\n")
+    assert reader.body == b"hello world" and not reader.ended
+    rig.feed(b"0\r\nX-Trailer: dropped\r\n\r\n")
+    assert reader.ended_with(ResponseDone)
+    assert rig.reused
+
+
+def test_a_body_delimited_by_the_close_ends_with_potential_data_loss() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(b"HTTP/1.0 200 OK\r\n\r\nsome")
+    response = result_of(d)
+    assert response.length is UNKNOWN_LENGTH
+    reader = read(response)
+    rig.feed(b" body")
+    rig.lose()
+    assert reader.body == b"some body"
+    assert reader.ended_with(PotentialDataLoss)
+    assert not rig.reused
+
+
+def test_a_close_delimited_body_cut_by_a_reset_is_a_failure() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npart")
+    reader = read(result_of(d))
+    rig.lose(ConnectionLost())
+    assert reader.ended_with(ResponseFailed)
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        OK_20 + b'{"n_ctx"',  # connection lost mid Content-Length body
+        CHUNKED + b"5\r\nhel",  # mid chunk
+    ],
+)
+def test_a_body_cut_short_fails(cut: bytes) -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(cut)
+    reader = read(result_of(d))
+    rig.lose()
+    assert reader.ended_with(ResponseFailed)
+    assert not rig.reused
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"5\r\nhelloX\r\n",  # no CRLF after the chunk
+        b"zz\r\n",  # not a size
+        b"ffffffffffffffffffff\r\n",  # chunk-size overflow
+    ],
+)
+def test_bad_chunk_framing_fails_the_body_and_closes(bad: bytes) -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(CHUNKED)
+    reader = read(result_of(d))
+    rig.feed(bad)
+    assert reader.ended_with(ResponseFailed)
+    assert reader.first_reason().check(Exception)
+    assert rig.closing and not rig.reused
+
+
+def test_bytes_before_deliver_body_are_held_with_the_upstream_paused() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20 + BODY_20[:4])
+    response = result_of(d)
+    assert rig.transport.producerState == "paused"
+    reader = read(response)
+    assert reader.body == BODY_20[:4]
+    assert rig.transport.producerState == "producing"
+    rig.feed(BODY_20[4:])
+    assert reader.body == BODY_20 and reader.reason is not None
+    assert reader.reason.check(ResponseDone)
+
+
+def test_a_body_that_ended_before_deliver_body_is_delivered_whole_then_ended() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20 + BODY_20)
+    response = result_of(d)
+    # Ended within the read that brought the head: the connection is back, never paused.
+    assert rig.reused and rig.transport.producerState == "producing"
+    reader = read(response)
+    assert reader.body == BODY_20
+    assert reader.ended_with(ResponseDone)
+
+
+def test_deliver_body_twice_or_after_the_end_raises_as_twisted_does() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20)
+    response = result_of(d)
+    read(response)
+    with pytest.raises(RuntimeError):
+        response.deliverBody(Reader())
+    rig.feed(BODY_20)
+    with pytest.raises(RuntimeError):
+        response.deliverBody(Reader())
+
+
+def test_pause_and_resume_stop_and_start_reading_the_upstream() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(CHUNKED)
+    reader = read(result_of(d))
+    producer = reader.producer()
+    producer.pauseProducing()
+    assert rig.transport.producerState == "paused"
+    producer.resumeProducing()
+    assert rig.transport.producerState == "producing"
+
+
+def test_a_pause_inside_a_read_that_ends_the_body_toggles_nothing() -> None:
+    """The relay pauses on its first byte; when that byte's read also ends the body, the
+    connection goes back to the pool without a pause/resume pair (two epoll calls)."""
+
+    class Pausing(Reader):
+        def dataReceived(self, data: bytes) -> None:
+            super().dataReceived(data)
+            self.producer().pauseProducing()
+
+    states: list[str] = []
+    rig = Rig()
+    real_pause = rig.transport.pauseProducing
+
+    def pause() -> None:
+        states.append("paused")
+        real_pause()
+
+    rig.transport.pauseProducing = pause  # type: ignore[method-assign]
+    reader = Pausing()
+    # As the attempt does: the body is delivered as soon as the head fires.
+    rig.send().addCallback(lambda response: response.deliverBody(reader))
+    rig.feed(OK_20)
+    rig.feed(BODY_20)
+    assert reader.body == BODY_20 and states == [] and rig.reused
+
+
+def test_a_pause_inside_a_read_is_applied_after_it() -> None:
+    class Pausing(Reader):
+        def dataReceived(self, data: bytes) -> None:
+            super().dataReceived(data)
+            self.producer().pauseProducing()
+
+    rig = Rig()
+    d = rig.send()
+    rig.feed(CHUNKED)
+    reader = Pausing()
+    result_of(d).deliverBody(reader)
+    rig.feed(b"2\r\nab\r\n2\r\ncd\r\n")
+    # The whole read is delivered (as Twisted does), then the upstream is paused.
+    assert reader.body == b"abcd" and rig.transport.producerState == "paused"
+
+
+def test_stop_producing_closes_and_the_connection_is_never_reused() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(CHUNKED + b"2\r\nab\r\n")
+    reader = read(result_of(d))
+    reader.producer().stopProducing()
+    assert rig.closing
+    assert not reader.ended  # the body ends when the connection has gone
+    rig.lose()
+    assert reader.ended_with(ResponseFailed)
+    assert not rig.reused
+
+
+def test_a_stop_during_a_read_that_completes_the_body_still_closes() -> None:
+    """The soak client's drop: its reader stops on the first bytes of a body that arrived
+    whole; the pool must not take the connection back."""
+
+    class Dropping(Reader):
+        def dataReceived(self, data: bytes) -> None:
+            super().dataReceived(data)
+            self.producer().stopProducing()
+
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20)
+    reader = Dropping()
+    result_of(d).deliverBody(reader)
+    rig.feed(BODY_20)
+    assert rig.closing and not rig.reused
+
+
+def test_a_late_stop_after_the_body_ended_does_not_touch_the_pooled_connection() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20 + BODY_20)
+    reader = read(result_of(d))
+    assert rig.reused
+    reader.producer().stopProducing()
+    reader.producer().pauseProducing()
+    assert not rig.closing and rig.transport.producerState == "producing"
+
+
+@pytest.mark.parametrize(
+    "segments",
+    [
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + OK_20,),
+        (b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n", OK_20),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early\r\n\r\n", OK_20),
+    ],
+)
+def test_informational_answers_are_skipped(segments: tuple[bytes, ...]) -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(*segments)
+    response = result_of(d)
+    assert response.code == 200 and not response.headers.hasHeader(b"link")
+
+
+def test_switching_protocols_is_not_supported() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
+    )
+    failure = failure_of(d, ResponseNeverReceived)
+    assert reasons(failure)[0].check(BadResponse)
+    assert rig.closing
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"garbage\r\n\r\n",
+        b"HTTP/1.1 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\nContent-Length: 0\n\n",
+        b"HTTP/1.1 099 Low\r\n\r\n",
+        b"HTTP/1.1 600 High\r\n\r\n",
+        b"HTTP/2.0 200 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: a\r\n folded\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: a\x00b\r\n\r\n",
+    ],
+)
+def test_a_malformed_head_is_never_received(garbage: bytes) -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(garbage)
+    failure_of(d, ResponseNeverReceived)
+    assert rig.closing and not rig.reused
+
+
+def test_one_header_over_the_head_cap_is_refused() -> None:
+    rig = Rig()
+    d = rig.send()
+    value = b"x" * (MAX_HEAD + 1)
+    rig.feed(b"HTTP/1.1 200 OK\r\nX-Big: " + value[:40000], value[40000:] + b"\r\n\r\n")
+    failure = failure_of(d, ResponseNeverReceived)
+    assert reasons(failure)[0].check(BadResponse)
+
+
+def test_a_head_that_never_ends_is_cut_at_the_cap() -> None:
+    """Many small headers, one read at a time: refused once the cap is passed, not at the end
+    of a head that may never come."""
+    rig = Rig()
+    d = rig.send()
+    rig.feed(b"HTTP/1.1 200 OK\r\n")
+    line = b"X-Filler: " + b"y" * 90 + b"\r\n"
+    for _ in range(MAX_HEAD // len(line) + 1):
+        rig.feed(line)
+    failure_of(d, ResponseNeverReceived)
+
+
+def test_whitespace_after_a_value_cannot_grow_the_head_past_the_cap() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(b"HTTP/1.1 200 OK\r\nX: ")
+    for _ in range(MAX_HEAD // 8192 + 1):
+        rig.feed(b" " * 8192)
+    failure_of(d, ResponseNeverReceived)
+
+
+def test_lost_before_the_head_is_never_received() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20[:10])
+    rig.lose(ConnectionLost())
+    failure = failure_of(d, ResponseNeverReceived)
+    assert reasons(failure)[0].check(ConnectionLost)
+
+
+def test_cancelling_before_the_head_aborts_the_connection() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20[:10])
+    d.cancel()
+    failure_of(d, CancelledError)
+    assert rig.transport.disconnected  # StringTransport's mark of abortConnection
+    rig.lose()
+    rig.feed(b"late bytes")  # ignored: nothing waits for them
+    assert not rig.reused
+
+
+def test_cancelling_after_the_head_changes_nothing() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20)
+    d.cancel()
+    assert result_of(d).code == 200 and not rig.closing
+
+
+def test_a_head_answer_has_no_body_whatever_its_headers_say() -> None:
+    rig = Rig()
+    d = rig.send(b"HEAD")
+    rig.feed(OK_20)
+    response = result_of(d)
+    assert response.length == 0
+    assert response.headers.getRawHeaders(b"content-length") == [b"20"]
+    reader = read(response)
+    assert reader.body == b"" and reader.reason is not None
+    assert reader.reason.check(ResponseDone)
+    assert rig.reused
+
+
+def test_a_head_answer_followed_by_a_body_is_not_reused() -> None:
+    rig = Rig()
+    d = rig.send(b"HEAD")
+    rig.feed(OK_20 + BODY_20)
+    assert result_of(d).code == 200
+    assert rig.closing and not rig.reused
+
+
+@pytest.mark.parametrize("status", [b"204 No Content", b"304 Not Modified"])
+def test_204_and_304_have_no_body(status: bytes) -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(b"HTTP/1.1 " + status + b"\r\nContent-Length: 5\r\n\r\n")
+    response = result_of(d)
+    assert response.length == 0 and not response.headers.hasHeader(b"content-length")
+    assert read(response).body == b"" and rig.reused
+
+
+def test_a_204_with_a_body_is_not_reused() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(b"HTTP/1.1 204 No Content\r\n\r\nhello")
+    reader = read(result_of(d))
+    assert reader.body == b"" and reader.reason is not None
+    assert reader.reason.check(ResponseDone)
+    assert rig.closing and not rig.reused
+
+
+def test_two_responses_in_one_read_deliver_the_first_and_close() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20 + BODY_20 + OK_20 + BODY_20)
+    reader = read(result_of(d))
+    assert reader.body == BODY_20
+    assert reader.ended_with(ResponseDone)
+    assert rig.closing and not rig.reused
+
+
+def test_a_stray_crlf_after_a_body_is_tolerated() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20 + BODY_20 + b"\r\n")
+    assert read(result_of(d)).body == BODY_20 and rig.reused
+
+
+@pytest.mark.parametrize(
+    ("head", "reused"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", True),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n", True),
+    ],
+)
+def test_keep_alive_follows_the_version_and_connection(head: bytes, reused: bool) -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(head)
+    read(result_of(d))
+    assert rig.reused is reused and rig.closing is not reused
+
+
+def test_bytes_on_an_idle_connection_close_it() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20 + BODY_20)
+    read(result_of(d))
+    assert rig.reused
+    rig.feed(b"HTTP/1.1 200 OK\r\n")
+    assert rig.closing and rig.connection in rig.owner.dropped
+    assert not rig.connection.usable
+
+
+def test_an_idle_connection_the_server_closes_is_dropped() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20 + BODY_20)
+    read(result_of(d))
+    rig.lose()
+    assert rig.connection in rig.owner.dropped and not rig.connection.usable
+
+
+def test_a_dead_pooled_connection_fails_the_next_request_as_never_received() -> None:
+    rig = Rig()
+    first = rig.send()
+    rig.feed(OK_20 + BODY_20)
+    read(result_of(first))
+    second = rig.send()
+    rig.lose(ConnectionLost())
+    failure_of(second, ResponseNeverReceived)
+
+
+def test_an_exchange_after_another_starts_clean() -> None:
+    """A HEAD answer leaves llhttp expecting a body; the next exchange must not inherit it."""
+    rig = Rig()
+    first = rig.send(b"HEAD")
+    rig.feed(OK_20)
+    read(result_of(first))
+    second = rig.send()
+    rig.feed(OK_20 + BODY_20)
+    assert read(result_of(second)).body == BODY_20
+    assert rig.owner.put_back == [rig.connection, rig.connection]
+
+
+def test_a_reader_that_raises_ends_the_exchange() -> None:
+    class Broken(Reader):
+        def dataReceived(self, data: bytes) -> None:
+            raise ValueError("reader bug")
+
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20)
+    reader = Broken()
+    result_of(d).deliverBody(reader)
+    rig.feed(BODY_20)
+    assert reader.ended_with(ResponseFailed)
+    assert rig.closing and not rig.reused
+
+
+def test_close_waits_for_the_connection_to_go() -> None:
+    rig = Rig()
+    closed = rig.connection.close()
+    assert rig.closing and not result_of_now(closed)
+    rig.lose()
+    assert result_of_now(closed)
+    assert result_of_now(rig.connection.close())
+
+
+def test_the_response_provides_iresponse() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20)
+    response: Any = result_of(d)
+    assert IResponse.providedBy(response)
+    assert response.previousResponse is None
+    response.setPreviousResponse(response)
+    assert response.previousResponse is response
