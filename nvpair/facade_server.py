@@ -131,10 +131,6 @@ class FacadeRequest:
         """The client connection is still there."""
         return self.channel is not None
 
-    def getHeader(self, name: bytes) -> bytes | None:
-        values = self.requestHeaders.getRawHeaders(name)
-        return values[-1] if values else None
-
     # -- the answer --------------------------------------------------------------------------
 
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:

@@ -24,7 +24,6 @@ from twisted.internet.endpoints import (
     wrapClientTLS,
 )
 from twisted.internet.interfaces import (
-    IConsumer,
     IDelayedCall,
     IReactorTCP,
     IReactorTime,
@@ -34,8 +33,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import URI
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS, IResponse
-from zope.interface import implementer
+from twisted.web.iweb import IPolicyForHTTPS, IResponse
 
 from nvpair.upstream_conn import ConnectionFactory, Key, UpstreamConnection, request_head
 
@@ -56,32 +54,6 @@ _REPARSED = re.compile(rb"[#;]|\?\Z")
 
 #: Base URLs whose parse is kept; a fleet has a few dozen, so past this the cache restarts.
 _MAX_TARGETS = 1024
-
-
-@implementer(IBodyProducer)
-class BytesBody:
-    """A request body over bytes already in memory (for Agent, which the soak client uses).
-
-    Each attempt gets a fresh one: ``FileBodyProducer`` closes its file at EOF, so a failover
-    retry could not send the body again.
-    """
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        consumer.write(self._body)
-        return defer.succeed(None)
-
-    def pauseProducing(self) -> None:
-        """The whole body is written at once: nothing to pause."""
-
-    def resumeProducing(self) -> None:
-        """The whole body is written at once: nothing to resume."""
-
-    def stopProducing(self) -> None:
-        """The whole body is written at once: nothing to stop."""
 
 
 @frozen

@@ -6,6 +6,7 @@ can walk away after the first chunk, and nothing is buffered or decoded behind o
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -18,6 +19,7 @@ from twisted.python.failure import Failure
 from twisted.web._newclient import RequestNotSent
 from twisted.web.client import (
     Agent,
+    FileBodyProducer,
     HTTPConnectionPool,
     RequestTransmissionFailed,
     ResponseDone,
@@ -28,7 +30,6 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from bench.soak.plan import Ending, RequestSpec
-from nvpair.upstream import BytesBody
 
 ANSWERED = "answered"
 """A status and the whole body."""
@@ -133,7 +134,7 @@ async def _exchange(
     headers = Headers()
     for name, value in spec.headers:
         headers.addRawHeader(name.encode(), value.encode())
-    body = BytesBody(spec.body) if spec.body is not None else None
+    body = FileBodyProducer(io.BytesIO(spec.body)) if spec.body is not None else None
     d: Deferred[IResponse] = agent.request(spec.method.encode(), url, headers, body)
     reader = _Reader(spec.ending is Ending.DROP_MID_STREAM)
     give_up = None
