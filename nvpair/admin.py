@@ -7,13 +7,15 @@ ports, node ids, counts — never request content.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from klein import Klein
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from nvpair.control import ControlState
 from nvpair.facade_manager import FacadeManager
+from nvpair.status import FacadeView, FleetView, readiness, status_document
 
 
 def _label(value: str) -> str:
@@ -25,6 +27,11 @@ class Admin:
 
     :param in_flight: how many proxied requests are in flight right now.
     :param reservations: node id -> reservations held right now (nodes with none omitted).
+    :param node_in_flight: this process's dispatches in flight to (engine, node).
+    :param tls: whether the facades admit peers over mutual TLS now (cluster membership).
+    :param fleet: standalone fleet mode's poll reports and scheduler; None in broker mode.
+    :param expected: the facades that must listen to be ready (the fleet file's); None: those
+        the broker enabled.
     """
 
     app = Klein()
@@ -35,30 +42,61 @@ class Admin:
         facades: FacadeManager,
         in_flight: Callable[[], int],
         reservations: Callable[[], Mapping[str, int]] = dict,
+        *,
+        clock: IReactorTime,
+        node_in_flight: Callable[[str, str], int] = lambda engine, node: 0,
+        tls: Callable[[], bool] = lambda: False,
+        fleet: FleetView | None = None,
+        expected: Sequence[str] | None = None,
     ) -> None:
         self._control = control
         self._facades = facades
         self._in_flight = in_flight
         self._reservations = reservations
+        self._clock = clock
+        self._node_in_flight = node_in_flight
+        self._tls = tls
+        self._fleet = fleet
+        self._expected = expected
 
-    @app.route("/health", methods=["GET"])
-    def health(self, request: IRequest) -> bytes:
+    def _views(self) -> dict[str, FacadeView]:
+        tls = self._tls()
+        return {
+            engine: FacadeView(live.port, tuple(live.aliases), tls)
+            for engine, live in self._facades.facades.items()
+        }
+
+    @app.route("/healthz", methods=["GET"])
+    def healthz(self, request: IRequest) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         return json.dumps({"status": "ok"}).encode()
+
+    @app.route("/readyz", methods=["GET"])
+    def readyz(self, request: IRequest) -> bytes:
+        listening = self._views()
+        if self._fleet is not None:
+            received = self._fleet.polled()
+        else:
+            # Broker mode: every facade the broker enabled has had its discovery snapshot.
+            received = bool(listening) and all(self._control.reported(e) for e in listening)
+        expected = self._expected if self._expected is not None else sorted(listening)
+        ready, body = readiness(expected, listening, received, self._control)
+        request.setResponseCode(200 if ready else 503)
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(body).encode()
 
     @app.route("/status", methods=["GET"])
     def status(self, request: IRequest) -> bytes:
         request.setHeader(b"content-type", b"application/json")
-        facades = {
-            engine: {"port": live.port, "aliases": list(live.aliases)}
-            for engine, live in self._facades.facades.items()
-        }
-        body = {
-            "facades": facades,
-            "inFlight": self._in_flight(),
-            "reservations": {n: c for n, c in self._reservations().items() if c},
-            "control": self._control.snapshot_view(),
-        }
+        body = status_document(
+            self._views(),
+            self._control,
+            self._reservations(),
+            self._node_in_flight,
+            self._in_flight(),
+            self._fleet,
+            self._clock.seconds(),
+        )
         return json.dumps(body).encode()
 
     @app.route("/metrics", methods=["GET"])

@@ -124,6 +124,10 @@ class ControlState:
         # this is called several times per request.
         return snapshot if snapshot is not None else _NO_NODES
 
+    def reported(self, engine: str) -> bool:
+        """Whether any discovery snapshot of ``engine`` has arrived (``/readyz``)."""
+        return engine in self._discovery
+
     def set_discovery(self, engine: str, nodes: Iterable[Node]) -> None:
         snapshot = Discovery(tuple(nodes))
         self._discovery[engine] = snapshot

@@ -5,15 +5,19 @@ The file names the facades to enable and each node's engine URLs. Each node's in
 engine's own model list, polled; a node whose poll fails leaves discovery until it answers
 again. There is no scheduler: with each inventory the poll also reads the engine's load state
 (models in memory, busy slots, loading) for the fleet's own scheduling
-(docs/fleet-scheduling.md).
+(docs/fleet-scheduling.md). Every configured (node, engine) has a :class:`PairReport` an
+operator can read (``/status``) and whose changes are logged; SIGHUP hands a re-read file to
+:meth:`FleetService.reload` (docs/fleet-scheduling.md#the-fleet-file-re-read).
 """
 
 from __future__ import annotations
 
+import enum
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from attrs import evolve, frozen
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.defer import CancelledError, Deferred
@@ -27,7 +31,7 @@ from nvpair.control import ControlState, Node
 from nvpair.engines import ENGINES
 from nvpair.facade_manager import FacadeError
 from nvpair.fanout import ask
-from nvpair.fleetfile import Fleet, FleetNode
+from nvpair.fleetfile import Fleet, restart_needed
 from nvpair.loadstate import UNKNOWN, Answer, LoadState
 from nvpair.scheduling import FleetScheduler
 from nvpair.web import UpstreamClient
@@ -47,6 +51,73 @@ class Facades(Protocol):
     def enable(
         self, engine_id: str, port: int | None, aliases: Sequence[str], ignore_persisted: bool
     ) -> object: ...
+
+
+def _cancelled(failure: Failure) -> bool:
+    """Whether ``failure`` is a cancellation, also as the first error of a gathered few."""
+    if failure.check(defer.FirstError):
+        first = failure.value
+        assert isinstance(first, defer.FirstError)
+        return bool(first.subFailure.check(CancelledError))
+    return bool(failure.check(CancelledError))
+
+
+class PollState(enum.Enum):
+    """What a configured (node, engine)'s polls say of it."""
+
+    #: Not polled to the end yet.
+    PENDING = "pending"
+    #: Its model list answered: in discovery.
+    UP = "up"
+    #: Its model list failed (refused, timed out, an error status, not its envelope): not in
+    #: discovery.
+    DOWN = "down"
+    #: Its engine says it is loading a model; in discovery with its last models, if it ever
+    #: listed any.
+    LOADING = "loading"
+
+
+@frozen
+class PairReport:
+    """What an operator sees of one configured (node, engine): ``/status`` and the log.
+
+    :ivar last_poll: clock time the last poll ended; None before the first.
+    :ivar last_error: why the last failed poll failed; cleared by an answer.
+    :ivar since: clock time of the last change of :attr:`state`.
+    """
+
+    node: str
+    engine: str
+    url: str
+    state: PollState = PollState.PENDING
+    models: tuple[str, ...] = ()
+    last_poll: float | None = None
+    last_error: str | None = None
+    since: float | None = None
+
+
+class _Pair:
+    """One configured (node, engine): its schedule, its polls in flight, its report.
+
+    A reload that changes the pair's URL or removes it replaces or drops this object, so the
+    answer of a poll it started is recognised as stale and dropped.
+    """
+
+    def __init__(self, node: str, engine: str, url: str) -> None:
+        self.node = node
+        self.engine = engine
+        self.url = url
+        self.loop: LoopingCall | None = None
+        self.polling: set[Deferred[Any]] = set()
+        self.report = PairReport(node, engine, url)
+
+    def stop(self) -> None:
+        """No next poll; the ones in flight are cancelled (their connections closed)."""
+        if self.loop is not None and self.loop.running:
+            self.loop.stop()
+        self.loop = None
+        for poll in list(self.polling):
+            poll.cancel()
 
 
 class FleetService(Service):
@@ -87,13 +158,31 @@ class FleetService(Service):
         self._upstream = upstream
         self._timeout = (dial_timeout or 10.0) + POLL_GRACE
         self._scheduler = scheduler
+        # The facades this process runs: a reload cannot change them (a port is bound).
+        self._engines = tuple(fleet.facades)
         # engine -> node id -> models from that node's last successful poll, while in discovery
-        self._answered: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in fleet.facades}
+        self._answered: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in self._engines}
         # engine -> node id -> the last models it ever answered, kept after it leaves: what a
         # node that comes back loading is known to serve.
-        self._known: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in fleet.facades}
-        self._loops: list[LoopingCall] = []
-        self._polling: set[Deferred[Any]] = set()
+        self._known: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in self._engines}
+        # (node id, engine) -> the pair, in the file's order
+        self._pairs: dict[tuple[str, str], _Pair] = {}
+
+    # -- what an operator reads ---------------------------------------------------------------
+
+    def reports(self) -> Mapping[str, tuple[PairReport, ...]]:
+        """Every configured (node, engine) of each running facade, in the file's order."""
+        out: dict[str, list[PairReport]] = {engine: [] for engine in self._engines}
+        for pair in self._pairs.values():
+            out[pair.engine].append(pair.report)
+        return {engine: tuple(reports) for engine, reports in out.items()}
+
+    @property
+    def polled(self) -> bool:
+        """Whether every configured pair has been polled to the end at least once."""
+        return all(p.report.state is not PollState.PENDING for p in self._pairs.values())
+
+    # -- lifecycle ----------------------------------------------------------------------------
 
     def startService(self) -> None:
         super().startService()
@@ -105,31 +194,115 @@ class FleetService(Service):
                 self.log.error(
                     "{engine} facade not enabled: {why}", engine=engine, why=error.message
                 )
-        for node in self._fleet.nodes:
-            for engine, url in node.engines.items():
-                if engine not in self._answered:
-                    continue
-                # One loop per pair: a LoopingCall waits for its poll's Deferred before it
-                # schedules the next, so a slow poll is never duplicated and holds up nobody
-                # else's.
-                loop = LoopingCall(self._poll, node, engine, url)
-                loop.clock = self._clock
-                self._loops.append(loop)
-                loop.start(self._fleet.inventory_interval, now=True).addErrback(
-                    lambda failure: self.log.failure("inventory polling stopped", failure)
-                )
+        for key, url in self._wanted(self._fleet).items():
+            self._add(key, url, now=True)
 
     def stopService(self) -> Deferred[None] | None:
         super().stopService()
-        loops, self._loops = self._loops, []
-        for loop in loops:
-            if loop.running:
-                loop.stop()
-        # Closes their connections; the results are dropped (the service is no longer
+        # Closes the polls' connections; their results are dropped (the service is no longer
         # running), so a shutdown does not read as every node leaving.
-        for poll in list(self._polling):
-            poll.cancel()
+        for pair in self._pairs.values():
+            pair.stop()
         return None
+
+    def reload(self, fleet: Fleet) -> None:
+        """Apply a re-read fleet file (SIGHUP) without touching requests in flight.
+
+        Nodes, their URLs and the poll interval change now. A node that stays with the same URL
+        keeps its place in discovery, its health and its schedule (a new interval takes effect
+        at its next poll); a node whose URL changed stays in discovery at its new URL, starts
+        afresh (no health, no load state) and is polled at once; a removed node leaves
+        discovery; an added one is polled at once. What cannot change live — the facades, their
+        ports and aliases — is logged as needing a restart and left as it is.
+        """
+        for change in restart_needed(self._fleet, fleet):
+            self.log.warn("fleet file reloaded: {change} needs a restart", change=change)
+        interval = fleet.inventory_interval != self._fleet.inventory_interval
+        self._fleet = evolve(fleet, facades=self._fleet.facades)
+        wanted = self._wanted(fleet)
+        touched: set[str] = set()
+        for key, pair in list(self._pairs.items()):
+            url = wanted.get(key)
+            if url == pair.url:
+                if interval and pair.loop is not None and pair.loop.running:
+                    # The poll in flight (if any) still finishes and is recorded.
+                    pair.loop.stop()
+                    self._schedule(pair, now=False)
+                continue
+            # What a moved node was serving, to keep it in discovery at its new URL.
+            serving = self._answered[pair.engine].get(pair.node)
+            known = self._known[pair.engine].get(pair.node)
+            self._drop(pair)
+            touched.add(pair.engine)
+            if url is None:
+                self.log.info(
+                    "{node} removed from the fleet file: left {engine} discovery",
+                    node=pair.node,
+                    engine=pair.engine,
+                )
+            else:
+                self.log.info(
+                    "{node}'s {engine} moved to {url}",
+                    node=pair.node,
+                    engine=pair.engine,
+                    url=url,
+                )
+                # Same id, new place: it stays in discovery, dialled at the new URL, until
+                # its first poll there says otherwise.
+                if serving is not None:
+                    self._answered[pair.engine][pair.node] = serving
+                if known is not None:
+                    self._known[pair.engine][pair.node] = known
+        # In the file's order, new pairs where the file puts them.
+        pairs, self._pairs = self._pairs, {}
+        for key, url in wanted.items():
+            if key in pairs:
+                self._pairs[key] = pairs[key]
+            else:
+                self._add(key, url, now=True)
+                touched.add(key[1])
+        for engine in touched:
+            self._publish(engine)
+
+    def _wanted(self, fleet: Fleet) -> dict[tuple[str, str], str]:
+        """(node id, engine) -> URL of every pair of ``fleet`` whose facade runs here."""
+        return {
+            (node.id, engine): url
+            for node in fleet.nodes
+            for engine, url in node.engines.items()
+            if engine in self._answered
+        }
+
+    def _add(self, key: tuple[str, str], url: str, now: bool) -> None:
+        pair = _Pair(key[0], key[1], url)
+        self._pairs[key] = pair
+        self._schedule(pair, now)
+
+    def _schedule(self, pair: _Pair, now: bool) -> None:
+        # One loop per pair: a LoopingCall waits for its poll's Deferred before it schedules
+        # the next, so a slow poll is never duplicated and holds up nobody else's.
+        loop = LoopingCall(self._poll, pair)
+        loop.clock = self._clock
+        pair.loop = loop
+        loop.start(self._fleet.inventory_interval, now=now).addErrback(
+            lambda failure: self.log.failure("inventory polling stopped", failure)
+        )
+
+    def _drop(self, pair: _Pair) -> None:
+        """Forget a pair the file no longer has (or has at another URL)."""
+        # Gone from the map first: a poll the stop cancels then counts for nothing.
+        del self._pairs[(pair.node, pair.engine)]
+        pair.stop()
+        self._answered[pair.engine].pop(pair.node, None)
+        self._known[pair.engine].pop(pair.node, None)
+        if self._scheduler is not None:
+            self._scheduler.forget(pair.engine, pair.node)
+
+    def _live(self, pair: _Pair) -> bool:
+        """Whether what ``pair``'s poll learned still counts: running, and not reloaded away."""
+        return bool(self.running) and self._pairs.get((pair.node, pair.engine)) is pair
+
+    # -- one poll -----------------------------------------------------------------------------
 
     async def _ask(self, url: str, path: str) -> Answer:
         """One GET of a poll, bounded as a whole (time and bytes)."""
@@ -175,42 +348,51 @@ class FleetService(Service):
         )
         return probe.read(answers, ENGINES[engine].model_key)
 
-    def _track(self, d: Deferred[T]) -> Deferred[T]:
-        """Remember ``d`` until it settles, so a shutdown can cancel it (and close its exchange)."""
-        self._polling.add(d)
+    def _track(self, pair: _Pair, d: Deferred[T]) -> Deferred[T]:
+        """Remember ``d`` until it settles, so a shutdown or reload can cancel it."""
+        pair.polling.add(d)
 
         def settled(result: T) -> T:
-            self._polling.discard(d)
+            pair.polling.discard(d)
             return result
 
         return d.addBoth(settled)
 
-    def _poll(self, node: FleetNode, engine: str, url: str) -> Deferred[None]:
+    def _poll(self, pair: _Pair) -> Deferred[None]:
+        if pair.polling:
+            # A reload rescheduled the pair while a poll of its old schedule was still out.
+            return defer.succeed(None)
+
         def done(result: object) -> None:
             if isinstance(result, Failure) and self.running and not result.check(CancelledError):
                 # Swallowed so this pair's loop keeps running.
                 self.log.failure(
-                    "recording {node}'s {engine} poll failed", result, node=node.id, engine=engine
+                    "recording {node}'s {engine} poll failed",
+                    result,
+                    node=pair.node,
+                    engine=pair.engine,
                 )
 
-        return Deferred.fromCoroutine(self._poll_pair(node, engine, url)).addBoth(done)
+        return Deferred.fromCoroutine(self._poll_pair(pair)).addBoth(done)
 
-    async def _poll_pair(self, node: FleetNode, engine: str, url: str) -> None:
-        inventory = self._track(Deferred.fromCoroutine(self._poll_once(engine, url)))
-        load = self._track(Deferred.fromCoroutine(self._probe_load(engine, url)))
+    async def _poll_pair(self, pair: _Pair) -> None:
+        engine, url = pair.engine, pair.url
+        inventory = self._track(pair, Deferred.fromCoroutine(self._poll_once(engine, url)))
+        load = self._track(pair, Deferred.fromCoroutine(self._probe_load(engine, url)))
 
         def record_load(result: object) -> LoadState:
             if isinstance(result, Failure):
-                # Cancelled by a shutdown, or a bug reading the answers: nothing known.
-                if not result.check(CancelledError):
+                # Cancelled by a shutdown or a reload, or a bug reading the answers: nothing
+                # known; only the bug is news.
+                if self._live(pair) and not _cancelled(result):
                     self.log.failure(
-                        "reading {node}'s {engine} load", result, node=node.id, engine=engine
+                        "reading {node}'s {engine} load", result, node=pair.node, engine=engine
                     )
                 return UNKNOWN
             assert isinstance(result, LoadState)
             # As soon as it arrives, whatever the inventory is doing.
-            if self.running and self._scheduler is not None:
-                self._scheduler.record_load(engine, node.id, result)
+            if self._live(pair) and self._scheduler is not None:
+                self._scheduler.record_load(engine, pair.node, result)
             return result
 
         loaded = load.addBoth(record_load)
@@ -221,57 +403,96 @@ class FleetService(Service):
         except Exception as error:
             # Whether the node left or is loading is this round's load reading's to say.
             state = await loaded
-            if self.running:
-                self._failed(node.id, engine, str(error) or type(error).__name__, state.loading)
+            if self._live(pair):
+                self._failed(pair, str(error) or type(error).__name__, state.loading)
             return
-        if self.running:
+        if self._live(pair):
             assert isinstance(models, list)
-            self._record(engine, node.id, tuple(models))
+            self._answer(pair, tuple(models))
         await loaded
 
-    def _failed(self, node_id: str, engine: str, why: str, loading: bool) -> None:
+    # -- what a poll says ---------------------------------------------------------------------
+
+    #: What a node answering its poll again is logged as, by what it was before (info).
+    _CAME_UP = {
+        PollState.PENDING: "{node} joined {engine} discovery with {count} models",
+        PollState.DOWN: "{node}'s {engine} answers again: back in discovery with {count} models",
+        PollState.LOADING: "{node}'s {engine} is ready: {count} models",
+    }
+
+    def _answer(self, pair: _Pair, models: tuple[str, ...]) -> None:
+        came_up = self._CAME_UP.get(pair.report.state)
+        self._report(pair, PollState.UP, models, None)
+        if came_up is not None:
+            self.log.info(came_up, engine=pair.engine, node=pair.node, count=len(models))
+        self._record(pair.engine, pair.node, models)
+
+    def _failed(self, pair: _Pair, why: str, loading: bool) -> None:
+        engine, node_id = pair.engine, pair.node
+        why = why[:200]
+        before = pair.report.state
         known = self._known[engine].get(node_id)
-        if loading and known is not None:
+        if loading:
             # A llama.cpp server loading its model answers 503 everywhere, its model list
-            # included; it is no gone node. Kept with what it last listed, marked loading.
-            if node_id not in self._answered[engine]:
+            # included; it is no gone node. Kept with what it last listed, marked loading; one
+            # never seen does not join until its models are known.
+            self._report(pair, PollState.LOADING, known or (), why)
+            if before is not PollState.LOADING:
                 self.log.info(
-                    "{node} is loading: back in {engine} discovery with its last models",
+                    "{node}'s {engine} is loading a model{known}",
                     engine=engine,
                     node=node_id,
+                    known=": in discovery with its last models" if known is not None else "",
                 )
-            self._record(engine, node_id, known)
+            if known is not None:
+                self._record(engine, node_id, known)
             return
-        if node_id in self._answered[engine]:
-            self.log.info(
-                "{node} left {engine} discovery: poll failed ({why})",
+        self._report(pair, PollState.DOWN, (), why)
+        if before is PollState.PENDING:
+            self.log.warn(
+                "{node}'s {engine} at {url} does not answer its poll: {why}",
                 engine=engine,
                 node=node_id,
-                why=why[:200],
+                url=pair.url,
+                why=why,
+            )
+        elif before is not PollState.DOWN:
+            self.log.warn(
+                "{node} left {engine} discovery: poll of {url} failed ({why})",
+                engine=engine,
+                node=node_id,
+                url=pair.url,
+                why=why,
             )
         self._record(engine, node_id, None)
 
+    def _report(
+        self, pair: _Pair, state: PollState, models: tuple[str, ...], error: str | None
+    ) -> None:
+        now = self._clock.seconds()
+        previous = pair.report
+        since = now if state is not previous.state else previous.since
+        pair.report = evolve(
+            previous, state=state, models=models, last_poll=now, last_error=error, since=since
+        )
+
     def _record(self, engine: str, node_id: str, models: tuple[str, ...] | None) -> None:
         answered = self._answered[engine]
-        previous = answered.get(node_id)
         if models is None:
             if node_id not in answered:
                 return
             del answered[node_id]
         else:
-            if previous == models:
+            if answered.get(node_id) == models:
                 return
-            if previous is None:
-                self.log.info(
-                    "{node} joined {engine} discovery with {count} models",
-                    engine=engine,
-                    node=node_id,
-                    count=len(models),
-                )
             answered[node_id] = models
             self._known[engine][node_id] = models
+        self._publish(engine)
+
+    def _publish(self, engine: str) -> None:
+        """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now."""
         spec = ENGINES[engine]
-        urls = {n.id: n.engines[engine] for n in self._fleet.nodes if engine in n.engines}
+        urls = {p.node: p.url for p in self._pairs.values() if p.engine == engine}
         self._control.set_discovery(
             engine,
             [
@@ -282,6 +503,7 @@ class FleetService(Service):
                     models=names,
                     model_keys=frozenset(spec.model_key(m) for m in names),
                 )
-                for nid, names in answered.items()
+                for nid, names in self._answered[engine].items()
+                if nid in urls
             ],
         )

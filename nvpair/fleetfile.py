@@ -117,3 +117,24 @@ def load_fleet(path: Path) -> Fleet:
                 raise _fail(path, f"{where}.engines.{engine}", "must be an http:// URL")
         nodes.append(FleetNode(node_id, dict(engines)))
     return Fleet(interval, facades, tuple(nodes))
+
+
+def restart_needed(running: Fleet, reread: Fleet) -> list[str]:
+    """What a re-read fleet file changes that a running process cannot apply live.
+
+    A facade's listener is bound once; nodes and the poll interval are live
+    (docs/fleet-scheduling.md#the-fleet-file-re-read). Each entry names the change.
+    """
+    changes: list[str] = []
+    for engine in sorted(set(running.facades) | set(reread.facades)):
+        was, now = running.facades.get(engine), reread.facades.get(engine)
+        if was is None:
+            changes.append(f"facades.{engine} added")
+        elif now is None:
+            changes.append(f"facades.{engine} removed")
+        else:
+            if was.port != now.port:
+                changes.append(f"facades.{engine}.port {was.port} -> {now.port}")
+            if was.aliases != now.aliases:
+                changes.append(f"facades.{engine}.aliases changed")
+    return changes

@@ -98,9 +98,19 @@ class PassiveHealth:
         self._clock = clock
         self.policy = policy
         self._nodes: dict[tuple[str, str], NodeHealth] = {}
+        # The last failure of each node with failures on record, for the status surface.
+        self._why: dict[tuple[str, str], str] = {}
 
     def of(self, engine: str, node: str) -> NodeHealth:
         return self._nodes.get((engine, node), HEALTHY)
+
+    def last_failure(self, engine: str, node: str) -> str | None:
+        """The last failure of a node with failures on record (``status 503``)."""
+        return self._why.get((engine, node))
+
+    def forget(self, engine: str, node: str) -> None:
+        self._nodes.pop((engine, node), None)
+        self._why.pop((engine, node), None)
 
     def held(self, engine: str, node: str) -> bool:
         """Whether the node is held back now (to the end of the order)."""
@@ -118,6 +128,7 @@ class PassiveHealth:
     def succeeded(self, engine: str, node: str) -> None:
         """An attempt was answered (committed, or an answer that is not retried)."""
         before = self._nodes.pop((engine, node), None)
+        self._why.pop((engine, node), None)
         if before is not None and before.holds:
             self.log.info("{node} answers again: no longer held back", engine=engine, node=node)
 
@@ -130,6 +141,7 @@ class PassiveHealth:
         before = self.of(engine, node)
         after = before.failed(now, self.policy, trial)
         self._nodes[(engine, node)] = after
+        self._why[(engine, node)] = why
         if after.holds > before.holds:
             assert after.held_until is not None
             self.log.warn(

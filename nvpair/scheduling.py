@@ -56,6 +56,11 @@ class FleetScheduler:
         else:
             self._loads[(engine, node)] = state
 
+    def forget(self, engine: str, node: str) -> None:
+        """A reload removed or moved the node: what was learned of it no longer applies."""
+        self._loads.pop((engine, node), None)
+        self.health.forget(engine, node)
+
     def standing(self, engine: str, node: str) -> Standing:
         return Standing(self.load(engine, node), self.health.held(engine, node))
 

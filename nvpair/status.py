@@ -1,0 +1,233 @@
+"""What the admin surface shows, as plain JSON-able values (docs/operations.md#status).
+
+Pure: every function here reads values it is handed — the control state, counts, the fleet's
+poll reports — and builds a document; the admin listener only serves it. Operational state
+only: ids, URLs, counts, states and reasons, never request content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from attrs import frozen
+
+from nvpair.control import ControlState
+from nvpair.fleet import PairReport, PollState
+from nvpair.loadstate import LoadState
+from nvpair.scheduling import FleetScheduler
+
+
+@frozen
+class FacadeView:
+    """An enabled facade as the status shows it; ``tls``: peers are admitted over mTLS."""
+
+    port: int
+    aliases: tuple[str, ...]
+    tls: bool
+
+
+@frozen
+class FleetView:
+    """What the status reads of standalone fleet mode.
+
+    :ivar reports: every configured (node, engine)'s poll report, per engine
+        (:meth:`nvpair.fleet.FleetService.reports`).
+    :ivar polled: whether every configured pair has been polled once.
+    :ivar scheduler: load states and passive health.
+    """
+
+    reports: Callable[[], Mapping[str, tuple[PairReport, ...]]]
+    polled: Callable[[], bool]
+    scheduler: FleetScheduler
+
+
+def _when(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
+
+
+def _load(state: LoadState) -> dict[str, object]:
+    return {
+        "loading": state.loading,
+        # "all": llama.cpp serves the one model it loaded; None: the engine did not say.
+        "inMemory": "all"
+        if state.warm_all
+        else (sorted(state.warm) if state.warm is not None else None),
+        "slots": state.slots,
+        "busySlots": state.busy,
+    }
+
+
+def _counts(
+    engine: str,
+    node: str,
+    reservations: Mapping[str, int],
+    in_flight: Callable[[str, str], int],
+) -> dict[str, object]:
+    return {"reservations": reservations.get(node, 0), "inFlight": in_flight(engine, node)}
+
+
+def broker_nodes(
+    engine: str,
+    control: ControlState,
+    reservations: Mapping[str, int],
+    in_flight: Callable[[str, str], int],
+) -> list[dict[str, object]]:
+    """An engine's discovery snapshot with the scheduler's figures for each node."""
+    priority = control.priority
+    out: list[dict[str, object]] = []
+    for node in control.discovery(engine).nodes:
+        entry = priority.entry(node.id)
+        # Before any scheduler snapshot every node counts as listed with no load.
+        listed = priority.entries is None or entry is not None
+        out.append(
+            {
+                "id": node.id,
+                "local": node.local,
+                "url": node.url,
+                "models": list(node.models),
+                "listed": listed,
+                "pending": entry.pending if entry is not None else 0,
+                "gpuPressure": entry.gpu_pressure if entry is not None else 0,
+                **_counts(engine, node.id, reservations, in_flight),
+            }
+        )
+    return out
+
+
+def fleet_state(report: PairReport, held: bool) -> str:
+    """The one word an operator reads first: ``up``, ``down``, ``loading``, ``held-back``,
+    ``pending`` (not polled yet). Held back outranks what the poll says: the node is being
+    passed over now."""
+    if held:
+        return "held-back"
+    return report.state.value
+
+
+def fleet_nodes(
+    engine: str,
+    reports: Sequence[PairReport],
+    fleet: FleetView,
+    now: float,
+    reservations: Mapping[str, int],
+    in_flight: Callable[[str, str], int],
+) -> list[dict[str, object]]:
+    """Every configured node of ``engine``, in discovery or not, with why it is where it is."""
+    out: list[dict[str, object]] = []
+    passive = fleet.scheduler.health
+    for report in reports:
+        health = passive.of(engine, report.node)
+        held = health.held(now)
+        state = fleet_state(report, held)
+        last_failure = passive.last_failure(engine, report.node)
+        if held:
+            why: str | None = f"{health.failures} failed attempts in a row (last: {last_failure})"
+        elif report.state in (PollState.DOWN, PollState.LOADING):
+            why = report.last_error
+        else:
+            why = None
+        out.append(
+            {
+                "id": report.node,
+                "url": report.url,
+                "state": state,
+                "why": why,
+                "since": _when(report.since),
+                "lastPoll": _when(report.last_poll),
+                "lastError": report.last_error,
+                "models": list(report.models),
+                "pending": 0,
+                "gpuPressure": 0,
+                **_counts(engine, report.node, reservations, in_flight),
+                "load": _load(fleet.scheduler.load(engine, report.node)),
+                "health": {
+                    "failuresInARow": health.failures,
+                    "heldUntil": _when(health.held_until) if held else None,
+                    "lastFailure": last_failure,
+                },
+            }
+        )
+    return out
+
+
+def status_document(
+    facades: Mapping[str, FacadeView],
+    control: ControlState,
+    reservations: Mapping[str, int],
+    in_flight: Callable[[str, str], int],
+    total_in_flight: int,
+    fleet: FleetView | None,
+    now: float,
+) -> dict[str, object]:
+    """``GET /status`` (contract "Admin listener")."""
+    nodes: dict[str, list[dict[str, object]]]
+    if fleet is not None:
+        reports = fleet.reports()
+        nodes = {
+            engine: fleet_nodes(
+                engine, reports.get(engine, ()), fleet, now, reservations, in_flight
+            )
+            for engine in sorted(set(facades) | set(reports))
+        }
+    else:
+        nodes = {
+            engine: broker_nodes(engine, control, reservations, in_flight)
+            for engine in sorted(facades)
+        }
+    return {
+        "mode": "fleet" if fleet is not None else "broker",
+        "facades": {
+            engine: {"port": view.port, "aliases": list(view.aliases), "tls": view.tls}
+            for engine, view in sorted(facades.items())
+        },
+        "nodes": nodes,
+        "pin": {engine: control.pin(engine) for engine in sorted(facades)},
+        "priorityGeneration": control.priority.generation,
+        "inFlight": total_in_flight,
+        "reservations": {node: count for node, count in reservations.items() if count},
+    }
+
+
+def nodes_up(engine: str, control: ControlState) -> bool:
+    """Whether ``engine`` has any node in discovery."""
+    return bool(control.discovery(engine).nodes)
+
+
+def readiness(
+    expected: Sequence[str],
+    listening: Mapping[str, FacadeView],
+    control_received: bool,
+    control: ControlState,
+) -> tuple[bool, dict[str, object]]:
+    """``GET /readyz``: ready once every expected facade listens and control state arrived.
+
+    :param expected: the facades that should be listening (the fleet file's; in broker mode
+        the ones the broker enabled).
+    :param control_received: a broker discovery snapshot for each, or the fleet's first round
+        of polls.
+    :returns: whether ready, and the body that says what is still awaited. Engines with no
+        node up are named either way: the process is ready, but that engine answers
+        ``no-owner``.
+    """
+    waiting = [f"facade {engine} not listening" for engine in expected if engine not in listening]
+    if not control_received:
+        waiting.append("control state not received yet")
+    without = [engine for engine in sorted(listening) if not nodes_up(engine, control)]
+    return not waiting, {
+        "ready": not waiting,
+        "waitingFor": waiting,
+        "enginesWithoutNodes": without,
+    }
+
+
+__all__ = [
+    "FacadeView",
+    "FleetView",
+    "broker_nodes",
+    "fleet_nodes",
+    "fleet_state",
+    "readiness",
+    "status_document",
+]

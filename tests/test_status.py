@@ -1,0 +1,140 @@
+# -*- test-case-name: tests.test_status -*-
+"""The admin documents as pure values (:mod:`nvpair.status`): ``/status`` in both modes and
+``/readyz``."""
+
+from __future__ import annotations
+
+import json
+
+from twisted.internet.task import Clock
+
+from nvpair.control import ControlState, Node, PriorityEntry
+from nvpair.fleet import PairReport, PollState
+from nvpair.health import HealthPolicy
+from nvpair.loadstate import LoadState
+from nvpair.scheduling import FleetScheduler
+from nvpair.status import FacadeView, FleetView, readiness, status_document
+
+OLLAMA = {"ollama": FacadeView(11435, ("127.0.0.2:11434",), False)}
+
+
+def node(node_id: str, *models: str) -> Node:
+    return Node(node_id, False, f"http://{node_id}", models, frozenset(models))
+
+
+def flight(engine: str, node_id: str) -> int:
+    return {("ollama", "a"): 2}.get((engine, node_id), 0)
+
+
+def test_broker_status_shows_the_schedulers_figures_per_node() -> None:
+    control = ControlState()
+    control.set_discovery("ollama", [node("a", "llama3"), node("b", "qwen")])
+    control.set_priority(3, [PriorityEntry("a", 1.5, 0.25)])
+    control.set_pin("ollama", "b")
+    doc = status_document(OLLAMA, control, {"a": 1, "b": 0}, flight, 2, None, 0.0)
+    assert doc["mode"] == "broker"
+    assert doc["facades"] == {
+        "ollama": {"port": 11435, "aliases": ["127.0.0.2:11434"], "tls": False}
+    }
+    assert doc["pin"] == {"ollama": "b"} and doc["priorityGeneration"] == 3
+    assert doc["inFlight"] == 2 and doc["reservations"] == {"a": 1}
+    a, b = doc["nodes"]["ollama"]  # type: ignore[index]
+    assert a == {
+        "id": "a",
+        "local": False,
+        "url": "http://a",
+        "models": ["llama3"],
+        "listed": True,
+        "pending": 1.5,
+        "gpuPressure": 0.25,
+        "reservations": 1,
+        "inFlight": 2,
+    }
+    assert b["listed"] is False and b["pending"] == 0 and b["inFlight"] == 0
+    json.dumps(doc, allow_nan=False)
+
+
+def test_before_any_priority_every_node_counts_as_listed() -> None:
+    control = ControlState()
+    control.set_discovery("ollama", [node("a", "llama3")])
+    doc = status_document(OLLAMA, control, {}, flight, 0, None, 0.0)
+    assert doc["nodes"]["ollama"][0]["listed"] is True  # type: ignore[index]
+
+
+REFUSED = "ConnectionRefusedError"
+
+
+class Fleetish:
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.scheduler = FleetScheduler(self.clock, HealthPolicy(2, 5.0, 60.0))
+        now = self.clock.seconds()
+        self.reports = {
+            "ollama": (
+                PairReport("a", "ollama", "http://a", PollState.UP, ("llama3",), now, None, now),
+                PairReport(
+                    "b",
+                    "ollama",
+                    "http://b:1",
+                    PollState.DOWN,
+                    (),
+                    now,
+                    "ConnectionRefusedError",
+                    now,
+                ),
+                PairReport("c", "ollama", "http://c", PollState.UP, ("llama3",), now, None, now),
+                PairReport("d", "ollama", "http://d", PollState.PENDING),
+            )
+        }
+        self.view = FleetView(lambda: self.reports, lambda: False, self.scheduler)
+
+
+def test_fleet_status_shows_every_configured_node_with_its_state_and_why() -> None:
+    fleet = Fleetish()
+    control = ControlState()
+    fleet.scheduler.record_load("ollama", "a", LoadState(warm=frozenset({"llama3"})))
+    for _ in range(2):
+        fleet.scheduler.health.failed("ollama", "c", False, "status 500")
+    doc = status_document(OLLAMA, control, {"a": 1}, flight, 2, fleet.view, fleet.clock.seconds())
+    assert doc["mode"] == "fleet"
+    a, b, c, d = doc["nodes"]["ollama"]  # type: ignore[index]
+    assert (a["id"], a["state"], a["why"]) == ("a", "up", None)
+    assert a["load"] == {"loading": False, "inMemory": ["llama3"], "slots": None, "busySlots": 0}
+    assert a["reservations"] == 1 and a["inFlight"] == 2
+    assert a["lastPoll"] == "2023-11-14T22:13:20.000+00:00"
+    assert (b["state"], b["url"], b["why"], b["lastError"]) == (
+        "down",
+        "http://b:1",
+        "ConnectionRefusedError",
+        "ConnectionRefusedError",
+    )
+    assert b["load"]["inMemory"] is None  # the engine said nothing
+    assert c["state"] == "held-back"
+    assert c["why"] == "2 failed attempts in a row (last: status 500)"
+    assert c["health"] == {
+        "failuresInARow": 2,
+        "heldUntil": "2023-11-14T22:13:25.000+00:00",
+        "lastFailure": "status 500",
+    }
+    assert (d["state"], d["lastPoll"]) == ("pending", None)
+    json.dumps(doc, allow_nan=False)
+    # The hold is over: the poll's word stands again.
+    fleet.clock.advance(5)
+    later = status_document(OLLAMA, control, {}, flight, 0, fleet.view, fleet.clock.seconds())
+    assert later["nodes"]["ollama"][2]["state"] == "up"  # type: ignore[index]
+
+
+def test_readiness_waits_for_facades_and_control_state() -> None:
+    control = ControlState()
+    ready, body = readiness(["ollama", "llamacpp"], OLLAMA, False, control)
+    assert not ready
+    assert body["waitingFor"] == [
+        "facade llamacpp not listening",
+        "control state not received yet",
+    ]
+    ready, body = readiness(["ollama"], OLLAMA, True, control)
+    # Ready, but the operator is told the engine has no node up.
+    assert ready and body == {"ready": True, "waitingFor": [], "enginesWithoutNodes": ["ollama"]}
+    control.set_discovery("ollama", [node("a", "llama3")])
+    assert readiness(["ollama"], OLLAMA, True, control)[1]["enginesWithoutNodes"] == []
