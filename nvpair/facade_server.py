@@ -44,6 +44,7 @@ from zope.interface import implementer
 
 from nvpair.admission import origin_form
 from nvpair.proxy_answers import head_refusal
+from nvpair.wire import send
 
 if TYPE_CHECKING:
     from nvpair.http_facade import Facade
@@ -149,13 +150,13 @@ class FacadeRequest:
         if not self.startedWriting:
             head = self._head()
             if self._no_body or not data:
-                channel.transport.write(head)
+                send(channel.transport, head)
                 return
-            channel.transport.write(head + (self._frame(data) if self._chunked else data))
+            send(channel.transport, head + (self._frame(data) if self._chunked else data))
             return
         if self._no_body or not data:
             return
-        channel.transport.write(self._frame(data) if self._chunked else data)
+        send(channel.transport, self._frame(data) if self._chunked else data)
 
     def finish(self) -> None:
         if self.finished:
@@ -165,9 +166,9 @@ class FacadeRequest:
             return
         if not self.startedWriting:
             head = self._head()
-            channel.transport.write(head + b"0\r\n\r\n" if self._chunked else head)
+            send(channel.transport, head + b"0\r\n\r\n" if self._chunked else head)
         elif self._chunked:
-            channel.transport.write(b"0\r\n\r\n")
+            send(channel.transport, b"0\r\n\r\n")
         self.finished = True
         waiters, self._finish_waiters = self._finish_waiters, []
         for waiter in waiters:
@@ -530,7 +531,9 @@ class FacadeChannel(Protocol):
     # -- reading and timers ------------------------------------------------------------------
 
     def _pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None:
+        # A connection already closing reads nothing more anyway; its transport may refuse a
+        # pause once it is disconnecting (a CONNECT answered and closed within the same read).
+        if not self._reading_paused and self.transport is not None and not self._closing:
             self._reading_paused = True
             self.transport.pauseProducing()  # type: ignore[attr-defined]
 

@@ -38,6 +38,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
 from nvpair.headers import connection_tokens
+from nvpair.wire import send
 
 #: The most head bytes (status line, fields, interim answers) read before the final answer's
 #: head is complete; an engine must not make this process buffer without bound.
@@ -431,7 +432,7 @@ class UpstreamConnection(Protocol):
         # Head and body in one write: one write-interest toggle in the reactor, not several.
         # Once written the request is whole and in order on the wire, so an answer that
         # arrives before the kernel has sent all of it is still the answer to all of it.
-        self._wire.write(data)
+        send(self._wire, data)
 
     def cancel(self, deferred: Deferred[IResponse]) -> None:
         """Canceller of :meth:`send`'s Deferred: before the head, abort the connection (the

@@ -1456,3 +1456,11 @@ def test_the_harness_sees_an_admitted_request_answered() -> None:
     connection, finals = exchange(OLLAMA, [Message(raw, b"GET", b"/api/tags")])
     assert [r.status for r in finals] == [200] and finals[0].body == HANDLER_BODY
     assert len(connection.stack.handler.seen) == 1 and not connection.closed
+
+
+def test_a_connect_answered_within_its_own_read_closes_cleanly() -> None:
+    """Found by the request-line fuzz: llhttp answers a CONNECT with an upgrade after the
+    message completes, by which time the refusal has been written and the connection is
+    closing; pausing its reading then must not raise."""
+    raw = b"CONNECT /" + b"a" * 100 + b" HTTP/1.0\r\nHost: localhost\r\n\r\n"
+    exchange(ENGINES["ollama"], [Message(raw, b"CONNECT", b"/" + b"a" * 100)])

@@ -165,3 +165,50 @@ def test_event_counts_survive_any_split(events: list[dict[str, object]], cuts: l
     expected = sum(1 for e in events if e == chunk("tok"))
     if expected:
         assert stats is not None and stats.completion_tokens == expected and stats.estimated
+
+
+#: Content pieces as each dialect streams them, with the spacing and escapes JSON allows; each
+#: counts as one, except the empty ones.
+PIECES = [
+    (b'data: {"choices":[{"delta":{"content":"tok"}}]}', 1),
+    (b'data: {"choices": [{"delta": {"content" : "\\"quoted\\""}}]}', 1),
+    (b'data: {"choices":[{"delta":{"content":""}}]}', 0),
+    (b'data: {"choices":[{"text":"\\n"}]}', 1),
+    (b'{"model":"llama3","response":"x","done":false}', 1),
+    (b'{"message":{"role":"assistant","content":"","thinking":"hm"}}', 0),
+    (b'data: {"reasoning_content":"r","x_content":"y"}', 0),
+    (b"data: [DONE]", 0),
+    (b": keep-alive", 0),
+    (b"", 0),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(st.sampled_from(PIECES), max_size=12),
+    separator=st.sampled_from([b"\n", b"\n\n", b"\r\n"]),
+    cuts=st.lists(st.integers(min_value=0), max_size=12),
+)
+def test_content_pieces_count_the_same_whole_or_split(
+    lines: list[tuple[bytes, int]], separator: bytes, cuts: list[int]
+) -> None:
+    """The whole-line fast path and the line-by-line path count the same pieces: a stream's
+    estimate does not depend on how the engine's writes were split into reads."""
+    body = b"".join(line + separator for line, _ in lines)
+    expected = sum(count for _, count in lines)
+    whole = StatsReader(0.0)
+    whole.feed(body, 1.0)
+    points = sorted({c % (len(body) + 1) for c in cuts})
+    split = StatsReader(0.0)
+    for a, b in zip([0, *points], [*points, len(body)], strict=True):
+        split.feed(body[a:b], 1.0)
+    bytewise = StatsReader(0.0)
+    for index in range(len(body)):
+        bytewise.feed(body[index : index + 1], 1.0)
+    counts = {reader.finish(2.0) for reader in (whole, split, bytewise)}
+    assert len(counts) == 1
+    (stats,) = counts
+    if expected:
+        assert stats is not None and stats.completion_tokens == expected and stats.estimated
+    else:
+        assert stats is None or stats.completion_tokens is None
