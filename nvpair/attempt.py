@@ -16,6 +16,7 @@ from collections.abc import Callable
 from attrs import define, field, frozen
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
@@ -270,6 +271,11 @@ class Attempts:
     ) -> Failed | None:
         """Wait for the first body byte: the commit point. None once it (or EOF) came."""
         gate = relay.first
+        if gate.called and not isinstance(gate.result, Failure):
+            # The first byte (or a clean end) came with the headers — a whole answer in one
+            # read, as most non-streamed ones are: nothing to wait for, no timer armed and
+            # disarmed for it. A failure goes the long way, to be classified.
+            return None
         if self._timeout:
             gate.addTimeout(self._timeout, self._clock)
         state.waiting = gate

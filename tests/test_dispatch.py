@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import HostnameEndpoint
-from twisted.internet.error import ConnectingCancelledError
+from twisted.internet.error import ConnectingCancelledError, ConnectionLost
+from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
 
@@ -149,6 +150,45 @@ def test_first_body_timer_starts_when_headers_arrive() -> None:
     response.send(b"x")
     response.end()
     assert request.body == b"x" and len(h.upstream.calls) == 1
+
+
+def test_a_body_that_came_with_its_headers_commits_without_a_first_body_timer() -> None:
+    """A whole answer in one read (most non-streamed ones) has nothing to wait for: no
+    first-body timer is armed, so the only timer left is the client write deadline's."""
+    h = harness(response_header_timeout=5.0, client_write_timeout=60.0)
+    h.nodes(A)
+    request, _ = h.serve()
+    armed: list[float] = []
+    call_later = h.clock.callLater
+
+    def recording(delay: float, f: Any, *args: Any, **kwargs: Any) -> Any:
+        armed.append(delay)
+        return call_later(delay, f, *args, **kwargs)
+
+    h.clock.callLater = recording  # type: ignore[method-assign,assignment]
+    h.upstream.calls[0].answer(Response(200, b"whole"))
+    assert request.status() == 200 and request.body == b"whole" and request.finished
+    assert 5.0 not in armed
+
+
+def test_a_connection_lost_before_the_first_byte_still_fails_over() -> None:
+    """The first-body gate already settled, with a failure: classified as a transport
+    failure and retried, never committed."""
+    h = harness(response_header_timeout=5.0)
+    h.nodes(A, B)
+    request, _ = h.serve()
+
+    class DeadOnArrival(Response):
+        """Its connection was already lost when the body is asked for."""
+
+        def deliverBody(self, protocol: Protocol) -> None:
+            protocol.makeConnection(self.connection)
+            protocol.connectionLost(Failure(ConnectionLost()))
+
+    h.upstream.calls[0].answer(DeadOnArrival(200))
+    assert len(h.upstream.calls) == 2
+    h.upstream.calls[1].answer(Response(200, b"ok"))
+    assert request.status() == 200 and request.body == b"ok"
 
 
 def test_header_timeout_is_a_retryable_failure() -> None:
@@ -483,6 +523,8 @@ def test_other_route_without_any_node_is_502_no_owner() -> None:
     h = harness()
     request, _ = h.serve(route_path="/api/v1/models/load")
     assert request.status() == 502 and request.reason() == "no-owner"
+    # The engine has no node at all: the message says so, and names the model asked for.
+    assert request.json()["error"]["message"] == 'no LM Studio node is available for model "m"'
 
 
 # -- containment ---------------------------------------------------------------------------
