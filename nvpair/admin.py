@@ -1,4 +1,5 @@
-"""The loopback-only admin surface (``--admin-port``): health, status and metrics.
+"""The loopback-only admin surface (``--admin-port``): health, status, metrics and the live
+status page.
 
 klein is fine here and kept off the proxy hot path. Everything shown is operational state —
 ports, node ids, counts — never request content.
@@ -15,7 +16,9 @@ from twisted.web.iweb import IRequest
 
 from nvpair.control import ControlState
 from nvpair.facade_manager import FacadeManager
+from nvpair.recent import RecentWorkloads
 from nvpair.status import FacadeView, FleetView, readiness, status_document
+from nvpair.statuspage import CONTENT_SECURITY_POLICY, PAGE
 
 
 def _label(value: str) -> str:
@@ -32,6 +35,7 @@ class Admin:
     :param fleet: standalone fleet mode's poll reports and scheduler; None in broker mode.
     :param expected: the facades that must listen to be ready (the fleet file's); None: those
         the broker enabled.
+    :param recent: the last workloads the request path recorded (``recent`` in ``/status``).
     """
 
     app = Klein()
@@ -48,6 +52,7 @@ class Admin:
         tls: Callable[[], bool] = lambda: False,
         fleet: FleetView | None = None,
         expected: Sequence[str] | None = None,
+        recent: RecentWorkloads | None = None,
     ) -> None:
         self._control = control
         self._facades = facades
@@ -58,6 +63,7 @@ class Admin:
         self._tls = tls
         self._fleet = fleet
         self._expected = expected
+        self._recent = recent
 
     def _views(self) -> dict[str, FacadeView]:
         tls = self._tls()
@@ -96,8 +102,20 @@ class Admin:
             self._in_flight(),
             self._fleet,
             self._clock.seconds(),
+            self._recent,
         )
         return json.dumps(body).encode()
+
+    @app.route("/", methods=["GET"])
+    def page(self, request: IRequest) -> bytes:
+        """The live status page: one document, its style and script inline, reading
+        ``/status`` (docs/operations.md#the-status-page)."""
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        request.setHeader(b"content-security-policy", CONTENT_SECURITY_POLICY)
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        request.setHeader(b"referrer-policy", b"no-referrer")
+        request.setHeader(b"cache-control", b"no-store")
+        return PAGE
 
     @app.route("/metrics", methods=["GET"])
     def metrics(self, request: IRequest) -> bytes:

@@ -39,6 +39,8 @@ async def try_node(
     )
     with tracking:
         outcome = await services.attempts.run(outgoing, node, final, job.cancelled)
+        if job.trail is not None:
+            job.trail.attempt_ended(node.id, outcome)
         if isinstance(outcome, Served):
             await deliver(services, job, node, outcome)
             return None

@@ -1,11 +1,14 @@
 """``make demo``: simulated engines plus the proxy standalone on ``etc/demo-fleet.toml``.
 
-Starts the simulated nodes the demo fleet names, then ``twistd -n nvpair-proxy --fleet``, waits
-until every facade answers, prints ``curl`` lines to try, and runs until interrupted.
+Starts one simulator process per node the demo fleet names, then ``nvpair-proxy --fleet`` with
+the admin listener, checks that every facade answers a real request (its model list and an
+inference request, answered by a node), prints what to try — requests, and how to make a node
+fail and watch the proxy route around it — and runs until interrupted.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,7 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+
+from attrs import frozen
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEET = ROOT / "etc" / "demo-fleet.toml"
@@ -28,11 +36,126 @@ SIMULATED = [
 
 FACADES = {"ollama": 11435, "lmstudio": 1234, "llamacpp": 8080}
 
+#: The admin listener (loopback only): /status shows every node and the last workloads.
+ADMIN_PORT = 21500
+
+#: How long the whole start (simulators, proxy, first polls, checks) may take.
+START_TIMEOUT = 20.0
+
+_HI = [{"role": "user", "content": "hi"}]
+
+
+@frozen
+class Check:
+    """What ``make demo`` asks one facade: its model list, and one inference request."""
+
+    name: str
+    models_path: str
+    models: Callable[[object], list[str]]
+    inference_path: str
+    inference: dict[str, object]
+
+
+def _listed(document: object, list_field: str, key: str) -> list[str]:
+    entries = document.get(list_field) if isinstance(document, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"not a model list (no {list_field!r} list)")
+    return [str(entry.get(key)) for entry in entries]
+
+
+def _ollama_models(document: object) -> list[str]:
+    return _listed(document, "models", "name")
+
+
+def _openai_models(document: object) -> list[str]:
+    return _listed(document, "data", "id")
+
+
+CHECKS = {
+    "ollama": Check(
+        "Ollama",
+        "/api/tags",
+        _ollama_models,
+        "/api/generate",
+        {"model": "llama3", "prompt": "hi", "stream": False},
+    ),
+    "lmstudio": Check(
+        "LM Studio",
+        "/v1/models",
+        _openai_models,
+        "/v1/chat/completions",
+        {"model": "qwen2.5-7b-instruct", "messages": _HI, "stream": False},
+    ),
+    "llamacpp": Check(
+        "llama.cpp",
+        "/v1/models",
+        _openai_models,
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": _HI, "stream": False},
+    ),
+}
+
+
+class CheckFailed(Exception):
+    """A facade did not answer as it should (yet)."""
+
+
+def check_facade(check: Check, port: int, timeout: float = 5.0) -> str:
+    """Ask one facade for its model list and one inference; a line saying what answered.
+
+    :raises CheckFailed: the facade refused, failed, or no node answered the inference.
+    """
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with urllib.request.urlopen(base + check.models_path, timeout=timeout) as response:
+            models = check.models(json.loads(response.read()))
+        request = urllib.request.Request(
+            base + check.inference_path,
+            data=json.dumps(check.inference).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+            status, node = response.status, response.headers.get("X-Nvpair-Node")
+    except urllib.error.HTTPError as error:
+        reason = error.headers.get("X-Nvpair-Error") or error.reason
+        raise CheckFailed(f"{check.name} on {port}: {error.code} {reason}") from None
+    except (OSError, ValueError) as error:
+        raise CheckFailed(f"{check.name} on {port}: {error}") from None
+    if not models:
+        raise CheckFailed(f"{check.name} on {port}: the model list is empty")
+    if node is None:
+        raise CheckFailed(f"{check.name} on {port}: the answer names no node")
+    model = check.inference["model"]
+    return (
+        f"  {check.name:<10} {base:<23} models: {', '.join(models)}\n"
+        f"  {'':<10} {'':<23} {model}: {status} from {node} (X-Nvpair-Node)"
+    )
+
+
+def check_every_facade(deadline: float) -> list[str]:
+    """Every facade checked, retried until ``deadline`` (the first polls may not have landed)."""
+    lines = []
+    for engine, port in FACADES.items():
+        while True:
+            try:
+                lines.append(check_facade(CHECKS[engine], port))
+                break
+            except CheckFailed:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+    return lines
+
+
 _CHAT = '{{"model":"%s","stream":true,"messages":[{{"role":"user","content":"hi"}}]}}'
 
 TRY = (
     """
-nvpair-proxy is up, standalone, with three facades in front of simulated nodes.
+nvpair-proxy is up, standalone, with three facades in front of simulated nodes. Each facade
+answered just now:
+{checked}
+
 Try (each answer streams through the proxy from a simulated node):
 
   curl -sN http://127.0.0.1:11435/api/chat -d '"""
@@ -47,6 +170,25 @@ Try (each answer streams through the proxy from a simulated node):
        -d '"""
     + _CHAT % "tiny"
     + """'
+
+Routing and failover. llama3 is on node-a and node-b; both healthy, node-a answers. Every
+answer relayed from a node names it in the X-Nvpair-Node header:
+
+  curl -si http://127.0.0.1:11435/api/generate \\
+       -d '{{"model":"llama3","prompt":"hi","stream":false}}' | grep -i x-nvpair-node
+
+Make a node fail with the simulator's fault knobs (one process per node; the same signal again
+undoes it; python -m nvpair.sim --help lists them):
+
+  kill -USR1 {node_a}   node-a answers every inference 503: llama3 fails over to node-b
+  kill -USR2 {node_a}   node-a is gone (connections refused): it leaves discovery at its next poll
+  kill -USR1 {node_b}   the same for node-b
+
+qwen2.5-7b-instruct and tiny are on node-a only: with node-a failing, their answer is node-a's
+own 503 after the retries. Watch it happen in the X-Nvpair-Node header, in the proxy's log
+below (a failed attempt, a node held back or leaving discovery), and on the admin listener:
+
+  curl -s http://127.0.0.1:{admin}/status     (every node's state and health, the last workloads)
 
 Proxy logs (JSON lines) follow on stderr; state in {state}. Ctrl-C stops everything.
 """
@@ -63,44 +205,74 @@ def _wait_for(port: int, deadline: float) -> bool:
     return False
 
 
+def _proxy_command(python: str) -> list[str]:
+    """The installed console script, as an operator runs it (or its module, uninstalled)."""
+    script = Path(python).parent / "nvpair-proxy"
+    return [str(script)] if script.exists() else [python, "-m", "nvpair.cli"]
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     python = sys.executable
+    # A SIGTERM or a closed terminal ends the demo as Ctrl-C does: children stopped first.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGHUP, _interrupted)
     state = tempfile.mkdtemp(prefix="nvpair-demo-")
-    serve: list[str] = []
+    # One simulator per node, so that a fault knob (a signal) fails one node.
+    serves: dict[str, list[str]] = {}
     for engine, port, node, models in SIMULATED:
-        serve += ["--serve", engine, str(port), node, models]
-    children = [subprocess.Popen([python, "-m", "nvpair.sim", *serve])]
-    twistd = str(Path(python).parent / "twistd")
+        serves.setdefault(node, []).extend(["--serve", engine, str(port), node, models])
+    # Each child in a process group of its own: a Ctrl-C reaches the demo alone, which then
+    # stops every child once (a signal from the terminal as well would be a second stop).
+    nodes = {
+        node: subprocess.Popen([python, "-m", "nvpair.sim", *serve], process_group=0)
+        for node, serve in serves.items()
+    }
+    children = list(nodes.values())
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + START_TIMEOUT
         if not all(_wait_for(port, deadline) for _, port, _, _ in SIMULATED):
             print("demo: the simulated engines did not start", file=sys.stderr)
             return 1
         children.append(
             subprocess.Popen(
                 [
-                    twistd,
-                    "--pidfile=",
-                    "-n",
-                    "nvpair-proxy",
+                    *_proxy_command(python),
                     "--fleet",
                     str(FLEET),
                     "--state-dir",
                     state,
+                    "--admin-port",
+                    str(ADMIN_PORT),
                 ],
                 stdin=subprocess.DEVNULL,
                 cwd=state,
+                process_group=0,
             )
         )
         if not all(_wait_for(port, deadline) for port in FACADES.values()):
+            ports = ", ".join(str(port) for port in FACADES.values())
             print(
-                "demo: the proxy's facades did not come up (ports 11435, 1234, 8080 free?)",
+                f"demo: the proxy's facades did not come up (ports {ports} free?)",
                 file=sys.stderr,
             )
             return 1
-        # One inventory poll has to land before the facades know who owns what.
-        time.sleep(0.5)
-        print(TRY.format(state=state), flush=True)
+        try:
+            checked = check_every_facade(deadline)
+        except CheckFailed as failed:
+            print(f"demo: a facade does not answer as it should: {failed}", file=sys.stderr)
+            return 1
+        banner = TRY.format(
+            checked="\n".join(checked),
+            node_a=nodes["node-a"].pid,
+            node_b=nodes["node-b"].pid,
+            admin=ADMIN_PORT,
+            state=state,
+        )
+        print(banner, flush=True)
         while all(child.poll() is None for child in children):
             time.sleep(0.5)
         return 1

@@ -20,6 +20,7 @@ from nvpair.control import Discovery, Node
 from nvpair.delivery import answer_final, try_node
 from nvpair.job import Job, Services
 from nvpair.outcome import Verdict, classify
+from nvpair.proxy_answers import no_owner_message
 from nvpair.routing import Plan
 
 
@@ -30,10 +31,12 @@ async def serve_inference(services: Services, job: Job) -> None:
     if not round_plan.candidates:
         # No owner at admission: a model nobody advertises will not become servable by
         # waiting, and nothing has been dispatched. Never admitted: no workload events.
-        job.refuse("no-owner")
+        job.refuse("no-owner", message=no_owner_message(job.admitted.model))
         return
     model = job.admitted.model
     job.workload = services.workloads.admit(engine.id, engine.model_display(model) if model else "")
+    if services.recent is not None:
+        job.trail = services.recent.admitted(job.workload)
     outgoing = job.outgoing()
     while True:
         if not round_plan.candidates:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from attrs import evolve, frozen
@@ -137,6 +137,8 @@ class FleetService(Service):
         process's shutdown, with everything else's).
     :param dial_timeout: connect timeout for each poll.
     :param scheduler: where load states go; None polls inventories only.
+    :param cannot_serve: ends the process, given why: a facade of the file that cannot bind
+        (docs/ports.md#bind-failures). None only logs it (a fleet built without a process).
     """
 
     log = Logger()
@@ -150,8 +152,11 @@ class FleetService(Service):
         upstream: UpstreamClient,
         dial_timeout: float,
         scheduler: FleetScheduler | None = None,
+        *,
+        cannot_serve: Callable[[str], None] | None = None,
     ) -> None:
         self._clock = clock
+        self._cannot_serve = cannot_serve
         self._fleet = fleet
         self._control = control
         self._facades = facades
@@ -190,10 +195,15 @@ class FleetService(Service):
             try:
                 self._facades.enable(engine, spec.port or None, spec.aliases, False)
             except FacadeError as error:
-                # Contained like a broker's enable: the other facades still come up.
-                self.log.error(
-                    "{engine} facade not enabled: {why}", engine=engine, why=error.message
-                )
+                why = f"{ENGINES[engine].display_name} facade not enabled: {error.message}"
+                if self._cannot_serve is None:
+                    self.log.error("{why}", engine=engine, why=why)
+                    continue
+                # No broker to tell and retry on another port: a server that cannot serve
+                # what its file names ends, non-zero, rather than run with a facade missing.
+                # Nothing more starts; the process's shutdown closes what did.
+                self._cannot_serve(why)
+                return
         for key, url in self._wanted(self._fleet).items():
             self._add(key, url, now=True)
 

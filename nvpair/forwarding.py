@@ -11,6 +11,7 @@ from __future__ import annotations
 from nvpair.control import Node
 from nvpair.delivery import answer_final, try_node
 from nvpair.job import Job, Services
+from nvpair.proxy_answers import no_node_message
 
 #: The node a peer's request is served by: this node's own engine (its local backend).
 _LOCAL = Node(id="local", local=True, url=None, models=(), model_keys=frozenset())
@@ -19,7 +20,8 @@ _LOCAL = Node(id="local", local=True, url=None, models=(), model_keys=frozenset(
 async def serve_once_each(services: Services, job: Job) -> None:
     candidates = services.candidates.plan(job.admitted).candidates
     if not candidates:
-        job.refuse("no-owner")
+        admitted = job.admitted
+        job.refuse("no-owner", message=no_node_message(admitted.engine, admitted.model))
         return
     outgoing = job.outgoing()
     for index, node in enumerate(candidates):

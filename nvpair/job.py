@@ -28,6 +28,7 @@ from nvpair.headers import end_to_end
 from nvpair.http_facade import Admitted
 from nvpair.inferstats import Stats
 from nvpair.proxy_answers import write_error
+from nvpair.recent import RecentWorkloads, Trail
 from nvpair.reservations import Reservation, Reservations
 from nvpair.scheduling import FleetScheduler
 from nvpair.web import ProxiedRequest, UpstreamClient
@@ -59,6 +60,9 @@ class Job:
     #: The reason of the proxy-generated answer, if the proxy answered.
     refused: str | None = None
     stats: Stats | None = None
+    #: Where this workload's attempts are recorded for the admin ``/status``; None when no
+    #: admin listener runs (or the route has no workload).
+    trail: Trail | None = None
 
     def cancelled(self) -> bool:
         """Whether the request itself was cancelled (the parent scope)."""
@@ -71,10 +75,17 @@ class Job:
         if self.deferred is not None:
             self.deferred.cancel()
 
-    def refuse(self, reason: str, *, retry_after: int | None = None) -> None:
-        """Answer with a proxy-generated error and remember why, for the terminal event."""
+    def refuse(
+        self, reason: str, *, retry_after: int | None = None, message: str | None = None
+    ) -> None:
+        """Answer with a proxy-generated error and remember why, for the terminal event.
+
+        :param message: the answer's text, when it says more than the reason's own.
+        """
         self.refused = reason
-        write_error(self.request, self.admitted.engine, reason, retry_after=retry_after)
+        write_error(
+            self.request, self.admitted.engine, reason, retry_after=retry_after, message=message
+        )
 
     def outgoing(self) -> Outgoing:
         """What each attempt sends: the client's request with its end-to-end headers."""
@@ -112,3 +123,6 @@ class Services:
     own_id: Callable[[], str | None]
     #: Standalone fleet mode's scheduling (load states, passive health); None in broker mode.
     fleet: FleetScheduler | None = None
+    #: The last workloads and their attempts, for the admin ``/status``; None (nothing
+    #: recorded, nothing spent) when no admin listener runs.
+    recent: RecentWorkloads | None = None

@@ -7,7 +7,7 @@ caller (docs/broker-protocol.md#proxy-to-broker).
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from typing import Protocol
 
 from twisted.internet import defer
@@ -50,15 +50,63 @@ class BrokerOutbox:
         return True
 
 
+#: Names a record's own fields (or Logger's arguments) take; an event's field of that name is
+#: kept as ``event_<name>``.
+_RESERVED = frozenset({"format", "level", "time", "component", "namespace", "msg", "method"})
+
+
+def _flatten(params: Mapping[str, object], into: dict[str, object]) -> None:
+    for key, value in params.items():
+        if isinstance(value, Mapping):
+            # workloadInfo, its stats: their fields become the record's own.
+            _flatten(value, into)
+            continue
+        if isinstance(value, list | tuple):
+            # A facade's aliases: one readable field.
+            value = ",".join(str(item) for item in value)
+        if key in _RESERVED or key.startswith("log_") or key in into:
+            key = f"event_{key}"
+        into[key] = value
+
+
+def event_record(method: str, params: Mapping[str, object]) -> tuple[str, dict[str, object]]:
+    """One event as one readable log record: its message template and its fields.
+
+    Every field of the event (a workload's nested ``workloadInfo`` and ``stats`` included) is a
+    field of the record, under its own name (a workload's ``id`` as ``workloadId``), so a log
+    reader filters on ``workloadId``, ``scheduledOn`` or ``state`` as on any other field,
+    rather than parsing a string. Events carry operational fields only (ids, model, node,
+    times, state, reason codes): never content.
+    """
+    info = params.get("workloadInfo")
+    if isinstance(info, Mapping):
+        info = {("workloadId" if key == "id" else key): value for key, value in info.items()}
+        params = {**params, "workloadInfo": info}
+    fields: dict[str, object] = {}
+    _flatten(params, fields)
+    if isinstance(info, Mapping):
+        template = "{method}: workload {workloadId} ({engine} {model}) {state}"
+        if fields.get("scheduledOn"):
+            template += " on {scheduledOn}"
+        if fields.get("error"):
+            template += ": {error}"
+    elif {"nodeId", "engine", "inFlight"} <= fields.keys():
+        template = "{method}: {engine} node {nodeId} has {inFlight} in flight"
+    else:
+        template = "{method}"
+    return template, fields
+
+
 class LogOutbox:
-    """Standalone mode's outbox: what would go to a broker goes to the log instead."""
+    """Standalone mode's outbox: what would go to a broker goes to the log instead, at debug
+    level, one record per event (:func:`event_record`)."""
 
     log = Logger()
 
     def notify(self, method: str, params: dict[str, object]) -> None:
-        # Workload events carry only operational fields (ids, model, node, times, state).
         if self.wanted():
-            self.log.debug("event {method} {params}", method=method, params=json.dumps(params))
+            template, fields = event_record(method, params)
+            self.log.debug(template, method=method, **fields)
 
     def call(self, method: str, params: dict[str, object]) -> Deferred[object]:
         return defer.succeed({})

@@ -6,6 +6,7 @@ permission: every header the response already held (an engine's, a default) is c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from twisted.web.http import RESPONSES
@@ -13,7 +14,8 @@ from twisted.web.http import RESPONSES
 from nvpair.engines import Engine
 from nvpair.web import ProxiedRequest
 
-#: reason → (status, message). The message is operational text only: never request content.
+#: reason → (status, message). A message is operational text only, never request content; the
+#: one thing from a request it may quote is the model named, metadata as in the log.
 REASONS: dict[str, tuple[int, str]] = {
     "no-owner": (502, "no node advertises this model"),
     "upstream-transport": (502, "the upstream failed at the transport"),
@@ -32,6 +34,27 @@ REASONS: dict[str, tuple[int, str]] = {
     "bad-request": (400, "malformed request (a target must be in origin or absolute form)"),
     "internal": (500, "internal error in the proxy"),
 }
+
+
+#: The longest model name an answer quotes back (a name, not a body, but bounded all the same).
+_QUOTED_MODEL = 200
+
+
+def _quoted(model: str) -> str:
+    return json.dumps(model[:_QUOTED_MODEL], ensure_ascii=False)
+
+
+def no_owner_message(model: str | None) -> str:
+    """``no-owner`` for an inference request: which model nobody advertises, as named."""
+    if model is None:
+        return REASONS["no-owner"][1]
+    return f"no node advertises model {_quoted(model)}"
+
+
+def no_node_message(engine: Engine, model: str | None) -> str:
+    """``no-owner`` for another route: the engine has no node at all (and the model named)."""
+    message = f"no {engine.display_name} node is available"
+    return message if model is None else f"{message} for model {_quoted(model)}"
 
 
 def error_answer(

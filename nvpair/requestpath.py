@@ -27,6 +27,7 @@ from nvpair.fleetwide import serve_inventory, serve_preflight
 from nvpair.forwarding import serve_once_each, serve_peer
 from nvpair.http_facade import Admitted, RequestHandler
 from nvpair.job import Ending, Job, Services
+from nvpair.recent import RecentWorkloads
 from nvpair.reservations import Reservations
 from nvpair.scheduling import FleetScheduler
 from nvpair.web import ProxiedRequest, UpstreamClient
@@ -53,6 +54,8 @@ class RequestPath(RequestHandler):
     :param own_id: this node's cluster id, if it is a member (``X-Nvpair-Node`` of the
         answers its local engine gives).
     :param fleet: standalone fleet mode's scheduling; None in broker mode.
+    :param recent: where admitted workloads and their attempts are recorded for the admin
+        ``/status``; None when no admin listener runs.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class RequestPath(RequestHandler):
         activity: NodeActivity,
         own_id: Callable[[], str | None] = lambda: None,
         fleet: FleetScheduler | None = None,
+        recent: RecentWorkloads | None = None,
     ) -> None:
         candidates = Candidates(control, reservations, fleet)
         self._services = Services(
@@ -82,6 +86,7 @@ class RequestPath(RequestHandler):
             activity=activity,
             own_id=own_id,
             fleet=fleet,
+            recent=recent,
         )
         self._jobs: set[Job] = set()
 

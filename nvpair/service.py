@@ -38,6 +38,7 @@ from nvpair.fleetfile import FleetFileError, load_fleet
 from nvpair.health import HealthPolicy
 from nvpair.logs import JsonLineObserver
 from nvpair.outbox import BrokerOutbox, LogOutbox
+from nvpair.recent import RecentWorkloads
 from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
@@ -162,10 +163,14 @@ class ProxyService(MultiService):
         upstream: Upstream,
         cluster: ClusterWatch,
         clock: IReactorTime,
+        core: IReactorCore | None = None,
     ) -> None:
         super().__init__()
         self.cluster = cluster
         self._clock = clock
+        self._core = core
+        #: The process's exit status: 0 unless :meth:`fail` ended it.
+        self.exit_status = 0
         #: Flushes and closes the broker link's output (set in broker mode).
         self.close_broker: Callable[[], Deferred[None]] = lambda: defer.succeed(None)
         self.observer = observer
@@ -184,6 +189,24 @@ class ProxyService(MultiService):
         this_machine()  # Ollama's Host allow-list needs it; resolved before any request
         super().startService()
         self.cluster.start()
+
+    def fail(self, why: str, status: int = 1) -> None:
+        """End the process with a non-zero ``status``: log ``why`` (on stderr), then the one
+        ordered shutdown, as a signal would start it.
+
+        For what has no one else to tell: in fleet mode a facade that cannot bind
+        (docs/ports.md#bind-failures). The reactor is stopped rather than the process left
+        at once, so facades already listening, polls and the pool close in order; whoever
+        runs the process turns :attr:`exit_status` into the exit status
+        (:func:`nvpair.tap.exit_with_status`, :func:`nvpair.cli.main`).
+        """
+        self.log.error("{why}: ending the process", why=why)
+        if self.exit_status:
+            return
+        self.exit_status = status
+        if self._core is not None:
+            # Called from startService, the reactor may not run yet: stop it once it does.
+            self._core.callWhenRunning(self._core.stop)
 
     def stopService(self) -> Deferred[None]:
         return Deferred.fromCoroutine(self._shutdown())
@@ -282,6 +305,8 @@ def build(
         if config.fleet is not None
         else None
     )
+    # Only an admin listener reads the last workloads: without one nothing records them.
+    recent = RecentWorkloads() if config.admin_port is not None else None
     request_path = RequestPath(
         clock,
         control,
@@ -292,6 +317,7 @@ def build(
         activity,
         own_id=lambda: cluster.membership.node_id if cluster.membership else None,
         fleet=scheduler,
+        recent=recent,
     )
     facades = FacadeManager(
         reactor,
@@ -312,13 +338,20 @@ def build(
         facades.membership_changed()
 
     cluster.on_change = membership_changed
-    root = ProxyService(observer, facades, request_path, upstream, cluster, clock)
+    root = ProxyService(observer, facades, request_path, upstream, cluster, clock, core)
 
     fleet: FleetService | None = None
     if config.fleet is not None:
         assert scheduler is not None
         fleet = FleetService(
-            clock, config.fleet, control, facades, upstream, config.dial_timeout, scheduler
+            clock,
+            config.fleet,
+            control,
+            facades,
+            upstream,
+            config.dial_timeout,
+            scheduler,
+            cannot_serve=root.fail,
         )
         fleet.setServiceParent(root)
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):
@@ -345,6 +378,7 @@ def build(
             if fleet is not None and scheduler is not None
             else None,
             expected=sorted(config.fleet.facades) if config.fleet is not None else None,
+            recent=recent,
         )
         site = _QuietSite(admin.app.resource())
         TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(

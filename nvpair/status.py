@@ -15,6 +15,7 @@ from attrs import frozen
 from nvpair.control import ControlState
 from nvpair.fleet import PairReport, PollState
 from nvpair.loadstate import LoadState
+from nvpair.recent import RecentWorkloads, Trail
 from nvpair.scheduling import FleetScheduler
 
 
@@ -152,6 +153,52 @@ def fleet_nodes(
     return out
 
 
+def _when_ms(milliseconds: int | None) -> str | None:
+    return None if milliseconds is None else _when(milliseconds / 1000)
+
+
+def recent_workload(trail: Trail) -> dict[str, object]:
+    """One entry of ``recent``: a workload, the path it took and how it ended — no content.
+
+    ``tokensPerSecond`` is shown only when the engine reported usage: a rate derived from
+    counted stream events (``estimated``) is too rough to put beside a node's real figure.
+    """
+    workload = trail.workload
+    stats = workload.stats
+    return {
+        "id": workload.id,
+        "engine": workload.engine,
+        "model": workload.model,
+        "state": workload.state.value,
+        # The terminal event's error: the proxy's reason when it answered for itself
+        # (``deadline``, ``upstream-transport``, ...), ``upstream status N`` for an engine's
+        # error relayed, the cancellation's cause; None in flight and when completed.
+        "error": workload.error,
+        "attempts": [
+            {
+                "node": attempt.node,
+                "result": attempt.result,
+                "status": attempt.status,
+                "detail": attempt.detail or None,
+            }
+            for attempt in trail.attempts
+        ],
+        "ttftMs": stats.ttft_ms if stats is not None else None,
+        "tokensPerSecond": stats.tokens_per_second
+        if stats is not None and not stats.estimated
+        else None,
+        "admittedAt": _when_ms(workload.created_at),
+        "endedAt": _when_ms(workload.completed_at),
+    }
+
+
+def recent_document(recent: RecentWorkloads | None) -> list[dict[str, object]]:
+    """``recent``: the last workloads, newest first (empty when nothing records them)."""
+    if recent is None:
+        return []
+    return [recent_workload(trail) for trail in recent.newest_first()]
+
+
 def status_document(
     facades: Mapping[str, FacadeView],
     control: ControlState,
@@ -160,6 +207,7 @@ def status_document(
     total_in_flight: int,
     fleet: FleetView | None,
     now: float,
+    recent: RecentWorkloads | None = None,
 ) -> dict[str, object]:
     """``GET /status`` (contract "Admin listener")."""
     nodes: dict[str, list[dict[str, object]]]
@@ -187,6 +235,7 @@ def status_document(
         "priorityGeneration": control.priority.generation,
         "inFlight": total_in_flight,
         "reservations": {node: count for node, count in reservations.items() if count},
+        "recent": recent_document(recent),
     }
 
 
@@ -229,5 +278,7 @@ __all__ = [
     "fleet_nodes",
     "fleet_state",
     "readiness",
+    "recent_document",
+    "recent_workload",
     "status_document",
 ]

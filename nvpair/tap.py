@@ -2,15 +2,20 @@
 ``makeService``.
 
 Every option has its contract default; options with an environment variable take it when the
-flag is absent. A malformed value is a usage error naming the option, never a silent default.
+flag is absent. A malformed value is a usage error naming the option, never a silent default:
+one line on stderr and a non-zero exit, under ``twistd`` as under the ``nvpair-proxy`` console
+script (:mod:`nvpair.cli`).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from collections.abc import Callable, Mapping
+from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from twisted.application.service import IService
 from twisted.python import usage
@@ -31,6 +36,31 @@ ENVIRONMENT = {
 }
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from nvpair.service import ProxyService
+
+#: The program's name in its own messages (usage errors, the terminal hint).
+PROG = "nvpair-proxy"
+
+#: The exit status of a usage error (POSIX utilities' and argparse's convention).
+USAGE_STATUS = 2
+
+
+def version() -> str:
+    """nvpair-proxy's version, from the installed package's metadata."""
+    try:
+        return metadata.version("nvpair-proxy")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def usage_exit(error: usage.UsageError, err: IO[str] | None = None) -> NoReturn:
+    """End the process for a usage error: one line naming what is wrong, on stderr."""
+    out = err or sys.stderr
+    out.write(f"{PROG}: {error}\n")
+    out.flush()
+    raise SystemExit(USAGE_STATUS)
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:
@@ -122,6 +152,30 @@ class Options(usage.Options):
         super().__init__()
         self._environ = os.environ if environ is None else environ
         self.config: Config | None = None
+        #: The process :func:`makeService` built from these options.
+        self.service: ProxyService | None = None
+        #: Whoever runs twistd's machinery returns the exit status itself (the console script,
+        #: :mod:`nvpair.cli`); under plain ``twistd``, which cannot, the process ends with it
+        #: after its shutdown (:func:`exit_with_status`).
+        self.returns_status = False
+
+    def opt_version(self) -> NoReturn:
+        """Display nvpair-proxy's version and exit."""
+        sys.stdout.write(f"{PROG} {version()}\n")
+        sys.stdout.flush()
+        raise SystemExit(0)
+
+    def parseOptions(self, options: list[str] | None = None) -> None:
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as error:
+            if self.parent is None:
+                # Parsed on its own (tests, tools): the caller reports it.
+                raise
+            # Parsed as twistd's subcommand: twistd would print its whole help, then the
+            # message, both on stdout (the broker's in broker mode). One line on stderr
+            # instead, and exit, as usage.Options' own --help exits from parsing.
+            usage_exit(error)
 
     def _value(self, name: str) -> str | None:
         """The flag if given, else its environment variable, else the contract default."""
@@ -188,6 +242,54 @@ class Options(usage.Options):
         self.config = config
 
 
+#: Said on stderr when the process waits for a broker on a terminal: a person typed the command.
+TERMINAL_HINT = f"""\
+{PROG}: waiting for a broker on stdin (JSON-RPC, one object per line): no --fleet was given.
+  To run standalone:  {PROG} --fleet FILE   (an example: etc/fleet.example.toml)
+  To try it first:    make demo   (in a source checkout: simulated engines behind all three facades)
+  Ctrl-D or Ctrl-C ends this process.
+"""
+
+
+def terminal_hint(config: Config, stdin: IO[str], err: IO[str]) -> bool:
+    """Tell a person at a terminal what the process is waiting for; True when it did.
+
+    Only in broker mode on stdio with stdin a terminal: a broker's pipe never gets it, and
+    stdout (the broker's) never does.
+    """
+    if config.fleet is not None or config.broker != "stdio":
+        return False
+    try:
+        interactive = stdin.isatty()
+    except (AttributeError, ValueError):  # closed, or no stdin at all
+        return False
+    if interactive:
+        err.write(TERMINAL_HINT)
+        err.flush()
+    return interactive
+
+
+def exit_with_status(root: ProxyService, exit: Callable[[int], object] = os._exit) -> None:
+    """End the process with ``root``'s exit status, if :meth:`~ProxyService.fail` set one.
+
+    twistd offers a service no way to set the exit status (Twisted issue #11335): its run()
+    returns None, so the process would exit 0 whatever ended it. Registered with ``atexit``,
+    this runs at interpreter exit: after the ordered shutdown (the reactor's "before shutdown"
+    phase) and after twistd's own epilogue (pid file removed, log closed), when the status is
+    the only thing left to give, and os._exit is the one way left to give it. It skips only the
+    ``atexit`` handlers registered before it (the standard library's logging flush: this
+    process logs through twisted.logger). The console script needs none of this: it runs
+    twistd's runner itself and returns the status (:func:`nvpair.cli.main`).
+    """
+    status = root.exit_status
+    if not status:
+        return
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is not None:
+            stream.flush()
+    exit(status)
+
+
 def makeService(options: Options) -> IService:
     """Build the process with the global reactor (the only module that imports it)."""
     from twisted.internet import reactor
@@ -195,4 +297,9 @@ def makeService(options: Options) -> IService:
     from nvpair import service
 
     assert options.config is not None
-    return service.build(reactor, options.config)
+    terminal_hint(options.config, sys.stdin, sys.stderr)
+    root = service.build(reactor, options.config)
+    options.service = root
+    if not options.returns_status:
+        atexit.register(exit_with_status, root)
+    return root

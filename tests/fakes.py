@@ -26,6 +26,7 @@ from nvpair.control import ControlState, Node
 from nvpair.engines import ENGINES
 from nvpair.health import HealthPolicy
 from nvpair.http_facade import Admitted
+from nvpair.recent import RecentWorkloads
 from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.scheduling import FleetScheduler
@@ -320,9 +321,12 @@ class Harness:
         self.control.set_discovery(engine, nodes)
 
 
-def harness(fleet: HealthPolicy | None = None, **overrides: Any) -> Harness:
+def harness(
+    fleet: HealthPolicy | None = None, recent: RecentWorkloads | None = None, **overrides: Any
+) -> Harness:
     """A request path on a Clock; with ``fleet``, in standalone fleet mode with that passive
-    health policy (``overrides`` are :class:`~nvpair.config.Config` fields)."""
+    health policy; with ``recent``, recording workloads there as an admin listener's process
+    does (``overrides`` are :class:`~nvpair.config.Config` fields)."""
     clock = Clock()
     control = ControlState()
     upstream = ScriptedUpstream()
@@ -346,6 +350,14 @@ def harness(fleet: HealthPolicy | None = None, **overrides: Any) -> Harness:
     activity = NodeActivity(clock, emit)
     scheduler = None if fleet is None else FleetScheduler(clock, fleet, activity.in_flight)
     path = RequestPath(
-        clock, control, upstream, config, reservations, workloads, activity, fleet=scheduler
+        clock,
+        control,
+        upstream,
+        config,
+        reservations,
+        workloads,
+        activity,
+        fleet=scheduler,
+        recent=recent,
     )
     return Harness(clock, control, upstream, reservations, path, events, scheduler)

@@ -279,6 +279,25 @@ def test_no_owner_at_admission_is_502_at_once() -> None:
     assert request.status() == 502 and request.reason() == "no-owner" and not h.upstream.calls
 
 
+def test_no_owner_names_the_model_it_looked_for() -> None:
+    """Issue 12: the proxy's own no-owner answer says which model nobody advertises, as the
+    client named it; the reason code, the status and the dialect's envelope stay."""
+    h = harness()
+    h.nodes(node("a", "other"))
+    request, _ = h.serve(model="qwen2.5-7b")
+    assert request.json() == {
+        "error": {
+            "message": 'no node advertises model "qwen2.5-7b"',
+            "type": "nvpair_proxy",
+            "code": "no-owner",
+        }
+    }
+    h.control.set_discovery("ollama", [node("a", "other")])
+    plain, _ = h.serve(model="Llama3", engine="ollama", route_path="/api/chat")
+    assert plain.status() == 502 and plain.reason() == "no-owner"
+    assert plain.json() == {"error": 'no node advertises model "Llama3"'}
+
+
 def test_no_owner_after_dispatch_waits_at_no_attempt_cost() -> None:
     h = harness(retry_backoff=1.0, max_dispatch_attempts=2)
     h.nodes(A)

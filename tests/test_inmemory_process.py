@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.address import IPv4Address
+from twisted.internet.error import CannotListenError
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.test.iosim import ConnectionCompleter, FakeTransport, IOPump, connect
 
@@ -165,3 +167,52 @@ def test_a_refused_connection_fails_over_through_the_real_client(tmp_path: Path)
 
 def log_lines(process: InMemory) -> list[dict[str, Any]]:
     return [json.loads(line) for line in process.log.getvalue().splitlines() if line]
+
+
+class _PortTaken(MemoryReactorClock):
+    """A reactor on which one port is held by another process."""
+
+    def __init__(self, taken: int) -> None:
+        super().__init__()
+        self.taken = taken
+
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Any:
+        if port == self.taken:
+            raise CannotListenError(interface, port, OSError(98, "Address already in use"))
+        return super().listenTCP(port, factory, backlog, interface)
+
+
+def has_stopped(reactor: MemoryReactorClock) -> bool:
+    return bool(reactor.hasStopped)
+
+
+def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path) -> None:
+    """Contract: in fleet mode a facade that cannot bind ends the process with a non-zero
+    status and the reason on stderr. Nothing more starts (no poll), and the end is the ordered
+    shutdown, begun as soon as the reactor runs."""
+    reactor = _PortTaken(FACADE + 1)
+    fleet = Fleet(
+        60.0,
+        {"ollama": FacadeSpec(FACADE, ()), "llamacpp": FacadeSpec(FACADE + 1, ())},
+        (FleetNode("a", {"llamacpp": f"http://127.0.0.1:{ENGINE}"}),),
+    )
+    log = io.StringIO()
+    root = build(reactor, Config(state_dir=tmp_path, fleet=fleet), log_out=log)
+    # What twistd does with the observer the root service registers on its Application.
+    globalLogPublisher.addObserver(root.observer)
+    try:
+        root.startService()
+    finally:
+        globalLogPublisher.removeObserver(root.observer)
+    assert root.exit_status == 1 and not has_stopped(reactor)
+    reactor.run()
+    assert has_stopped(reactor)
+    errors = [r for r in map(json.loads, log.getvalue().splitlines()) if r["level"] == "error"]
+    assert [r["msg"] for r in errors] == [
+        f"llama.cpp facade not enabled: cannot listen on port {FACADE + 1}: "
+        "[Errno 98] Address already in use: ending the process"
+    ]
+    assert reactor.tcpClients == []  # no node polled
+    stopped = root.stopService()
+    reactor.advance(0)
+    assert stopped.called

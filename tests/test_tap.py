@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import attrs
@@ -112,3 +113,96 @@ def test_fleet_scheduling_options() -> None:
     assert config is not None
     assert (config.owner_wait, config.fail_threshold) == (0, 1)
     assert (config.cooldown, config.cooldown_max) == (0.25, 90)
+
+
+# -- the command line as a program's (issue 12) -----------------------------------------------
+
+
+def test_version_is_nvpair_proxys_from_the_package_metadata(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--version`` prints nvpair-proxy's version (not Twisted's) and exits 0."""
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        parse(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"nvpair-proxy {version('nvpair-proxy')}\n"
+
+
+def test_usage_error_under_twistd_is_one_line_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Parsed as twistd's subcommand, a malformed value ends parsing with one line naming the
+    option on stderr, not twistd's whole help on stdout (the broker's)."""
+    from twisted.scripts.twistd import ServerOptions  # type: ignore[attr-defined]
+
+    with pytest.raises(SystemExit) as exited:
+        ServerOptions().parseOptions(["--nodaemon", "nvpair-proxy", "--dial-timeout", "abc"])
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "nvpair-proxy: --dial-timeout: invalid duration 'abc': expected a number\n"
+
+
+class _Stdin(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+@pytest.mark.parametrize(
+    ("argv", "tty", "hinted"),
+    [
+        ([], True, True),
+        ([], False, False),
+        (["--broker", "tcp:host=127.0.0.1:port=1"], True, False),
+    ],
+)
+def test_terminal_hint_only_for_a_person_waiting_on_stdio(
+    argv: list[str], tty: bool, hinted: bool
+) -> None:
+    """Broker mode on stdio with stdin a terminal says what it waits for and how to run
+    standalone; a broker's pipe, or another broker link, gets nothing."""
+    from nvpair.tap import terminal_hint
+
+    config = parse(argv).config
+    assert config is not None
+    err = io.StringIO()
+    assert terminal_hint(config, _Stdin(tty), err) is hinted
+    text = err.getvalue()
+    if hinted:
+        assert "waiting for a broker on stdin" in text
+        assert "nvpair-proxy --fleet FILE" in text and "make demo" in text
+    else:
+        assert text == ""
+
+
+def test_no_terminal_hint_in_fleet_mode(tmp_path: Path) -> None:
+    from nvpair.tap import terminal_hint
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text("[facades.ollama]\n")
+    config = parse(["--fleet", str(fleet)]).config
+    assert config is not None
+    err = io.StringIO()
+    assert terminal_hint(config, _Stdin(True), err) is False and err.getvalue() == ""
+
+
+def test_exit_with_status_only_after_a_failure() -> None:
+    """Under plain twistd, the process ends with the status a failure set, and only then."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from nvpair.tap import exit_with_status
+
+    exits: list[int] = []
+    root: Any = SimpleNamespace(exit_status=0)
+    exit_with_status(cast(Any, root), exits.append)
+    assert exits == []
+    root.exit_status = 1
+    exit_with_status(cast(Any, root), exits.append)
+    assert exits == [1]

@@ -5,6 +5,11 @@
 
 ``--cold --load-delay 2 --keep-alive 30`` starts every engine with no model in memory: a model's
 first request waits two seconds for its load, and a model unused for thirty seconds is unloaded.
+
+Two of the fault knobs (:class:`~nvpair.sim.engine.Faults`) are worked by signal while it runs,
+for every engine of the process: ``SIGUSR1`` turns failing on and off (each inference answers
+503), ``SIGUSR2`` turns "gone" on and off (connections refused, as a machine that went away).
+``make demo`` runs one process per node, so ``kill -USR1 PID`` fails one node.
 """
 
 from __future__ import annotations
@@ -12,9 +17,9 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorThreads
 from twisted.logger import (
     FilteringLogObserver,
@@ -26,11 +31,22 @@ from twisted.logger import (
 
 from nvpair.sim.engine import DIALECTS, SimEngine
 
+#: The status every inference answers while SIGUSR1 has the process failing.
+FAIL_STATUS = 503
+
+EPILOG = f"""\
+fault knobs, by signal, for every engine of this process (send the same signal again to undo):
+  kill -USR1 PID   failing: every inference request is answered {FAIL_STATUS}
+  kill -USR2 PID   gone: connections are refused (the model-list poll fails too)
+"""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m nvpair.sim",
         description="Serve simulated Ollama / LM Studio / llama.cpp engines on 127.0.0.1.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--serve",
@@ -123,8 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     def shutdown() -> Deferred[object]:
         return DeferredList([sim.stop() for sim in engines]).addCallback(lambda _: None)
 
+    stopping: list[int] = []
+
     def stop(signum: int, frame: object) -> None:
-        if reactor.running:
+        # Once: a Ctrl-C and a SIGTERM close together would otherwise stop a stopped reactor.
+        if reactor.running and not stopping:
+            stopping.append(signum)
             # callFromThread wakes the reactor out of its poll; a bare stop() would wait for it.
             IReactorThreads(reactor).callFromThread(reactor.stop)
 
@@ -132,9 +152,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a shell starts a background job (``python -m nvpair.sim ... &`` in a Makefile).
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    for signum, knob in ((signal.SIGUSR1, toggle_failing), (signal.SIGUSR2, toggle_gone)):
+        signal.signal(signum, _on_reactor(reactor, knob, engines))
     reactor.addSystemEventTrigger("before", "shutdown", shutdown)
     reactor.run()
     return 0
+
+
+def _on_reactor(
+    reactor: object,
+    knob: Callable[[Sequence[SimEngine]], Deferred[str]],
+    engines: Sequence[SimEngine],
+) -> Callable[[int, object], None]:
+    """A signal handler that turns ``knob`` as a reactor event of its own, then says so (once
+    the change has taken effect)."""
+
+    def said(news: str) -> None:
+        sys.stderr.write(f"nvpair.sim: {news}\n")
+        sys.stderr.flush()
+
+    def turn() -> None:
+        knob(engines).addCallback(said)
+
+    # The handler runs between bytecodes of whatever the reactor is doing.
+    return lambda signum, frame: IReactorThreads(reactor).callFromThread(turn)
+
+
+def _names(engines: Sequence[SimEngine]) -> str:
+    return ", ".join(f"{sim.dialect} {sim.node}" for sim in engines)
+
+
+def toggle_failing(engines: Sequence[SimEngine]) -> Deferred[str]:
+    """SIGUSR1: every inference answers :data:`FAIL_STATUS`, or no longer does."""
+    failing = not all(sim.faults.status == FAIL_STATUS for sim in engines)
+    for sim in engines:
+        sim.faults.status = FAIL_STATUS if failing else None
+    state = f"failing (inference answers {FAIL_STATUS})" if failing else "healthy"
+    return succeed(f"{_names(engines)}: {state}")
+
+
+def toggle_gone(engines: Sequence[SimEngine]) -> Deferred[str]:
+    """SIGUSR2: stop listening (connections refused), or listen again on the same ports."""
+    if any(sim.listening for sim in engines):
+        closed = DeferredList([sim.refuse() for sim in engines])
+        return closed.addCallback(lambda _: f"{_names(engines)}: gone (connections refused)")
+    for sim in engines:
+        sim.resume()
+    return succeed(f"{_names(engines)}: back")
 
 
 if __name__ == "__main__":

@@ -473,6 +473,11 @@ class SimEngine:
         return self.refuse()
 
     @property
+    def listening(self) -> bool:
+        """Whether it accepts connections now (listened, and not refused since)."""
+        return self._listening is not None
+
+    @property
     def port(self) -> int:
         """The port last listened on (0 before :meth:`listen`)."""
         return self._port

@@ -13,6 +13,7 @@ Chromium is kept on loopback: no background networking, no proxy, and every host
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -128,6 +129,14 @@ class Browser:
         return self.command(
             "POST", self._session("/execute/sync"), {"script": script, "args": list(args)}
         )
+
+    def set_window_size(self, width: int, height: int) -> None:
+        """Resize the (headless) window, which is the viewport a screenshot shows."""
+        self.command("POST", self._session("/window/rect"), {"width": width, "height": height})
+
+    def screenshot(self) -> bytes:
+        """The current viewport as PNG bytes."""
+        return base64.b64decode(str(self.command("GET", self._session("/screenshot"))))
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

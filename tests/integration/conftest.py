@@ -22,10 +22,13 @@ async def running_proxy(
     *args: str,
     env: dict[str, str] | None = None,
     twistd_reactor: str | None = None,
+    console_script: bool = False,
 ) -> AsyncIterator[ProxyProcess]:
     """The proxy process for the body of a ``with``; terminated (and reaped) afterwards."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    proxy = start_proxy(state_dir, *args, env=env, twistd_reactor=twistd_reactor)
+    proxy = start_proxy(
+        state_dir, *args, env=env, twistd_reactor=twistd_reactor, console_script=console_script
+    )
     try:
         yield proxy
     finally:

@@ -21,6 +21,8 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
 TWISTD = str(Path(sys.executable).parent / "twistd")
+#: The console script ``pip install`` puts on the PATH (pyproject's ``[project.scripts]``).
+NVPAIR_PROXY = str(Path(sys.executable).parent / "nvpair-proxy")
 
 Frame = dict[str, Any]
 
@@ -221,10 +223,14 @@ def start_proxy(
     *args: str,
     env: dict[str, str] | None = None,
     twistd_reactor: str | None = None,
+    console_script: bool = False,
 ) -> ProxyProcess:
     """Spawn ``twistd -n nvpair-proxy`` with this side as its broker.
 
     ``--pidfile=`` keeps parallel test processes from fighting over one twistd.pid.
+
+    :param console_script: spawn the installed ``nvpair-proxy`` console script instead, as an
+        operator runs it (it writes no pid file by itself).
     """
     proxy = ProxyProcess()
     # NVPAIR_TEST_REACTOR=uvloop runs the whole integration suite on another twistd reactor.
@@ -232,19 +238,14 @@ def start_proxy(
     reactor_args = ["-r", chosen] if chosen else []
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NVPAIR_")}
     environ.update(env or {})
+    if console_script:
+        command = [NVPAIR_PROXY]
+    else:
+        command = [TWISTD, "--pidfile=", *reactor_args, "-n", "nvpair-proxy"]
     reactor.spawnProcess(
         proxy,
-        TWISTD,
-        [
-            TWISTD,
-            "--pidfile=",
-            *reactor_args,
-            "-n",
-            "nvpair-proxy",
-            "--state-dir",
-            str(state_dir),
-            *args,
-        ],
+        command[0],
+        [*command, "--state-dir", str(state_dir), *args],
         env=environ,
         path=str(state_dir),
     )

@@ -1,18 +1,24 @@
-"""`make demo`: the proxy standalone on etc/demo-fleet.toml; every facade streams an answer."""
+"""`make demo`: the proxy standalone on etc/demo-fleet.toml; every facade streams an answer,
+the demo's own checks ran, and its way of failing a node makes the proxy fail over."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from typing import IO
 
 import pytest
 
-from nvpair.demo import FACADES, SIMULATED
+from nvpair.demo import ADMIN_PORT, CHECKS, FACADES, SIMULATED
 
 CHATS = {
     "ollama": ("/api/chat", {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}),
@@ -36,8 +42,22 @@ def _busy(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _generate_on(port: int) -> tuple[int, str | None]:
+    """A non-streamed llama3 request to the Ollama facade: its status and X-Nvpair-Node."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/generate",
+        data=json.dumps({"model": "llama3", "prompt": "hi", "stream": False}).encode(),
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return response.status, response.headers.get("X-Nvpair-Node")
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("X-Nvpair-Node")
+
+
 def test_demo_streams_through_every_facade() -> None:
-    ports = [*FACADES.values(), *(port for _, port, _, _ in SIMULATED)]
+    ports = [*FACADES.values(), *(port for _, port, _, _ in SIMULATED), ADMIN_PORT]
     if any(_busy(port) for port in ports):
         pytest.skip(f"the demo's fixed ports {ports} are not all free on this machine")
     demo = subprocess.Popen(
@@ -53,6 +73,10 @@ def test_demo_streams_through_every_facade() -> None:
         while "Ctrl-C" not in banner and time.monotonic() < deadline:
             banner += demo.stdout.readline()
         assert "curl" in banner
+        # The demo's own checks ran: each facade's model list, and an inference a node answered.
+        for check in CHECKS.values():
+            assert re.search(rf"{re.escape(check.name)} +http://127\.0\.0\.1:\d+ +models: ", banner)
+            assert f"{check.inference['model']}: 200 from node-a (X-Nvpair-Node)" in banner
         for engine, (path, body) in CHATS.items():
             request = urllib.request.Request(
                 f"http://127.0.0.1:{FACADES[engine]}{path}",
@@ -67,6 +91,87 @@ def test_demo_streams_through_every_facade() -> None:
             assert response.status == 200, engine
             assert b"node-a" in text or b"node-b" in text, engine
             assert len(pieces) > 1, f"{engine} answer was not streamed"
+        # Failover as the banner shows it: node-a's fault knob, then node-b answers llama3.
+        knob = re.search(r"kill -USR1 (\d+) +node-a answers every inference 503", banner)
+        assert knob is not None, banner
+        assert _generate_on(FACADES["ollama"]) == (200, "node-a")
+        os.kill(int(knob.group(1)), signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while _generate_on(FACADES["ollama"]) != (200, "node-b"):
+            assert time.monotonic() < deadline, "no failover to node-b"
+            time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{ADMIN_PORT}/status", timeout=10) as got:
+            status = json.loads(got.read())
+        assert {n["id"] for n in status["nodes"]["ollama"]} == {"node-a", "node-b"}
     finally:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=20) == 0
+
+
+class _Lines:
+    """Lines read from a child's pipe, each once, with bounded waits."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._buffer = b""
+
+    def until(self, marker: bytes, timeout: float = 20) -> bytes:
+        """The next whole line containing ``marker``; lines before it are passed over."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                if marker in line:
+                    return line
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"no {marker!r} line: {self._buffer!r}")
+            ready, _, _ = select.select([self._stream], [], [], 0.2)
+            if ready:
+                chunk = os.read(self._stream.fileno(), 4096)
+                if not chunk:
+                    raise AssertionError(f"no {marker!r} line before EOF")
+                self._buffer += chunk
+
+
+def _status(url: str) -> int | str:
+    request = urllib.request.Request(
+        url, data=json.dumps({"model": "llama3", "prompt": "hi", "stream": False}).encode()
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except urllib.error.URLError as error:
+        return type(error.reason).__name__
+
+
+def test_sim_fault_knobs_by_signal() -> None:
+    """`python -m nvpair.sim`: SIGUSR1 turns failing (503) on and off, SIGUSR2 "gone"
+    (connections refused) on and off: the knobs the demo tells its user to use."""
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "nvpair.sim", "--serve", "ollama", "0", "n", "llama3:latest"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert sim.stderr is not None
+        lines = _Lines(sim.stderr)
+        listening = lines.until(b"(port ")
+        found = re.search(rb"\(port (\d+)\)", listening)
+        assert found is not None
+        url = f"http://127.0.0.1:{int(found.group(1))}/api/generate"
+        assert _status(url) == 200
+        for signum, said, status in [
+            (signal.SIGUSR1, b"failing", 503),
+            (signal.SIGUSR1, b"healthy", 200),
+            (signal.SIGUSR2, b"gone", "ConnectionRefusedError"),
+            (signal.SIGUSR2, b"back", 200),
+        ]:
+            sim.send_signal(signum)
+            lines.until(said)
+            assert _status(url) == status, said
+    finally:
+        sim.send_signal(signal.SIGTERM)
+        assert sim.wait(timeout=20) == 0

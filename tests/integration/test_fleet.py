@@ -83,3 +83,46 @@ def test_bad_fleet_file_names_the_key(tmp_path: Path) -> None:
     fleet.write_text("[facades.vllm]\n")
     result = run_twistd(tmp_path, "--fleet", str(fleet))
     assert result.returncode != 0 and "facades.vllm" in result.stderr + result.stdout
+
+
+@pytest_twisted.ensureDeferred
+async def test_fleet_workload_events_are_log_records_with_their_fields(tmp_path: Path) -> None:
+    """Fleet mode at debug level: each workload event is one record whose operational fields
+    (workloadId, state, node, model) are fields of the record, not a JSON string in it; the
+    prompt is in no line."""
+    canary = "CANARY-fleet-4b1e-do-not-log"
+    async with sims(("ollama", ["llama3:latest"], "a")) as (a,):
+        port = free_port()
+        fleet = tmp_path / "fleet.toml"
+        fleet.write_text(
+            f'inventory-interval = "100ms"\n[facades.ollama]\nport = {port}\n'
+            f'[[nodes]]\nid = "a"\n[nodes.engines]\nollama = "{a.url}"\n'
+        )
+        args = ("--fleet", str(fleet), "--log-level", "debug")
+        async with running_proxy(tmp_path, *args) as proxy:
+            url = f"http://127.0.0.1:{port}/api/generate"
+
+            async def served() -> bool:
+                body = {"model": "llama3", "prompt": canary, "stream": False}
+                try:
+                    response = await treq.post(url, json.dumps(body).encode(), timeout=5)
+                except Exception:
+                    return False
+                await response.content()
+                return bool(response.code == 200)
+
+            await eventually(served, proxy.logs)
+            completed = await proxy.wait_for_log(lambda r: r.get("method") == "workload:completed")
+    assert completed["level"] == "debug"
+    assert (completed["state"], completed["scheduledOn"], completed["model"]) == (
+        "completed",
+        "a",
+        "llama3:latest",
+    )
+    assert completed["msg"] == (
+        f"workload:completed: workload {completed['workloadId']} (ollama llama3:latest) "
+        "completed on a"
+    )
+    events = [r for r in proxy.logs if str(r.get("method", "")).startswith("workload:")]
+    assert all("params" not in r and "workloadId" in r for r in events)
+    assert canary.encode() not in proxy.raw_stderr and canary.encode() not in proxy.raw_stdout

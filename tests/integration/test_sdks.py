@@ -66,7 +66,7 @@ async def test_openai_sdk_sees_the_proxy_error_as_an_api_error(tmp_path: Path) -
         error = await deferToThread(chat)
         assert error.status_code == 502
         assert error.body == {
-            "message": "no node advertises this model",
+            "message": 'no node advertises model "tiny"',
             "type": "nvpair_proxy",
             "code": "no-owner",
         }
@@ -100,4 +100,4 @@ async def test_ollama_sdk_chat_and_generate(tmp_path: Path) -> None:
         streamed, eval_count, error = await deferToThread(talk)
         assert streamed == "".join(sim.tokens)
         assert eval_count == len(sim.tokens)
-        assert error == "502 no node advertises this model"
+        assert error == '502 no node advertises model "mistral"'

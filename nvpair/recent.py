@@ -1,0 +1,93 @@
+"""The last few hundred workloads and the path each took, for the admin ``/status``
+(docs/operations.md#recent-workloads).
+
+A bounded ring (:class:`RecentWorkloads`) of one :class:`Trail` per admitted inference request,
+newest last. The request path feeds it at two points only: admission
+(:meth:`RecentWorkloads.admitted`) and the end of each attempt (:meth:`Trail.attempt_ended`).
+State, error, stats and times are the :class:`~nvpair.workload.Workload`'s own, read when the
+status is built: nothing is copied and no dict is built per request. The ring exists only when
+an admin listener runs; without one the request path holds None and pays one ``is None`` test
+per point. Operational values only — node ids, results, status codes, exception class names —
+never content.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from attrs import field, frozen
+
+from nvpair.attempt import Fault, Outcome, Served
+from nvpair.workload import Workload
+
+#: How many workloads ``/status`` shows (contract "Admin listener").
+RECENT = 200
+
+#: An attempt's result as the contract spells it (the ``nvpair_attempts_total`` label values).
+RESULTS: dict[Fault, str] = {
+    Fault.STATUS: "status",
+    Fault.TRANSPORT: "transport",
+    Fault.FIRST_BODY_TIMEOUT: "first_body_timeout",
+    Fault.NODE_LEFT: "node_left",
+}
+SERVED = "served"
+
+
+@frozen
+class AttemptRecord:
+    """How one dispatch ended.
+
+    :ivar result: ``served`` or one of :data:`RESULTS`' values.
+    :ivar status: the HTTP status the node answered, when it answered one (a retried status,
+        the served answer's, the 2xx whose first byte never came); None otherwise.
+    :ivar detail: the failure in a word or two (``header timeout``, an exception's class
+        name); empty when there is nothing to add.
+    """
+
+    node: str
+    result: str
+    status: int | None = None
+    detail: str = ""
+
+
+@frozen
+class Trail:
+    """One workload and its attempts so far, in dispatch order.
+
+    The record is fixed; only its attempt list grows, one :class:`AttemptRecord` per ended
+    dispatch (a dispatch still in progress is not listed).
+    """
+
+    workload: Workload
+    attempts: list[AttemptRecord] = field(factory=list)
+
+    def attempt_ended(self, node: str, outcome: Outcome) -> None:
+        """A dispatch to ``node`` ended: served (its answer is now the client's) or failed."""
+        if isinstance(outcome, Served):
+            record = AttemptRecord(node, SERVED, outcome.response.code)
+        else:
+            record = AttemptRecord(node, RESULTS[outcome.why], outcome.status, outcome.detail)
+        self.attempts.append(record)
+
+
+class RecentWorkloads:
+    """The ring: the last ``size`` admitted workloads; the oldest drops out as one arrives."""
+
+    def __init__(self, size: int = RECENT) -> None:
+        self._ring: deque[Trail] = deque(maxlen=size)
+
+    def admitted(self, workload: Workload) -> Trail:
+        """A workload was admitted: its trail, to be told how each attempt ends."""
+        trail = Trail(workload)
+        self._ring.append(trail)
+        return trail
+
+    def newest_first(self) -> list[Trail]:
+        """Every trail held, newest first (read when ``/status`` is asked for)."""
+        return list(reversed(self._ring))
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+
+__all__ = ["RECENT", "RESULTS", "SERVED", "AttemptRecord", "RecentWorkloads", "Trail"]

@@ -1,0 +1,215 @@
+"""The installed ``nvpair-proxy`` console script, run as an operator runs it (issue 12, "Operator's
+view"): the same process as ``twistd -n nvpair-proxy``, behaving like a server on the PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import socket
+import subprocess
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+import treq
+
+from tests.integration.conftest import running_proxy, sims
+from tests.integration.harness import NVPAIR_PROXY, TWISTD, free_port
+from tests.integration.test_fleet import eventually
+
+#: How each runner is started: the console script, and plain twistd (which takes the plugin's
+#: options after ``-n nvpair-proxy``).
+RUNNERS = {
+    "console-script": [NVPAIR_PROXY],
+    "twistd": [TWISTD, "--pidfile=", "-n", "nvpair-proxy"],
+}
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("NVPAIR_")}
+
+
+def run(command: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        env=clean_env(),
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_version_is_nvpair_proxys(tmp_path: Path, runner: str) -> None:
+    """``--version`` prints nvpair-proxy's version from its package metadata, not Twisted's."""
+    result = run([*RUNNERS[runner], "--version"], tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == f"nvpair-proxy {version('nvpair-proxy')}\n"
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--dial-timeout", "abc"],
+            "nvpair-proxy: --dial-timeout: invalid duration 'abc': expected a number",
+        ),
+        (["--max-dispatch-attempts", "0"], "nvpair-proxy: --max-dispatch-attempts: '0' is not"),
+        (["--bogus"], "nvpair-proxy: option --bogus not recognized"),
+    ],
+)
+def test_usage_error_is_one_line_naming_the_option(
+    tmp_path: Path, runner: str, args: list[str], line: str
+) -> None:
+    """Contract: a malformed value is a usage error: non-zero, one line naming the option, on
+    stderr; not twistd's whole help, and nothing on stdout (the broker's)."""
+    result = run([*RUNNERS[runner], *args], tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(line)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path, runner: str) -> None:
+    """Contract: in fleet mode a facade that cannot bind ends the process with a non-zero
+    status and the reason on stderr, after an ordered shutdown (the facade that did bind is
+    closed, and twistd's own epilogue runs: no pid file is left behind)."""
+    with socket.socket(socket.AF_INET6) as squatter:
+        squatter.bind(("::", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        fleet = tmp_path / "fleet.toml"
+        fleet.write_text(
+            f"[facades.ollama]\nport = {free_port()}\n"
+            f"[facades.llamacpp]\nport = {taken}\n"
+            '[[nodes]]\nid = "a"\n[nodes.engines]\nllamacpp = "http://127.0.0.1:9"\n'
+        )
+        # twistd itself writes its pid file here: the end still removes it.
+        command = [c for c in RUNNERS[runner] if c != "--pidfile="]
+        started = time.monotonic()
+        result = run([*command, "--fleet", str(fleet), "--state-dir", str(tmp_path)], tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    assert result.stdout == ""
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    errors = [r["msg"] for r in records if r["level"] == "error"]
+    assert errors == [
+        f"llama.cpp facade not enabled: cannot listen on port {taken}: "
+        "[Errno 98] Address already in use: ending the process"
+    ]
+    assert any(r["msg"] == "Main loop terminated." for r in records)  # stopped, not killed
+    assert not (tmp_path / "twistd.pid").exists()
+
+
+@pytest_twisted.ensureDeferred
+async def test_console_script_serves_a_fleet_and_writes_no_pid_file(tmp_path: Path) -> None:
+    """``nvpair-proxy --fleet FILE`` is the standalone server: in the foreground, JSON logs on
+    stderr, nothing on stdout, and no ``twistd.pid`` in its working directory."""
+    run_dir = tmp_path / "run"
+    async with sims(("ollama", ["llama3:latest"], "a")) as (a,):
+        port = free_port()
+        fleet = tmp_path / "fleet.toml"
+        fleet.write_text(
+            f'inventory-interval = "100ms"\n[facades.ollama]\nport = {port}\n'
+            f'[[nodes]]\nid = "a"\n[nodes.engines]\nollama = "{a.url}"\n'
+        )
+        async with running_proxy(run_dir, "--fleet", str(fleet), console_script=True) as proxy:
+            url = f"http://127.0.0.1:{port}"
+
+            async def answers() -> bool:
+                try:
+                    response = await treq.post(
+                        url + "/api/generate",
+                        json.dumps({"model": "llama3", "prompt": "x", "stream": False}).encode(),
+                        timeout=5,
+                    )
+                    await response.content()
+                except Exception:
+                    return False
+                return bool(response.headers.getRawHeaders(b"x-nvpair-node") == [b"a"])
+
+            await eventually(answers, proxy.logs)
+            tags = json.loads(await (await treq.get(url + "/api/tags")).content())
+            assert [m["name"] for m in tags["models"]] == ["llama3:latest"]
+            assert not (run_dir / "twistd.pid").exists()
+            assert [p.name for p in run_dir.iterdir() if p.suffix == ".pid"] == []
+            assert proxy.raw_stdout == b"" and proxy.bad_log_lines == []
+            assert any(r.get("msg", "").startswith("twistd ") for r in proxy.logs)
+
+
+def _read_until(stream: Any, marker: bytes, timeout: float = 30) -> bytes:
+    """What ``stream`` (a pipe) gives until ``marker`` appears or ``timeout`` passes."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], 0.2)
+        if ready:
+            chunk = os.read(stream.fileno(), 65536)
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
+def test_on_a_terminal_it_says_it_waits_for_a_broker(tmp_path: Path) -> None:
+    """Started without --fleet with stdin a terminal, the process says on stderr that it waits
+    for a broker on stdin, and how to run standalone; stdout (the broker's) stays empty."""
+    controller, terminal = pty.openpty()
+    proxy = subprocess.Popen(
+        [NVPAIR_PROXY, "--state-dir", str(tmp_path)],
+        stdin=terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
+    os.close(terminal)
+    try:
+        assert proxy.stderr is not None
+        said = _read_until(proxy.stderr, b"make demo").decode()
+    finally:
+        proxy.terminate()
+        out, _ = proxy.communicate(timeout=30)
+        os.close(controller)
+    assert "nvpair-proxy: waiting for a broker on stdin" in said
+    assert "nvpair-proxy --fleet FILE" in said and "make demo" in said
+    assert out == b""
+
+
+def test_a_brokers_pipe_gets_no_terminal_hint(tmp_path: Path) -> None:
+    """With stdin a pipe (a broker), nothing but JSON log lines reaches stderr."""
+    proxy = subprocess.Popen(
+        [NVPAIR_PROXY, "--state-dir", str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
+    try:
+        assert proxy.stderr is not None
+        said = _read_until(proxy.stderr, b"reactor class")
+    finally:
+        proxy.terminate()
+        out, rest = proxy.communicate(timeout=30)
+    assert b"reactor class" in said
+    assert out == b""
+    for line in (said + rest).splitlines():
+        assert json.loads(line)["component"] == "nvpair-proxy"
+
+
+def test_help_names_the_console_script(tmp_path: Path) -> None:
+    """``nvpair-proxy --help`` is the plugin's options under the program's own name."""
+    result = run([NVPAIR_PROXY, "--help"], tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.splitlines()[0] == "Usage: nvpair-proxy [options]"
+    assert "--fleet=" in result.stdout and "Display nvpair-proxy's version" in result.stdout

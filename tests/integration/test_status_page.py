@@ -1,0 +1,269 @@
+"""What an operator sees of a request that failed over, through the real
+``twistd -n nvpair-proxy --fleet`` with an admin listener (issue 12 items 3 and 4;
+docs/operations.md#recent-workloads and #the-status-page): ``recent`` in ``/status``, and the
+live status page at ``/`` in headless Chromium.
+
+Two simulated Ollama nodes own the model; the first, by id, answers every inference request
+503, so each request fails over to the second. The page test names the nodes with markup, as a
+careless or hostile fleet file could: the page must show it as text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+import treq
+from twisted.internet import reactor
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.threads import deferToThread
+
+from nvpair.sim import SimEngine
+from tests.integration.browser import Browser, BrowserUnavailable, chromium
+from tests.integration.conftest import running_proxy
+from tests.integration.harness import ProxyProcess, free_port, log_problems
+from tests.integration.test_fleet import eventually
+from tests.integration.test_fleet_operator import admin_get, write_fleet
+from tests.integration.test_fleet_schedules import started, stopped
+
+pytestmark = pytest.mark.integration
+
+#: A prompt that must never reach the status (operational state only).
+CANARY = "canary-7f3a-do-not-show"
+
+
+@contextlib.asynccontextmanager
+async def failing_over(
+    tmp_path: Path, first: str, second: str
+) -> AsyncIterator[tuple[ProxyProcess, int, int]]:
+    """The proxy in fleet mode over two nodes, ``first`` answering 503; yields the proxy, its
+    Ollama facade port and its admin port once both nodes have been polled."""
+    a, b = started(
+        SimEngine(reactor, "ollama", models=["llama3:latest"], node="a"),
+        SimEngine(reactor, "ollama", models=["llama3:latest"], node="b"),
+    )
+    a.faults.status = 503
+    port, admin = free_port(), free_port()
+    fleet = write_fleet(tmp_path / "fleet.toml", port, {first: a.url, second: b.url})
+    try:
+        async with running_proxy(
+            tmp_path, "--fleet", str(fleet), "--admin-port", str(admin)
+        ) as proxy:
+
+            async def both_up() -> bool:
+                try:
+                    code, _ = await admin_get(admin, "/readyz")
+                except ConnectionRefusedError:
+                    return False  # not listening yet
+                if code != 200:
+                    return False
+                _, status = await admin_get(admin, "/status")
+                return all(n["state"] == "up" for n in status["nodes"]["ollama"])
+
+            await eventually(both_up, "both nodes up")
+            yield proxy, port, admin
+    finally:
+        await stopped([a, b])
+
+
+async def chat(port: int) -> tuple[int, str | None, dict[str, Any]]:
+    """POST /api/chat (not streamed); (status, X-Nvpair-Node, the answer)."""
+    response = await treq.post(
+        f"http://127.0.0.1:{port}/api/chat",
+        json.dumps(
+            {
+                "model": "llama3",
+                "messages": [{"role": "user", "content": CANARY}],
+                "stream": False,
+            }
+        ).encode(),
+        timeout=20,
+    )
+    body = json.loads(await response.content())
+    node = response.headers.getRawHeaders(b"x-nvpair-node")
+    return int(response.code), node[0].decode() if node else None, body
+
+
+async def settled(admin: int) -> dict[str, Any]:
+    """``/status`` once its newest workload has ended."""
+    seen: dict[str, Any] = {}
+
+    async def ended() -> bool:
+        _, status = await admin_get(admin, "/status")
+        seen.update(status)
+        recent = status["recent"]
+        return bool(recent) and recent[0]["endedAt"] is not None
+
+    await eventually(ended, "the workload's end in /status")
+    return seen
+
+
+@pytest_twisted.ensureDeferred
+async def test_status_recent_shows_the_failover_and_its_outcome(tmp_path: Path) -> None:
+    """``recent[0]``: the workload, both attempts in order (``a`` a retried 503, ``b``
+    served 200), ``completed``, the time to first byte and the engine's reported rate — and
+    none of the request's content."""
+    async with failing_over(tmp_path, "a", "b") as (proxy, port, admin):
+        code, node, answer = await chat(port)
+        assert (code, node) == (200, "b"), answer
+        status = await settled(admin)
+        (entry,) = status["recent"]
+        assert {k: entry[k] for k in ("engine", "model", "state", "error")} == {
+            "engine": "ollama",
+            "model": "llama3:latest",
+            "state": "completed",
+            "error": None,
+        }
+        assert entry["attempts"] == [
+            {"node": "a", "result": "status", "status": 503, "detail": None},
+            {"node": "b", "result": "served", "status": 200, "detail": None},
+        ]
+        assert isinstance(entry["ttftMs"], int) and entry["ttftMs"] >= 0
+        # The simulated Ollama reports eval_count and eval_duration: the engine's own rate.
+        assert isinstance(entry["tokensPerSecond"], float) and entry["tokensPerSecond"] > 0
+        assert entry["id"] and entry["admittedAt"] <= entry["endedAt"]
+        assert CANARY not in json.dumps(status)
+        # A second request is newest.
+        assert (await chat(port))[:2] == (200, "b")
+        later = await settled(admin)
+        assert [e["id"] for e in later["recent"]][1] == entry["id"]
+        assert log_problems(proxy) == []
+
+
+# -- the status page in a browser -------------------------------------------------------------
+
+#: Node ids as markup: the page must show them as text and create no element from them.
+FIRST = "a<img src=x>"
+SECOND = "b</td><b>bold</b>"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One headless Chromium for the module; skipped only if it cannot be found or started."""
+    try:
+        with chromium() as session:
+            session.set_window_size(1280, 900)
+            yield session
+    except BrowserUnavailable as missing:
+        pytest.skip(f"headless Chromium unavailable: {missing}")
+
+
+#: Waits (up to ``arguments[0]`` ms) until ``#recent-body`` has a completed first row, or
+#: until the page has refreshed at least once when ``arguments[1]`` is false; then reports
+#: what the page shows.
+READ_PAGE = """
+const [patience, wantRow] = arguments;
+const done = arguments[arguments.length - 1];
+const deadline = Date.now() + patience;
+function read() {
+  const rows = [...document.querySelectorAll("#recent-body tr")].map((row) => ({
+    workload: row.dataset.workload,
+    state: row.dataset.state,
+    cells: [...row.children].map((cell) => cell.textContent),
+    attempts: [...row.querySelectorAll(".attempt")].map((chip) => ({
+      node: chip.dataset.node, result: chip.dataset.result,
+      status: chip.dataset.status === undefined ? null : Number(chip.dataset.status),
+      text: chip.textContent})),
+  }));
+  return {
+    refreshes: Number(document.body.dataset.refreshes || 0),
+    updated: document.getElementById("updated").textContent,
+    engines: [...document.querySelectorAll("#fleet-head th")].map((th) => th.textContent),
+    nodes: [...document.querySelectorAll("#fleet-body tr > th")].map((th) => th.textContent),
+    cells: [...document.querySelectorAll("#fleet-body td.cell")].map((cell) => ({
+      engine: cell.dataset.engine, node: cell.dataset.node,
+      state: cell.querySelector(".badge").textContent,
+      models: [...cell.querySelectorAll("ul.models li")].map((li) => li.textContent),
+      warm: [...cell.querySelectorAll("ul.models li.warm")].map((li) => li.textContent),
+      text: cell.textContent})),
+    injected: document.querySelectorAll("img, b, td td").length,
+    rows,
+  };
+}
+(function look() {
+  const seen = read();
+  const ready = wantRow ? seen.rows.length > 0 && seen.rows[0].state === "completed"
+                        : seen.refreshes > 0 && seen.cells.length === 2;
+  if (ready || Date.now() > deadline) done(seen); else setTimeout(look, 100);
+})();
+"""
+
+
+def keep_artifact(shot: Path) -> Path:
+    """The screenshot stays in pytest's tmp dir, and is copied to ``$NVPAIR_ARTIFACTS``."""
+    where = os.environ.get("NVPAIR_ARTIFACTS")
+    kept = shot
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        kept = Path(where) / shot.name
+        shutil.copyfile(shot, kept)
+    print(f"status page screenshot: {kept}")
+    return kept
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_status_page_shows_the_fleet_and_a_failover_live(
+    tmp_path: Path, browser: Browser
+) -> None:
+    """Loaded before the request and never reloaded, the page shows the fleet (both nodes up
+    with their model, under the Ollama facade), then the request: both attempts in order —
+    the first node's 503, the second's served 200 — and ``completed``. Node ids written as
+    markup appear as text, and no element comes of them. A screenshot is kept."""
+    async with failing_over(tmp_path, FIRST, SECOND) as (proxy, port, admin):
+        page = f"http://127.0.0.1:{admin}/"
+        response = await treq.get(page, timeout=10)
+        assert response.code == 200
+        await response.content()
+        headers = response.headers
+        assert headers.getRawHeaders(b"content-type") == [b"text/html; charset=utf-8"]
+        (policy,) = headers.getRawHeaders(b"content-security-policy") or [b""]
+        assert policy.startswith(b"default-src 'none'") and b"connect-src 'self'" in policy
+        assert headers.getRawHeaders(b"x-content-type-options") == [b"nosniff"]
+
+        def load() -> Any:
+            browser.navigate(page)
+            return browser.execute_async(READ_PAGE, 10_000, False)
+
+        fleet = await deferToThread(load)
+        assert fleet["refreshes"] > 0, fleet
+        assert fleet["engines"] == ["node", f"ollamaport {port}"], fleet
+        assert fleet["nodes"] == [FIRST, SECOND], fleet
+        assert [(c["engine"], c["node"], c["state"]) for c in fleet["cells"]] == [
+            ("ollama", FIRST, "up"),
+            ("ollama", SECOND, "up"),
+        ], fleet
+        # Listed, and in memory (the simulator's /api/ps).
+        assert all(c["models"] == c["warm"] == ["llama3:latest"] for c in fleet["cells"]), fleet
+        assert fleet["rows"] == [], fleet
+
+        code, node, _ = await chat(port)
+        assert (code, node) == (200, SECOND)
+
+        def after() -> tuple[Any, bytes]:
+            seen = browser.execute_async(READ_PAGE, 10_000, True)
+            return seen, browser.screenshot()
+
+        seen, png = await deferToThread(after)
+        shot = tmp_path / "status-page.png"
+        shot.write_bytes(png)
+        keep_artifact(shot)
+        assert png.startswith(b"\x89PNG"), png[:8]
+        (row,) = seen["rows"]
+        assert row["state"] == "completed", seen
+        assert [(a["node"], a["result"], a["status"]) for a in row["attempts"]] == [
+            (FIRST, "status", 503),
+            (SECOND, "served", 200),
+        ], seen
+        assert [a["text"] for a in row["attempts"]] == [f"{FIRST} 503", f"{SECOND} served 200"]
+        number, engine, model, state, _path, error, first_byte = row["cells"][:7]
+        assert (engine, model, state, error) == ("ollama", "llama3:latest", "completed", "")
+        assert number and first_byte.endswith(" ms"), row
+        assert seen["injected"] == 0, seen
+        assert log_problems(proxy) == []
