@@ -7,8 +7,9 @@ current figure, not each step, so each (engine, node) reports at most every
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from types import MappingProxyType
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
@@ -32,6 +33,10 @@ class NodeActivity:
     def in_flight(self, engine: str, node: str) -> int:
         """This process's dispatches in flight to ``node``'s ``engine`` now."""
         return self._counts.get((engine, node), 0)
+
+    def counts(self) -> Mapping[tuple[str, str], int]:
+        """Every (engine, node) with dispatches in flight now, and how many."""
+        return MappingProxyType(self._counts)
 
     @contextmanager
     def tracking(self, engine: str, node: str) -> Iterator[None]:

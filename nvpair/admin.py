@@ -11,18 +11,22 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 
 from klein import Klein
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+)
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from nvpair.control import ControlState
+from nvpair.exposition import LiveState, MetricsCollector
 from nvpair.facade_manager import FacadeManager
+from nvpair.metrics import Metrics
 from nvpair.recent import RecentWorkloads
 from nvpair.status import FacadeView, FleetView, readiness, status_document
 from nvpair.statuspage import CONTENT_SECURITY_POLICY, PAGE
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class Admin:
@@ -36,6 +40,8 @@ class Admin:
     :param expected: the facades that must listen to be ready (the fleet file's); None: those
         the broker enabled.
     :param recent: the last workloads the request path recorded (``recent`` in ``/status``).
+    :param metrics: what the request path counted (``/metrics``).
+    :param live: (engine, node) -> this process's dispatches in flight.
     """
 
     app = Klein()
@@ -53,6 +59,8 @@ class Admin:
         fleet: FleetView | None = None,
         expected: Sequence[str] | None = None,
         recent: RecentWorkloads | None = None,
+        metrics: Metrics | None = None,
+        live: Callable[[], Mapping[tuple[str, str], int]] = dict,
     ) -> None:
         self._control = control
         self._facades = facades
@@ -64,6 +72,28 @@ class Admin:
         self._fleet = fleet
         self._expected = expected
         self._recent = recent
+        self._registry = CollectorRegistry(auto_describe=False)
+        # The process's own CPU, memory and descriptors, beside what the proxy counts.
+        ProcessCollector(registry=self._registry)
+        self._registry.register(
+            MetricsCollector(
+                metrics or Metrics(),
+                LiveState(
+                    facades=self._facade_ports,
+                    discovery=lambda engine: len(control.discovery(engine).nodes),
+                    in_flight=live,
+                    reservations=reservations,
+                    requests_in_flight=in_flight,
+                ),
+            )
+        )
+
+    def _facade_ports(self) -> dict[str, int | None]:
+        """Every facade that listens or should (None: it does not)."""
+        listening = self._facades.facades
+        ports: dict[str, int | None] = dict.fromkeys(self._expected or ())
+        ports.update((engine, live.port) for engine, live in listening.items())
+        return ports
 
     def _views(self) -> dict[str, FacadeView]:
         tls = self._tls()
@@ -119,21 +149,6 @@ class Admin:
 
     @app.route("/metrics", methods=["GET"])
     def metrics(self, request: IRequest) -> bytes:
-        request.setHeader(b"content-type", b"text/plain; version=0.0.4")
-        lines = [
-            "# HELP nvpair_requests_in_flight Proxied requests in flight.",
-            "# TYPE nvpair_requests_in_flight gauge",
-            f"nvpair_requests_in_flight {self._in_flight()}",
-            "# HELP nvpair_facade_port The port each enabled facade listens on.",
-            "# TYPE nvpair_facade_port gauge",
-        ]
-        for engine, live in sorted(self._facades.facades.items()):
-            lines.append(f'nvpair_facade_port{{engine="{_label(engine)}"}} {live.port}')
-        lines += [
-            "# HELP nvpair_discovery_nodes Nodes in each engine's discovery snapshot.",
-            "# TYPE nvpair_discovery_nodes gauge",
-        ]
-        for engine in sorted(self._facades.facades):
-            count = len(self._control.discovery(engine).nodes)
-            lines.append(f'nvpair_discovery_nodes{{engine="{_label(engine)}"}} {count}')
-        return ("\n".join(lines) + "\n").encode()
+        """Prometheus text (docs/operations.md#metrics), read when scraped."""
+        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
+        return generate_latest(self._registry)

@@ -41,6 +41,8 @@ async def try_node(
         outcome = await services.attempts.run(outgoing, node, final, job.cancelled)
         if job.trail is not None:
             job.trail.attempt_ended(node.id, outcome)
+        if services.metrics is not None:
+            services.metrics.attempt_ended(job.admitted.engine.id, node.id, outcome)
         if isinstance(outcome, Served):
             await deliver(services, job, node, outcome)
             return None
@@ -72,6 +74,7 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> N
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
     job.served_status = response.code
     clock = services.clock
+    job.committed_at = clock.seconds()
     reader: StatsReader | None = None
     if job.workload is not None:
         job.workload.started(node.id)

@@ -27,6 +27,7 @@ from nvpair.control import ControlState
 from nvpair.headers import end_to_end
 from nvpair.http_facade import Admitted
 from nvpair.inferstats import Stats
+from nvpair.metrics import Metrics
 from nvpair.proxy_answers import write_error
 from nvpair.recent import RecentWorkloads, Trail
 from nvpair.reservations import Reservation, Reservations
@@ -63,6 +64,8 @@ class Job:
     #: Where this workload's attempts are recorded for the admin ``/status``; None when no
     #: admin listener runs (or the route has no workload).
     trail: Trail | None = None
+    #: When the answer served began (the commit), on the process clock.
+    committed_at: float | None = None
 
     def cancelled(self) -> bool:
         """Whether the request itself was cancelled (the parent scope)."""
@@ -126,3 +129,6 @@ class Services:
     #: The last workloads and their attempts, for the admin ``/status``; None (nothing
     #: recorded, nothing spent) when no admin listener runs.
     recent: RecentWorkloads | None = None
+    #: What ``/metrics`` counts; None (nothing counted, nothing spent) without an admin
+    #: listener.
+    metrics: Metrics | None = None

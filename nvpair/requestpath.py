@@ -27,6 +27,7 @@ from nvpair.fleetwide import serve_inventory, serve_preflight
 from nvpair.forwarding import serve_once_each, serve_peer
 from nvpair.http_facade import Admitted, RequestHandler
 from nvpair.job import Ending, Job, Services
+from nvpair.metrics import Metrics
 from nvpair.recent import RecentWorkloads
 from nvpair.reservations import Reservations
 from nvpair.scheduling import FleetScheduler
@@ -54,6 +55,7 @@ class RequestPath(RequestHandler):
     :param own_id: this node's cluster id, if it is a member (``X-Nvpair-Node`` of the
         answers its local engine gives).
     :param fleet: standalone fleet mode's scheduling; None in broker mode.
+    :param metrics: what ``/metrics`` counts; None when no admin listener runs.
     :param recent: where admitted workloads and their attempts are recorded for the admin
         ``/status``; None when no admin listener runs.
     """
@@ -70,6 +72,7 @@ class RequestPath(RequestHandler):
         own_id: Callable[[], str | None] = lambda: None,
         fleet: FleetScheduler | None = None,
         recent: RecentWorkloads | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         candidates = Candidates(control, reservations, fleet)
         self._services = Services(
@@ -87,6 +90,7 @@ class RequestPath(RequestHandler):
             own_id=own_id,
             fleet=fleet,
             recent=recent,
+            metrics=metrics,
         )
         self._jobs: set[Job] = set()
 
@@ -123,6 +127,8 @@ class RequestPath(RequestHandler):
             if job.workload is not None:
                 state, error = terminal(job, result)
                 job.workload.terminal(state, error, job.stats)
+            if services.metrics is not None:
+                counted(services.metrics, job, services.clock.seconds())
             return result
 
         def cancelled(failure: Failure) -> None:
@@ -135,6 +141,35 @@ class RequestPath(RequestHandler):
         d.addBoth(ended)
         d.addErrback(cancelled)
         return d
+
+
+def outcome(job: Job) -> str:
+    """A request's outcome as ``/metrics`` labels it: ``served`` when an engine's answer was
+    relayed, else the proxy's reason, or ``cancelled``."""
+    if job.served_status is not None:
+        return "served"
+    if job.ending is not None:
+        return "cancelled"
+    return job.refused or "internal"
+
+
+def counted(metrics: Metrics, job: Job, now: float) -> None:
+    """One ended request, counted (docs/operations.md#metrics)."""
+    engine = job.admitted.engine.id
+    first_byte = None if job.committed_at is None else job.committed_at - job.created
+    metrics.request_ended(
+        engine,
+        job.admitted.route.value,
+        outcome(job),
+        job.budget.used,
+        now - job.created,
+        first_byte,
+    )
+    stats = job.stats
+    if stats is not None:
+        metrics.measured(
+            engine, stats.prompt_tokens, stats.completion_tokens, stats.tokens_per_second
+        )
 
 
 def terminal(job: Job, result: object) -> tuple[State, str | None]:

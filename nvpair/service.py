@@ -37,6 +37,7 @@ from nvpair.fleet import FleetService
 from nvpair.fleetfile import FleetFileError, load_fleet
 from nvpair.health import HealthPolicy
 from nvpair.logs import JsonLineObserver
+from nvpair.metrics import Metrics
 from nvpair.outbox import BrokerOutbox, LogOutbox
 from nvpair.recent import RecentWorkloads
 from nvpair.requestpath import RequestPath
@@ -307,6 +308,7 @@ def build(
     )
     # Only an admin listener reads the last workloads: without one nothing records them.
     recent = RecentWorkloads() if config.admin_port is not None else None
+    metrics = Metrics() if config.admin_port is not None else None
     request_path = RequestPath(
         clock,
         control,
@@ -318,6 +320,7 @@ def build(
         own_id=lambda: cluster.membership.node_id if cluster.membership else None,
         fleet=scheduler,
         recent=recent,
+        metrics=metrics,
     )
     facades = FacadeManager(
         reactor,
@@ -379,6 +382,8 @@ def build(
             else None,
             expected=sorted(config.fleet.facades) if config.fleet is not None else None,
             recent=recent,
+            metrics=metrics,
+            live=activity.counts,
         )
         site = _QuietSite(admin.app.resource())
         TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(

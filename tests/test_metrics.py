@@ -1,0 +1,112 @@
+# -*- test-case-name: tests.test_metrics -*-
+"""The admin ``/metrics`` families (:mod:`nvpair.metrics`): counted on the request path as
+plain arithmetic, read and written by prometheus-client only when scraped."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nvpair.attempt import Failed, Fault, Served
+from nvpair.exposition import LiveState, MetricsCollector
+from nvpair.metrics import LATENCY_BUCKETS, Metrics
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def scrape(metrics: Metrics, live: LiveState | None = None) -> dict[str, dict[Labels, float]]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(
+        MetricsCollector(
+            metrics,
+            live
+            or LiveState(
+                facades=lambda: {"ollama": 11435, "llamacpp": None},
+                discovery=lambda engine: {"ollama": 2}.get(engine, 0),
+                in_flight=lambda: {("ollama", "a"): 3},
+                reservations=lambda: {"a": 1, "b": 0},
+                requests_in_flight=lambda: 4,
+            ),
+        )
+    )
+    text = generate_latest(registry).decode()
+    out: dict[str, dict[Labels, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def labels(**values: str) -> Labels:
+    return tuple(sorted(values.items()))
+
+
+def test_requests_attempts_and_failovers_by_their_labels() -> None:
+    m = Metrics()
+    m.attempt_ended("ollama", "a", Failed(Fault.STATUS, status=503))
+    m.attempt_ended("ollama", "a", Failed(Fault.TRANSPORT))
+    m.attempt_ended("ollama", "b", Served(object(), object()))  # type: ignore[arg-type]
+    m.attempt_ended("ollama", "c", Failed(Fault.FIRST_BODY_TIMEOUT))
+    m.attempt_ended("ollama", "c", Failed(Fault.NODE_LEFT))
+    m.request_ended("ollama", "inference", "served", 3, 1.5, 0.2)
+    m.request_ended("ollama", "inference", "no-owner", 0, 0.001, None)
+    m.request_ended("ollama", "inventory", "served", 1, 0.01, 0.01)
+    got = scrape(m)
+    assert got["nvpair_requests_total"] == {
+        labels(engine="ollama", route="inference", outcome="served"): 1,
+        labels(engine="ollama", route="inference", outcome="no-owner"): 1,
+        labels(engine="ollama", route="inventory", outcome="served"): 1,
+    }
+    assert got["nvpair_attempts_total"] == {
+        labels(engine="ollama", node="a", result="status"): 1,
+        labels(engine="ollama", node="a", result="transport"): 1,
+        labels(engine="ollama", node="b", result="served"): 1,
+        labels(engine="ollama", node="c", result="first_body_timeout"): 1,
+        labels(engine="ollama", node="c", result="node_left"): 1,
+    }
+    assert got["nvpair_failovers_total"] == {labels(engine="ollama"): 2}
+
+
+def test_histograms_are_cumulative_with_sum_and_count() -> None:
+    m = Metrics()
+    for seconds in (0.003, 0.2, 0.2, 400.0):
+        m.request_ended("llamacpp", "inference", "served", 1, seconds, seconds)
+    got = scrape(m)
+    buckets = got["nvpair_time_to_first_byte_seconds_bucket"]
+    assert buckets[labels(engine="llamacpp", le="0.005")] == 1
+    assert buckets[labels(engine="llamacpp", le="0.1")] == 1
+    assert buckets[labels(engine="llamacpp", le="0.25")] == 3
+    assert buckets[labels(engine="llamacpp", le="300.0")] == 3
+    assert buckets[labels(engine="llamacpp", le="+Inf")] == 4
+    assert len(buckets) == len(LATENCY_BUCKETS) + 1
+    assert got["nvpair_time_to_first_byte_seconds_count"] == {labels(engine="llamacpp"): 4}
+    assert got["nvpair_time_to_first_byte_seconds_sum"][labels(engine="llamacpp")] == 400.403
+    duration = got["nvpair_request_duration_seconds_count"]
+    assert duration == {labels(engine="llamacpp", route="inference"): 4}
+
+
+def test_tokens_and_rates_from_the_workload_stats() -> None:
+    m = Metrics()
+    m.measured("ollama", 12, 30, 42.5)
+    m.measured("ollama", None, 5, None)
+    m.measured("ollama", 0, 0, None)
+    got = scrape(m)
+    assert got["nvpair_tokens_total"] == {
+        labels(engine="ollama", kind="prompt"): 12,
+        labels(engine="ollama", kind="completion"): 35,
+    }
+    assert got["nvpair_tokens_per_second_count"] == {labels(engine="ollama"): 1}
+    assert got["nvpair_tokens_per_second_bucket"][labels(engine="ollama", le="50.0")] == 1
+
+
+def test_gauges_read_the_live_state_when_scraped() -> None:
+    got = scrape(Metrics())
+    assert got["nvpair_in_flight"] == {labels(engine="ollama", node="a"): 3}
+    assert got["nvpair_reservations"] == {labels(node="a"): 1}
+    assert got["nvpair_discovery_nodes"] == {
+        labels(engine="ollama"): 2,
+        labels(engine="llamacpp"): 0,
+    }
+    assert got["nvpair_facade_up"] == {labels(engine="ollama"): 1, labels(engine="llamacpp"): 0}
+    assert got["nvpair_facade_port"] == {labels(engine="ollama"): 11435}
+    assert got["nvpair_requests_in_flight"] == {(): 4}
