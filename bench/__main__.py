@@ -5,7 +5,9 @@ the simulated engine itself (**direct**), **nvpair** (``twistd -n nvpair-proxy``
 mode), the **floor** (:mod:`bench.floor`, a minimal Twisted proxy), **nginx** and **LiteLLM**.
 Scenarios (bench/README.md): latency at c=1 and req/s at c=32 (non-streaming), 64-chunk
 streams/s at c=32 with the proxy's CPU per stream, held streams (2,000 opened at 500/s, 60
-chunks 1 s apart), failover by fault kind, and the routing cost against fleet size. Each runs in
+chunks 1 s apart), failover by fault kind, the routing cost against fleet size, and the
+cold-start mix (nvpair's warm-aware fleet order against the spec's default order, in front of
+four simulated Ollama nodes that load models on demand: bench/coldstart.py). Each runs in
 rounds with the contenders taking turns; every target is judged on same-round figures and
 printed PASS/MISS. The table goes to bench/results/<timestamp>.md, the latency distributions to
 <timestamp>.png, every figure to <timestamp>.json. A contender that is not installed is reported
@@ -63,7 +65,8 @@ def _header(plan: Plan, chosen: list[str], first: str) -> list[str]:
         f"{plan.held_streams} streams at {plan.held_rate:g}/s, {plan.held_chunks} chunks "
         f"{plan.held_interval:g} s apart; failover: {plan.failovers} requests per fault kind "
         f"({plan.stalls} for the stall, first-byte timeout {plan.stall_timeout:g} s where the "
-        f"proxy has one). Scenarios: {', '.join(chosen)}.",
+        f"proxy has one); cold-start mix: {plan.coldstart_seconds:g} s of arrivals per order "
+        f"(seed {plan.coldstart_seed} + round). Scenarios: {', '.join(chosen)}.",
     ]
 
 
@@ -155,6 +158,8 @@ def main() -> None:
                 scenarios.failover(plan, results, work, names)
             elif scenario == "held":
                 scenarios.held_streams(plan, results, work, names)
+            elif scenario == "coldstart":
+                scenarios.coldstart(plan, results, work, names)
         if not args.no_profile and "non-streaming" in chosen:
             profiled = _profile(plan, work, RESULTS / f"{stamp}-profile.txt")
 

@@ -73,6 +73,10 @@ class Node:
         """Answers whose client went away before they were complete."""
         return int(self._control()["abandoned"])
 
+    def loads(self) -> int:
+        """Model loads (cold starts) the engine has started so far."""
+        return int(self._control()["loads"])
+
     def _control(self) -> dict[str, int]:
         connection = HTTPConnection("127.0.0.1", self.control, timeout=10)
         try:
@@ -83,12 +87,29 @@ class Node:
         return {str(k): int(v) for k, v in data.items()}
 
 
+@attrs.frozen
+class Cold:
+    """Cold-start knobs of a simulated Ollama node (:mod:`bench.simnode`): it starts with no
+    model in memory, a load takes ``load_delay`` seconds, a model idle for ``keep_alive``
+    seconds is unloaded, and a non-streamed answer takes as long as its tokens would stream."""
+
+    models: tuple[str, ...]
+    load_delay: float
+    keep_alive: float
+
+
 @contextmanager
-def node(tokens: int = 4, interval: float = 0.0, fault: str = "none") -> Iterator[Node]:
-    """A simulated llama.cpp node (:mod:`bench.simnode`) answering ``tokens`` tokens."""
+def node(
+    tokens: int = 4, interval: float = 0.0, fault: str = "none", cold: Cold | None = None
+) -> Iterator[Node]:
+    """A simulated node (:mod:`bench.simnode`) answering ``tokens`` tokens: llama.cpp serving
+    ``tiny``, or with ``cold`` an Ollama node serving its models."""
     port, control = free_port(), free_port()
     argv = [PYTHON, "-m", "bench.simnode", str(port), str(control), f"--node=node-{port}"]
     argv += [f"--tokens={tokens}", f"--interval={interval}", f"--fault={fault}"]
+    if cold is not None:
+        argv += ["--dialect=ollama", f"--models={','.join(cold.models)}", "--cold", "--paced"]
+        argv += [f"--load-delay={cold.load_delay}", f"--keep-alive={cold.keep_alive}"]
     with process(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as child:
         wait_for(port)
         wait_for(control)

@@ -37,6 +37,17 @@ ROWS: tuple[tuple[str, str, int], ...] = (
     *((f"failover: {kind} adds (ms)", f"failover_added_ms:{kind}", 2) for kind in FAULT_KINDS),
     *((f"failover: {kind}, share that met it", f"failover_met:{kind}", 2) for kind in FAULT_KINDS),
 )
+#: The cold-start mix: nvpair's two candidate orders, side by side.
+MIX_SIDES = ("default", "warm-aware")
+MIX_ROWS: tuple[tuple[str, str, int], ...] = (
+    ("requests", "mix_requests", 0),
+    ("failed requests", "mix_failed", 0),
+    ("streamed: TTFT p50 (ms)", "mix_ttft_p50_ms", 1),
+    ("streamed: TTFT p99 (ms)", "mix_ttft_p99_ms", 0),
+    ("streamed: waited for a load (> 250 ms)", "mix_waited", 0),
+    ("non-streamed: answer p50 (ms)", "mix_answer_p50_ms", 0),
+    ("cold starts (the nodes' loads)", "mix_cold_starts", 0),
+)
 #: One colour per contender in every panel.
 COLOURS = {
     "direct": "tab:gray",
@@ -44,6 +55,8 @@ COLOURS = {
     "floor": "tab:green",
     "nginx": "tab:red",
     "litellm": "tab:purple",
+    "default": "tab:orange",
+    "warm-aware": "tab:cyan",
 }
 
 
@@ -86,6 +99,7 @@ def markdown(
             continue
         cells = [fmt(median(table[metric].get(c, ())), decimals) for c in present]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
+    out += _mix_table(table)
     costs = table.get("route_us", {})
     if costs:
         sizes = sorted(costs, key=int)
@@ -97,6 +111,20 @@ def markdown(
     if profile:
         out += ["", "## Profile: nvpair under c=32 non-streaming (py-spy)", "", profile]
     return "\n".join(out) + "\n"
+
+
+def _mix_table(table: Table) -> list[str]:
+    """The cold-start mix's rows: nvpair in broker mode with no scheduler (the spec's default
+    order) beside nvpair in fleet mode (warm-aware order)."""
+    rows = [(label, metric, d) for label, metric, d in MIX_ROWS if metric in table]
+    if not rows:
+        return []
+    out = ["", "## Cold-start mix: default order against warm-aware order (median over rounds)"]
+    out += ["", "| | " + " | ".join(MIX_SIDES) + " |", "|---" * (len(MIX_SIDES) + 1) + "|"]
+    for label, metric, decimals in rows:
+        cells = [fmt(median(table[metric].get(side, ())), decimals) for side in MIX_SIDES]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return out
 
 
 def console(table: Table) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import attrs
 
+from bench import coldstart as mix_run
 from bench import held, load
 from bench.contenders import (
     CONTENDERS,
@@ -28,6 +29,7 @@ from bench.contenders import (
     node,
     ready,
 )
+from bench.mixload import LOAD_DELAY, Mix, Request, offered_concurrency, summarize, workload
 from bench.procs import (
     cpu_seconds,
     listen_overflows,
@@ -58,6 +60,8 @@ class Plan:
     route_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256)
     route_models: int = 10_000
     route_requests: int = 20_000
+    coldstart_seconds: float = 80.0
+    coldstart_seed: int = 13
 
     @staticmethod
     def quick() -> Plan:
@@ -70,6 +74,7 @@ class Plan:
             failovers=30,
             stalls=5,
             route_requests=2_000,
+            coldstart_seconds=20.0,
         )
 
 
@@ -398,14 +403,79 @@ def routing(plan: Plan, results: Results) -> None:
         _say(f"  round {r + 1}: " + ", ".join(f"{n}: {us:.1f} us" for n, us in costs.items()))
 
 
-SCENARIOS = ("routing", "non-streaming", "streaming", "failover", "held")
+# -- the cold-start mix: warm-aware order against the default order -----------------------------
+
+
+def coldstart(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
+    """The same seeded workload (a new seed each round) through both orders, fresh cold nodes
+    for each (bench/coldstart.py)."""
+    mix = Mix(seconds=plan.coldstart_seconds)
+    _say(
+        f"cold-start mix: 4 Ollama nodes, 6 models, {LOAD_DELAY:g} s loads; "
+        f"{mix.seconds:g} s of arrivals at {mix.rate:g}/s"
+    )
+    for r in range(plan.rounds):
+        requests = workload(plan.coldstart_seed + r, mix)
+        _say(
+            f"  round {r + 1}: {len(requests)} requests (seed {plan.coldstart_seed + r}), "
+            f"offered concurrency {offered_concurrency(requests, mix):.1f}"
+        )
+        for name in names:
+            step = partial(_coldstart, results, work, name, r, requests, mix)
+            _guarded(results, f"cold-start mix {name}", step)
+
+
+def _coldstart(
+    results: Results,
+    work: Path,
+    name: str,
+    r: int,
+    requests: Sequence[Request],
+    mix: Mix,
+) -> None:
+    sub = work / f"coldstart-{name}-{time.monotonic_ns()}"
+    sub.mkdir()
+    run = mix_run.run_side(name, requests, mix, sub)
+    summary = summarize(run.outcomes)
+    cold = sum(run.loads.values())
+    results.put("mix_requests", name, r, summary.requests)
+    results.put("mix_failed", name, r, summary.failed)
+    results.put("mix_ttft_p50_ms", name, r, summary.ttft_p50_ms)
+    results.put("mix_ttft_p99_ms", name, r, summary.ttft_p99_ms)
+    results.put("mix_answer_p50_ms", name, r, summary.answer_p50_ms)
+    results.put("mix_waited", name, r, summary.waited)
+    results.put("mix_cold_starts", name, r, cold)
+    ttfts = [o.first_byte_ms for o in run.outcomes if o.ok and o.stream and o.first_byte_ms]
+    results.sample("cold-start mix: streamed TTFT (ms)", name, ttfts)
+    per_node = " / ".join(
+        f"{node} {run.loads[node]}, {summary.served.get(node, 0)}" for node in sorted(run.loads)
+    )
+    results.note(
+        f"cold-start mix round {r + 1}, {name} ({run.detail}): cold starts, answers per node: "
+        f"{per_node}"
+    )
+    if summary.failed:
+        errors = sorted({o.error or f"status {o.status}" for o in run.outcomes if not o.ok})
+        results.note(f"cold-start mix {name}: {summary.failed} requests failed ({errors[:3]})")
+    p50 = summary.ttft_p50_ms if summary.ttft_p50_ms is not None else float("nan")
+    p99 = summary.ttft_p99_ms if summary.ttft_p99_ms is not None else float("nan")
+    _say(
+        f"  round {r + 1} {name}: TTFT p50 {p50:.1f} ms, p99 {p99:.0f} ms, {cold} cold starts, "
+        f"{summary.waited} streams waited for a load, {summary.failed} failed "
+        f"({run.seconds:.0f} s)"
+    )
+
+
+SCENARIOS = ("routing", "non-streaming", "streaming", "failover", "held", "coldstart")
 
 
 def contenders_for(scenario: str) -> tuple[str, ...]:
     """Who takes part: LiteLLM only where the issue compares it (req/s); direct where there
-    is no failover to measure."""
+    is no failover to measure; nvpair's two orders in the cold-start mix."""
     if scenario == "non-streaming":
         return ("direct", "nvpair", "floor", "nginx", "litellm")
     if scenario == "failover":
         return ("nvpair", "floor", "nginx")
+    if scenario == "coldstart":
+        return mix_run.SIDES
     return ("direct", "nvpair", "floor", "nginx")

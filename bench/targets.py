@@ -211,4 +211,18 @@ TARGETS: tuple[Target, ...] = (
         False,
         "x",
     ),
+    Target(
+        "cold-start mix: p50 TTFT >= 5x lower, warm-aware order (default / warm-aware)",
+        lambda t: ratios(t, "mix_ttft_p50_ms", "default", "warm-aware"),
+        5,
+        False,
+        "x",
+    ),
+    Target(
+        "cold-start mix: cold starts >= 3x fewer, warm-aware order (default / warm-aware)",
+        lambda t: ratios(t, "mix_cold_starts", "default", "warm-aware"),
+        3,
+        False,
+        "x",
+    ),
 )

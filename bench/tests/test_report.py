@@ -61,6 +61,21 @@ def test_markdown_has_every_target_with_a_verdict_and_the_side_by_side_table() -
     assert "profile text" in text
 
 
+def test_the_cold_start_mix_has_its_own_side_by_side_table() -> None:
+    table: dict[str, dict[str, list[float | None]]] = {
+        **TABLE,
+        "mix_ttft_p50_ms": {"default": [3.0, 2.0, 40.0], "warm-aware": [2.5, 2.0, 2.0]},
+        "mix_cold_starts": {"default": [17.0, 18.0, 16.0], "warm-aware": [7.0, 7.0, 6.0]},
+    }
+    text = markdown("title", [], table, [], None)
+    assert "| | default | warm-aware |" in text
+    assert "| streamed: TTFT p50 (ms) | 3.0 | 2.0 |" in text
+    assert "| cold starts (the nodes' loads) | 17 | 7 |" in text
+    assert "failed requests" not in text  # not measured: no row
+    assert "| cold-start mix: cold starts >= 3x fewer" in text
+    assert "Cold-start mix" not in markdown("title", [], TABLE, [], None)
+
+
 def test_console_prints_pass_and_miss() -> None:
     lines = console(TABLE).splitlines()
     assert any(line.startswith("  MISS  non-streaming req/s") for line in lines)

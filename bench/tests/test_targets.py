@@ -73,6 +73,22 @@ def test_flatness_is_the_largest_departure_from_two_nodes() -> None:
 
 
 def test_every_issue_target_is_judged() -> None:
-    """The table has the issue's twelve lines, each with a verdict even on no data."""
-    assert len(TARGETS) == 12
+    """The table has the issue's fourteen lines, each with a verdict even on no data."""
+    assert len(TARGETS) == 14
     assert all(judge(t, {}).verdict is Verdict.NA for t in TARGETS)
+
+
+def test_the_cold_start_mix_is_judged_as_default_over_warm_aware() -> None:
+    """ "5x lower" and "3x fewer": the default order's figure over the warm-aware one's, per
+    round, at least the bound."""
+    ttft, cold = (t for t in TARGETS if t.name.startswith("cold-start mix"))
+    table: Table = {
+        "mix_ttft_p50_ms": {"default": [20.0, 3.0, 30.0], "warm-aware": [2.0, 3.0, 3.0]},
+        "mix_cold_starts": {"default": [17.0, 18.0, 20.0], "warm-aware": [7.0, 6.0, 7.0]},
+    }
+    judged = judge(ttft, table)
+    assert judged.per_round == (10.0, 1.0, 10.0)
+    assert judged.verdict is Verdict.PASS
+    judged = judge(cold, table)
+    assert judged.value == pytest.approx(20 / 7)  # the median of 17/7, 3 and 20/7
+    assert judged.verdict is Verdict.MISS
