@@ -15,6 +15,7 @@ import bisect
 from collections.abc import Sequence
 
 from nvpair.attempt import Failed, Fault, Outcome
+from nvpair.inferstats import Stats
 
 #: Seconds: from a fast local answer to a cold model load on a slow disk.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -46,17 +47,61 @@ class Histogram:
         total[0] += value
 
 
-class Metrics:
-    """What the request path counts (the counters and histograms of the contract's table)."""
+class _Ended:
+    """Everything counted of the requests that ended with one (engine, route, outcome): one
+    dictionary lookup per request finds it all; the families are summed from these when
+    scraped."""
+
+    __slots__ = (
+        "completion",
+        "count",
+        "duration",
+        "duration_sum",
+        "failovers",
+        "first_byte",
+        "first_byte_sum",
+        "prompt",
+        "rate",
+        "rate_sum",
+    )
 
     def __init__(self) -> None:
-        self.requests: dict[tuple[str, str, str], int] = {}
+        self.count = 0
+        self.failovers = 0
+        # One more slot than bounds: the +Inf bucket.
+        self.duration = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.duration_sum = 0.0
+        self.first_byte = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.first_byte_sum = 0.0
+        self.prompt = 0
+        self.completion = 0
+        self.rate = [0] * (len(RATE_BUCKETS) + 1)
+        self.rate_sum = 0.0
+
+
+def _add(histogram: Histogram, labels: tuple[str, ...], counts: list[int], total: float) -> None:
+    """Fold one series' bucket counts into ``histogram``'s ``labels`` series."""
+    if not any(counts):
+        return
+    series = histogram.series.get(labels)
+    if series is None:
+        series = histogram.series[labels] = ([0] * len(counts), [0.0])
+    into, into_total = series
+    for index, count in enumerate(counts):
+        into[index] += count
+    into_total[0] += total
+
+
+class Metrics:
+    """What the request path counts (the counters and histograms of the contract's table).
+
+    Counted per request: :meth:`attempt_ended` per dispatch, :meth:`request_ended` per
+    request. Read per scrape: the properties, summed over what was counted.
+    """
+
+    def __init__(self) -> None:
         self.attempts: dict[tuple[str, str, str], int] = {}
-        self.failovers: dict[str, int] = {}
-        self.tokens: dict[tuple[str, str], int] = {}
-        self.first_byte = Histogram(LATENCY_BUCKETS)
-        self.duration = Histogram(LATENCY_BUCKETS)
-        self.rate = Histogram(RATE_BUCKETS)
+        self._ended: dict[tuple[str, str, str], _Ended] = {}
 
     def attempt_ended(self, engine: str, node: str, outcome: Outcome) -> None:
         result = _FAULT_RESULTS[outcome.why] if isinstance(outcome, Failed) else "served"
@@ -71,30 +116,78 @@ class Metrics:
         dispatches: int,
         seconds: float,
         first_byte: float | None,
+        stats: Stats | None = None,
     ) -> None:
         """One request ended.
 
         :param outcome: ``served``, the proxy's reason, or ``cancelled``.
         :param dispatches: how many attempts it made; each after the first is a failover.
         :param first_byte: seconds from admission to the first byte of the served answer.
+        :param stats: the served answer's token statistics (the workload's own).
         """
         key = (engine, route, outcome)
-        self.requests[key] = self.requests.get(key, 0) + 1
+        ended = self._ended.get(key)
+        if ended is None:
+            ended = self._ended[key] = _Ended()
+        ended.count += 1
         if dispatches > 1:
-            self.failovers[engine] = self.failovers.get(engine, 0) + dispatches - 1
-        self.duration.observe((engine, route), seconds)
+            ended.failovers += dispatches - 1
+        ended.duration[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        ended.duration_sum += seconds
         if first_byte is not None:
-            self.first_byte.observe((engine,), first_byte)
+            ended.first_byte[bisect.bisect_left(LATENCY_BUCKETS, first_byte)] += 1
+            ended.first_byte_sum += first_byte
+        if stats is not None:
+            ended.prompt += stats.prompt_tokens or 0
+            ended.completion += stats.completion_tokens or 0
+            rate = stats.tokens_per_second
+            if rate is not None:
+                ended.rate[bisect.bisect_left(RATE_BUCKETS, rate)] += 1
+                ended.rate_sum += rate
 
-    def measured(
-        self, engine: str, prompt: int | None, completion: int | None, rate: float | None
-    ) -> None:
-        """A served answer's token statistics (the workload's own stats)."""
-        if prompt:
-            key = (engine, "prompt")
-            self.tokens[key] = self.tokens.get(key, 0) + prompt
-        if completion:
-            key = (engine, "completion")
-            self.tokens[key] = self.tokens.get(key, 0) + completion
-        if rate is not None:
-            self.rate.observe((engine,), rate)
+    # -- read when scraped ------------------------------------------------------------------
+
+    @property
+    def requests(self) -> dict[tuple[str, str, str], int]:
+        return {key: ended.count for key, ended in self._ended.items()}
+
+    @property
+    def failovers(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (engine, _, _), ended in self._ended.items():
+            if ended.failovers:
+                out[engine] = out.get(engine, 0) + ended.failovers
+        return out
+
+    @property
+    def tokens(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for (engine, _, _), ended in self._ended.items():
+            for kind, count in (("prompt", ended.prompt), ("completion", ended.completion)):
+                if count:
+                    out[(engine, kind)] = out.get((engine, kind), 0) + count
+        return out
+
+    @property
+    def duration(self) -> Histogram:
+        """By engine and route."""
+        histogram = Histogram(LATENCY_BUCKETS)
+        for (engine, route, _), ended in self._ended.items():
+            _add(histogram, (engine, route), ended.duration, ended.duration_sum)
+        return histogram
+
+    @property
+    def first_byte(self) -> Histogram:
+        """By engine."""
+        histogram = Histogram(LATENCY_BUCKETS)
+        for (engine, _, _), ended in self._ended.items():
+            _add(histogram, (engine,), ended.first_byte, ended.first_byte_sum)
+        return histogram
+
+    @property
+    def rate(self) -> Histogram:
+        """By engine."""
+        histogram = Histogram(RATE_BUCKETS)
+        for (engine, _, _), ended in self._ended.items():
+            _add(histogram, (engine,), ended.rate, ended.rate_sum)
+        return histogram

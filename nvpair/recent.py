@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from attrs import field, frozen
+from attrs import frozen
 
-from nvpair.attempt import Fault, Outcome, Served
+from nvpair.attempt import Failed, Fault, Outcome, Served
 from nvpair.workload import Workload
 
 #: How many workloads ``/status`` shows (contract "Admin listener").
@@ -50,24 +50,38 @@ class AttemptRecord:
     detail: str = ""
 
 
-@frozen
 class Trail:
     """One workload and its attempts so far, in dispatch order.
 
-    The record is fixed; only its attempt list grows, one :class:`AttemptRecord` per ended
-    dispatch (a dispatch still in progress is not listed).
+    Only the attempt list grows, one entry per ended dispatch (a dispatch still in progress is
+    not listed). It is fed on the request path, so an entry is what is at hand — the served
+    status, or the :class:`~nvpair.attempt.Failed` value the attempt returned anyway — and
+    the :class:`AttemptRecord` s are made when ``/status`` reads them (bench/README.md,
+    "Metrics on the hot path").
     """
 
-    workload: Workload
-    attempts: list[AttemptRecord] = field(factory=list)
+    __slots__ = ("_ended", "workload")
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self._ended: list[tuple[str, int | Failed]] = []
 
     def attempt_ended(self, node: str, outcome: Outcome) -> None:
         """A dispatch to ``node`` ended: served (its answer is now the client's) or failed."""
-        if isinstance(outcome, Served):
-            record = AttemptRecord(node, SERVED, outcome.response.code)
-        else:
-            record = AttemptRecord(node, RESULTS[outcome.why], outcome.status, outcome.detail)
-        self.attempts.append(record)
+        # Not the Served value itself: it holds the response and its relay, which must not
+        # outlive the request for the sake of a status page.
+        self._ended.append(
+            (node, outcome.response.code if isinstance(outcome, Served) else outcome)
+        )
+
+    @property
+    def attempts(self) -> list[AttemptRecord]:
+        return [
+            AttemptRecord(node, SERVED, ended)
+            if isinstance(ended, int)
+            else AttemptRecord(node, RESULTS[ended.why], ended.status, ended.detail)
+            for node, ended in self._ended
+        ]
 
 
 class RecentWorkloads:

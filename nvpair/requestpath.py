@@ -155,21 +155,16 @@ def outcome(job: Job) -> str:
 
 def counted(metrics: Metrics, job: Job, now: float) -> None:
     """One ended request, counted (docs/operations.md#metrics)."""
-    engine = job.admitted.engine.id
-    first_byte = None if job.committed_at is None else job.committed_at - job.created
+    admitted, committed = job.admitted, job.committed_at
     metrics.request_ended(
-        engine,
-        job.admitted.route.value,
+        admitted.engine.id,
+        admitted.route.value,
         outcome(job),
         job.budget.used,
         now - job.created,
-        first_byte,
+        None if committed is None else committed - job.created,
+        job.stats,
     )
-    stats = job.stats
-    if stats is not None:
-        metrics.measured(
-            engine, stats.prompt_tokens, stats.completion_tokens, stats.tokens_per_second
-        )
 
 
 def terminal(job: Job, result: object) -> tuple[State, str | None]:

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nvpair.attempt import Failed, Fault, Served
 from nvpair.exposition import LiveState, MetricsCollector
+from nvpair.inferstats import Stats
 from nvpair.metrics import LATENCY_BUCKETS, Metrics
 
 Labels = tuple[tuple[str, str], ...]
@@ -87,9 +88,12 @@ def test_histograms_are_cumulative_with_sum_and_count() -> None:
 
 def test_tokens_and_rates_from_the_workload_stats() -> None:
     m = Metrics()
-    m.measured("ollama", 12, 30, 42.5)
-    m.measured("ollama", None, 5, None)
-    m.measured("ollama", 0, 0, None)
+    for stats in (
+        Stats(12, 30, 42.5, 100, False),
+        Stats(None, 5, None, 100, True),
+        Stats(0, 0, None, None, False),
+    ):
+        m.request_ended("ollama", "inference", "served", 1, 0.5, 0.1, stats)
     got = scrape(m)
     assert got["nvpair_tokens_total"] == {
         labels(engine="ollama", kind="prompt"): 12,
