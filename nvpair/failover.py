@@ -118,13 +118,18 @@ def _owner_wait(services: Services) -> float:
 
 
 async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node) -> Failed | None:
-    """One dispatch (:func:`~nvpair.delivery.try_node`); in fleet mode, what its outcome says
-    about the node goes to passive health (docs/fleet-scheduling.md#passive-health)."""
+    """One dispatch (:func:`~nvpair.delivery.try_node`); in fleet mode the dispatch counts its
+    model as in memory on the node (docs/fleet-scheduling.md#dispatched-is-loading) and what
+    its outcome says about the node goes to passive health
+    (docs/fleet-scheduling.md#passive-health)."""
     fleet = services.fleet
     if fleet is None:
         return await try_node(services, job, outgoing, node, job.budget.final)
     engine = job.admitted.engine.id
     trial = fleet.health.dispatching(engine, node.id)
+    # Counted as loading there from now, not from the node's next poll: a second request for
+    # the model then joins this load instead of starting one on another cold node.
+    fleet.dispatched(engine, node.id, job.admitted.model_key)
     failed: Failed | None = None
     try:
         failed = await try_node(services, job, outgoing, node, job.budget.final)

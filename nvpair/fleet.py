@@ -387,6 +387,9 @@ class FleetService(Service):
 
     async def _poll_pair(self, pair: _Pair) -> None:
         engine, url = pair.engine, pair.url
+        # What this proxy dispatched after this moment the answer cannot have seen
+        # (docs/fleet-scheduling.md#dispatched-is-loading).
+        asked_at = self._clock.seconds()
         inventory = self._track(pair, Deferred.fromCoroutine(self._poll_once(engine, url)))
         load = self._track(pair, Deferred.fromCoroutine(self._probe_load(engine, url)))
 
@@ -402,7 +405,7 @@ class FleetService(Service):
             assert isinstance(result, LoadState)
             # As soon as it arrives, whatever the inventory is doing.
             if self._live(pair) and self._scheduler is not None:
-                self._scheduler.record_load(engine, pair.node, result)
+                self._scheduler.record_load(engine, pair.node, result, asked_at)
             return result
 
         loaded = load.addBoth(record_load)

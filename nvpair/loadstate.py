@@ -8,16 +8,22 @@ expect, a body that is not JSON, the wrong shape, deep nesting, a number that ov
 gives :data:`UNKNOWN`, never an exception: a node's load is a hint for the order, and a
 hostile or broken answer must cost nothing but the hint. Asking is the caller's job
 (:mod:`nvpair.fleet`); this module only sees statuses and bytes.
+
+A poll comes every few seconds, so a load this proxy itself has just set off is not in the last
+reading yet: :meth:`LoadState.assuming` counts the models it has dispatched since in memory, and
+:func:`unseen` says which dispatches a poll's answer cannot speak for
+(docs/fleet-scheduling.md#dispatched-is-loading).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from attrs import frozen
 
 __all__ = [
+    "LISTING_LAG",
     "LLAMACPP_PROBE",
     "LMSTUDIO_PROBE",
     "OLLAMA_PROBE",
@@ -25,6 +31,7 @@ __all__ = [
     "Answer",
     "LoadProbe",
     "LoadState",
+    "unseen",
 ]
 
 
@@ -72,9 +79,50 @@ class LoadState:
         capacity = self.slots if self.slots else 1
         return self.busy + reserved < capacity
 
+    def assuming(self, dispatched: Collection[str]) -> LoadState:
+        """This reading with the ``dispatched`` model keys counted in memory as well.
+
+        They are the models this proxy has sent a request for since the reading was asked: an
+        engine that loads on demand is loading them (or has them), and lists them at its next
+        poll. An engine loading as a whole stays loading (it serves nothing yet), and one that
+        serves every model it lists (llama.cpp) has nothing to add. Without a reading
+        (:data:`UNKNOWN`) the dispatched models are the only ones known to be in memory.
+        """
+        if not dispatched or self.loading or self.warm_all:
+            return self
+        if self.warm is None:
+            warm = frozenset(dispatched)
+        elif self.warm.issuperset(dispatched):
+            return self
+        else:
+            warm = self.warm.union(dispatched)
+        return LoadState(self.loading, warm, self.warm_all, self.slots, self.busy)
+
 
 #: Nothing known: the engine did not answer, or not in a way this module reads.
 UNKNOWN = LoadState()
+
+#: Seconds an engine may take to list a request's model after the request reached it. Ollama
+#: puts a model in ``/api/ps`` only once its scheduler has read the model file's metadata and
+#: started the runner that loads it, so a poll asked a moment after a dispatch (or that
+#: overtook the dispatch on its way) can still answer without the model.
+LISTING_LAG = 1.0
+
+
+def unseen(
+    dispatched: Mapping[str, float], asked_at: float, lag: float = LISTING_LAG
+) -> dict[str, float]:
+    """The dispatches a poll asked at ``asked_at`` does not speak for: those made after it was
+    asked, or less than ``lag`` before, when the engine may not list them yet.
+
+    :param dispatched: model key -> clock time of this proxy's latest dispatch of it to the
+        engine.
+    :return: the entries of ``dispatched`` still to be counted in memory on top of the poll's
+        reading. A poll answered late (asked before a dispatch, answered after it) keeps that
+        dispatch: its answer is older than the dispatch.
+    """
+    since = asked_at - lag
+    return {key: at for key, at in dispatched.items() if at > since}
 
 
 @frozen

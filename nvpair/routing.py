@@ -129,7 +129,9 @@ class Tier(enum.IntEnum):
 class Standing:
     """What fleet mode knows about one candidate besides its inventory.
 
-    :ivar load: what the engine's last poll said about its load.
+    :ivar load: what the engine's last poll said about its load, with the models this proxy
+        has dispatched to it since counted in memory
+        (docs/fleet-scheduling.md#dispatched-is-loading).
     :ivar held: passive health holds the node back (docs/fleet-scheduling.md#passive-health).
     """
 

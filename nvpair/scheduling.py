@@ -6,7 +6,9 @@ inventory (:mod:`nvpair.loadstate`, :mod:`nvpair.fleet`), and each node's passiv
 the outcome of its attempts (:mod:`nvpair.health`). :class:`FleetScheduler` holds both and
 answers the request path's questions: the order of a round (:meth:`FleetScheduler.plan`, the pure
 :func:`nvpair.routing.fleet_plan` on live values) and what an attempt's outcome says about its
-node.
+node. Between two polls it also remembers what it has dispatched itself: a model just sent to a
+node counts as in memory there (loading) until a poll asked after the dispatch says otherwise
+(docs/fleet-scheduling.md#dispatched-is-loading).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from nvpair.control import Node
 from nvpair.health import HealthPolicy, PassiveHealth
-from nvpair.loadstate import UNKNOWN, LoadState
+from nvpair.loadstate import UNKNOWN, LoadState, unseen
 from nvpair.routing import Plan, Standing, fleet_plan
 
 
@@ -37,15 +39,47 @@ class FleetScheduler:
         own_in_flight: Callable[[str, str], int] = lambda engine, node: 0,
     ) -> None:
         self.health = PassiveHealth(clock, policy)
+        self._clock = clock
         self._own = own_in_flight
         self._loads: dict[tuple[str, str], LoadState] = {}
+        # (engine, node) -> model key -> clock time of the latest dispatch no poll speaks for yet
+        self._sent: dict[tuple[str, str], dict[str, float]] = {}
 
     def load(self, engine: str, node: str) -> LoadState:
         """What ``node``'s ``engine`` said about its load at its last poll."""
         return self._loads.get((engine, node), UNKNOWN)
 
-    def record_load(self, engine: str, node: str, state: LoadState) -> None:
-        """A poll's reading; :data:`~nvpair.loadstate.UNKNOWN` forgets what was known."""
+    def dispatched(self, engine: str, node: str, model_key: str | None) -> None:
+        """An inference request for ``model_key`` is being sent to ``node`` now: its engine
+        loads the model if it has not (docs/fleet-scheduling.md#dispatched-is-loading).
+
+        On every fleet-mode attempt: a clock reading and one dictionary write (a dictionary of
+        its own only at a node's first dispatch). A model-less request loads nothing.
+        """
+        if model_key is None:
+            return
+        key = (engine, node)
+        sent = self._sent.get(key)
+        if sent is None:
+            sent = self._sent[key] = {}
+        sent[model_key] = self._clock.seconds()
+
+    def record_load(
+        self, engine: str, node: str, state: LoadState, asked_at: float | None = None
+    ) -> None:
+        """A poll's reading; :data:`~nvpair.loadstate.UNKNOWN` forgets what was known.
+
+        :param asked_at: when the poll was asked (clock time; None: now). The dispatches it
+            cannot speak for, made after that or just before, still count on top of it; the
+            others are forgotten, the reading now says whether their models are in memory.
+        """
+        sent = self._sent.get((engine, node))
+        if sent:
+            kept = unseen(sent, self._clock.seconds() if asked_at is None else asked_at)
+            if kept:
+                self._sent[(engine, node)] = kept
+            else:
+                del self._sent[(engine, node)]
         if state.busy:
             # The engine counts this proxy's own requests among its busy slots; the order
             # counts them as reservations already.
@@ -59,10 +93,18 @@ class FleetScheduler:
     def forget(self, engine: str, node: str) -> None:
         """A reload removed or moved the node: what was learned of it no longer applies."""
         self._loads.pop((engine, node), None)
+        self._sent.pop((engine, node), None)
         self.health.forget(engine, node)
 
     def standing(self, engine: str, node: str) -> Standing:
-        return Standing(self.load(engine, node), self.health.held(engine, node))
+        """The node's last reading, with what was dispatched to it since counted in memory,
+        and whether passive health holds it back."""
+        key = (engine, node)
+        load = self._loads.get(key, UNKNOWN)
+        sent = self._sent.get(key)
+        if sent:
+            load = load.assuming(sent.keys())
+        return Standing(load, self.health.held(engine, node))
 
     def plan(
         self,

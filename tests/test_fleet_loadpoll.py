@@ -296,3 +296,34 @@ async def _turn() -> None:
     from twisted.internet import task
 
     await task.deferLater(reactor, 0.05, lambda: None)
+
+
+# -- what a poll can speak for (docs/fleet-scheduling.md#dispatched-is-loading) -------------------
+
+LLAMA3 = "registry.ollama.ai/library/llama3:latest"
+
+
+def test_a_poll_asked_before_a_dispatch_does_not_erase_it(polling: LoadPolling) -> None:
+    """The poll is asked, a request for llama3 goes to ``a``, then the poll's answer (without
+    llama3) arrives: it is older than the dispatch, so llama3 still counts as in memory there.
+    The next poll, asked after the dispatch, has the last word."""
+    polling.answer("a", "/api/tags", tags("llama3:latest"))
+    polling.clock.advance(2.0)
+    polling.scheduler.dispatched("ollama", "a", LLAMA3)
+    polling.answer("a", "/api/ps", ps())
+    assert polling.load("a").warm == frozenset()
+    assert polling.scheduler.standing("ollama", "a").load.warm == frozenset({LLAMA3})
+    polling.clock.advance(INTERVAL - 2.0)
+    polling.answer("a", "/api/tags", tags("llama3:latest"))
+    polling.answer("a", "/api/ps", ps())
+    assert polling.scheduler.standing("ollama", "a").load.warm == frozenset()
+
+
+def test_a_poll_that_lists_the_model_confirms_it(polling: LoadPolling) -> None:
+    polling.answer("a", "/api/tags", tags("llama3:latest"))
+    polling.answer("a", "/api/ps", ps())
+    polling.scheduler.dispatched("ollama", "a", LLAMA3)
+    polling.clock.advance(INTERVAL)
+    polling.answer("a", "/api/tags", tags("llama3:latest"))
+    polling.answer("a", "/api/ps", ps("llama3:latest"))
+    assert polling.scheduler.standing("ollama", "a").load.warm == frozenset({LLAMA3})

@@ -215,3 +215,37 @@ def test_a_node_that_warms_up_never_moves_back(fleet: Fleet) -> None:
         warmed = {**fleet, node_id: (hot, held, reserved)}
         after = ids(plan_for(warmed, None, sorted(warmed))).index(node_id)
         assert after <= before
+
+
+# -- dispatched is loading (docs/fleet-scheduling.md#dispatched-is-loading) -----------------------
+
+
+def test_a_node_loading_the_model_for_this_proxy_ranks_as_in_memory() -> None:
+    """``b`` was just sent a request for m (reserved 1, no poll since): in memory but busy, it
+    goes after a free warm node and before a cold one, a loading engine and a held-back node
+    keep their places."""
+    sent = COLD.assuming({M})
+    nodes: dict[str, Standing | LoadState] = {
+        "a": COLD,
+        "b": sent,
+        "c": WARM,
+        "d": Standing(WARM, held=True),
+    }
+    assert ids(planned(nodes, reservations={"b": 1})) == ["c", "b", "a", "d"]
+    assert ids(planned({"a": LOADING.assuming({M}), "b": COLD})) == ["b"]
+    assert ids(planned({"a": COLD, "b": sent}, pin="a", reservations={"b": 1})) == ["a", "b"]
+
+
+@given(fleet=fleets)
+def test_a_dispatch_never_moves_its_node_back(fleet: Fleet) -> None:
+    """Counting a dispatched model in memory on one node (all else equal) never moves that
+    node later, and the order's rules hold for the assumed states as for polled ones."""
+    for node_id, (load, held, reserved) in fleet.items():
+        before = ids(plan_for(fleet, None, sorted(fleet)))
+        assumed = {**fleet, node_id: (load.assuming({M}), held, reserved)}
+        plan = plan_for(assumed, None, sorted(assumed))
+        after = ids(plan)
+        if node_id in before:
+            assert after.index(node_id) <= before.index(node_id)
+        assert rank_of(plan, assumed) == sorted(rank_of(plan, assumed))
+        assert set(after) == set(before)

@@ -276,3 +276,66 @@ def test_busy_slots_do_not_count_the_proxys_own_requests_twice() -> None:
     assert scheduler.load("llamacpp", "a").busy == 0
     scheduler.record_load("llamacpp", "b", LoadState(warm_all=True, slots=4, busy=3))
     assert scheduler.load("llamacpp", "b").busy == 3
+
+
+# -- dispatched is loading (docs/fleet-scheduling.md#dispatched-is-loading) -----------------------
+
+
+def test_a_second_request_joins_the_load_the_first_set_off() -> None:
+    """Both owners cold, no poll since: the first request goes to ``a`` (by id) and ``a`` is
+    loading the model from then on, so the second joins it there instead of loading it on
+    ``b`` (in memory but busy ranks before not in memory)."""
+    h, _ = fleet()
+    h.serve()
+    h.serve()
+    assert dispatched(h) == ["a", "a"]
+
+
+def test_without_the_dispatch_the_second_request_would_load_elsewhere() -> None:
+    """The contrast: what a poll says alone spreads the two onto both cold owners."""
+    h = harness()
+    h.nodes(A, B)
+    h.serve()
+    h.serve()
+    assert dispatched(h) == ["a", "b"]
+
+
+def test_a_poll_asked_after_the_dispatch_has_the_last_word() -> None:
+    h, scheduler = fleet()
+    h.serve()
+    h.upstream.calls[0].answer(Response(200, b"ok"))
+    # Asked before the dispatch (or within a second of it): the answer is older than the load.
+    scheduler.record_load(ENGINE, "a", LoadState(warm=frozenset()), asked_at=h.clock.seconds())
+    scheduler.record_load(ENGINE, "b", LoadState(warm=frozenset({"m"})), asked_at=0.0)
+    h.serve()
+    assert dispatched(h) == ["a", "a"]
+    h.upstream.calls[1].answer(Response(200, b"ok"))
+    # Asked well after it: ``a`` says m is gone (evicted, say), and b has it.
+    h.clock.advance(5.0)
+    scheduler.record_load(ENGINE, "a", LoadState(warm=frozenset()), asked_at=h.clock.seconds())
+    h.serve()
+    assert dispatched(h) == ["a", "a", "b"]
+
+
+def test_a_dispatch_does_not_wake_a_loading_engine() -> None:
+    """A llama.cpp server loading as a whole stays loading: skipped while another owner is
+    there, whatever was sent to it."""
+    h, scheduler = fleet()
+    scheduler.dispatched(ENGINE, "a", "m")
+    scheduler.record_load(ENGINE, "a", LoadState(loading=True), asked_at=-10.0)
+    assert scheduler.standing(ENGINE, "a").load.loading
+    h.serve()
+    assert dispatched(h) == ["b"]
+
+
+def test_a_reload_forgets_what_was_dispatched() -> None:
+    _, scheduler = fleet()
+    scheduler.dispatched(ENGINE, "a", "m")
+    scheduler.forget(ENGINE, "a")
+    assert scheduler.standing(ENGINE, "a").load == LoadState()
+
+
+def test_a_model_less_request_assumes_nothing() -> None:
+    _, scheduler = fleet()
+    scheduler.dispatched(ENGINE, "a", None)
+    assert scheduler.standing(ENGINE, "a").load == LoadState()

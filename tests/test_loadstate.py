@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nvpair.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA
-from nvpair.loadstate import UNKNOWN, Answer, LoadState
+from nvpair.loadstate import LISTING_LAG, UNKNOWN, Answer, LoadState, unseen
 
 
 def ok(document: object, status: int = 200) -> Answer:
@@ -204,3 +204,102 @@ def test_any_answer_gives_a_state_never_an_exception(
     state = engine.load_probe.read(answers, engine.model_key)
     assert isinstance(state, LoadState)
     assert state.busy >= 0 and (state.slots is None or state.busy <= state.slots)
+
+
+# -- dispatched is loading (docs/fleet-scheduling.md#dispatched-is-loading) -----------------------
+
+WARM_A = LoadState(warm=frozenset({"a"}))
+
+
+@pytest.mark.parametrize(
+    ("state", "dispatched", "expected"),
+    [
+        pytest.param(
+            UNKNOWN, {"m"}, LoadState(warm=frozenset({"m"})), id="unknown-knows-the-dispatch"
+        ),
+        pytest.param(WARM_A, {"m"}, LoadState(warm=frozenset({"a", "m"})), id="added"),
+        pytest.param(WARM_A, {"a"}, WARM_A, id="already-listed"),
+        pytest.param(WARM_A, set(), WARM_A, id="nothing-dispatched"),
+        pytest.param(
+            LoadState(loading=True), {"m"}, LoadState(loading=True), id="loading-stays-loading"
+        ),
+        pytest.param(
+            LoadState(warm_all=True, slots=4, busy=1),
+            {"m"},
+            LoadState(warm_all=True, slots=4, busy=1),
+            id="single-model-server-unchanged",
+        ),
+        pytest.param(
+            LoadState(warm=frozenset(), slots=2, busy=1),
+            {"m"},
+            LoadState(warm=frozenset({"m"}), slots=2, busy=1),
+            id="slots-kept",
+        ),
+    ],
+)
+def test_assuming(state: LoadState, dispatched: set[str], expected: LoadState) -> None:
+    assert state.assuming(dispatched) == expected
+
+
+@pytest.mark.parametrize(
+    ("dispatched", "asked_at", "expected"),
+    [
+        pytest.param({"m": 10.0}, 9.0, {"m": 10.0}, id="asked-before-the-dispatch"),
+        pytest.param({"m": 10.0}, 10.0, {"m": 10.0}, id="asked-at-the-dispatch"),
+        pytest.param({"m": 10.0}, 10.0 + LISTING_LAG / 2, {"m": 10.0}, id="asked-too-soon"),
+        pytest.param({"m": 10.0}, 10.0 + LISTING_LAG, {}, id="asked-a-lag-after"),
+        pytest.param({"m": 10.0, "n": 14.5}, 15.0, {"n": 14.5}, id="only-the-recent-one"),
+        pytest.param({}, 15.0, {}, id="nothing"),
+    ],
+)
+def test_unseen(dispatched: dict[str, float], asked_at: float, expected: dict[str, float]) -> None:
+    assert unseen(dispatched, asked_at) == expected
+
+
+load_states = st.one_of(
+    st.just(UNKNOWN),
+    st.builds(LoadState, loading=st.booleans(), warm=st.frozensets(st.sampled_from("abc"))),
+    st.builds(
+        LoadState,
+        warm_all=st.just(True),
+        slots=st.integers(1, 4),
+        busy=st.integers(0, 4),
+    ),
+)
+keys = st.frozensets(st.sampled_from("abcm"))
+
+
+@given(state=load_states, dispatched=keys, model=st.sampled_from("abcm"))
+def test_an_assumption_only_adds(state: LoadState, dispatched: frozenset[str], model: str) -> None:
+    """A dispatched model is in memory (unless the whole engine is loading); a model that was in
+    memory stays so, one that was not and was not dispatched stays out; slots are untouched."""
+    listed = frozenset("abcm")
+    assumed = state.assuming(dispatched)
+    before, after = state.in_memory(model, listed), assumed.in_memory(model, listed)
+    if (model in dispatched and not state.loading) or before:
+        assert after is True
+    elif model not in dispatched:
+        assert after == before or (before is None and after is False)
+    assert (assumed.loading, assumed.slots, assumed.busy, assumed.warm_all) == (
+        state.loading,
+        state.slots,
+        state.busy,
+        state.warm_all,
+    )
+    assert assumed.assuming(dispatched) == assumed
+
+
+times = st.floats(0, 1000, allow_nan=False)
+
+
+@given(dispatched=st.dictionaries(st.sampled_from("abcm"), times), asked=times, later=times)
+def test_a_later_poll_speaks_for_more(
+    dispatched: dict[str, float], asked: float, later: float
+) -> None:
+    """What a poll leaves is a part of the dispatches, every dispatch after it was asked among
+    them; a poll asked later never leaves more."""
+    kept = unseen(dispatched, asked)
+    assert kept.items() <= dispatched.items()
+    assert {k for k, at in dispatched.items() if at > asked} <= kept.keys()
+    if later >= asked:
+        assert unseen(dispatched, later).keys() <= kept.keys()

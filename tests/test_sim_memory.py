@@ -6,6 +6,7 @@ dialect reports it as the real engine does (Ollama ``/api/ps``, LM Studio ``stat
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +20,7 @@ from twisted.internet.task import Clock
 
 from nvpair.sim import Faults, SimEngine
 from nvpair.sim.__main__ import main
-from nvpair.sim.memory import Memory
+from nvpair.sim.memory import Claim, Memory
 from tests.test_sim import INFERENCE, Start, fetch, send, sleep
 
 
@@ -44,42 +45,189 @@ def start() -> Iterator[Start]:
 
 def test_a_cold_model_loads_on_its_first_request_and_others_wait_for_that_load() -> None:
     clock = Clock()
-    memory = Memory(clock.seconds, load_delay=2.0, keep_alive=30.0, warm=())
+    memory = Memory(clock, load_delay=2.0, keep_alive=30.0, warm=())
     assert not memory.in_memory("m") and memory.resident() == []
-    assert memory.use("m") == 2.0 and memory.loads == 1
+    assert memory.claim("m").wait == 2.0 and memory.loads == 1
     clock.advance(0.5)
-    assert memory.use("m") == 1.5 and memory.loads == 1  # the same load
+    assert memory.claim("m").wait == 1.5 and memory.loads == 1  # the same load
     (resident,) = memory.resident()
     assert resident.loading(clock.seconds()) and resident.in_use == 2
     assert memory.loading("m") and not memory.loading("other")
     clock.advance(1.5)
-    assert memory.in_memory("m") and memory.use("m") == 0 and not memory.loading("m")
+    assert memory.in_memory("m") and memory.claim("m").wait == 0 and not memory.loading("m")
 
 
 def test_the_keep_alive_starts_when_the_last_request_ends() -> None:
     clock = Clock()
-    memory = Memory(clock.seconds, load_delay=1.0, keep_alive=30.0, warm=())
-    memory.use("m")
+    memory = Memory(clock, load_delay=1.0, keep_alive=30.0, warm=())
+    claim = memory.claim("m")
     clock.advance(100.0)  # a long generation: in use, never expires
     assert memory.in_memory("m")
     assert memory.resident()[0].expires_at == 130.0
-    memory.done("m")
+    memory.release(claim)
+    memory.release(claim)  # twice is once
     assert memory.resident()[0].expires_at == 130.0
     clock.advance(29.0)
     assert memory.in_memory("m")
     clock.advance(1.0)
     assert not memory.in_memory("m") and memory.resident() == []
-    assert memory.use("m") == 1.0 and memory.loads == 2
+    assert memory.claim("m").wait == 1.0 and memory.loads == 2
 
 
 def test_warm_models_and_no_keep_alive_stay_for_good() -> None:
     clock = Clock()
-    memory = Memory(clock.seconds, load_delay=5.0, keep_alive=None, warm=["m"])
+    memory = Memory(clock, load_delay=5.0, keep_alive=None, warm=["m"])
     clock.advance(10**6)
-    assert memory.in_memory("m") and memory.use("m") == 0 and memory.loads == 0
+    assert memory.in_memory("m") and memory.claim("m").wait == 0 and memory.loads == 0
     assert memory.resident()[0].expires_at is None
     memory.unload()
     assert not memory.in_memory("m")
+
+
+# -- capacity: Ollama's OLLAMA_MAX_LOADED_MODELS and eviction (server/sched.go) ------------------
+
+
+def eviction_order(*models: str) -> list[str]:
+    """Ollama's order among models with the same keep-alive: by model path (the sim's stand-in,
+    the SHA-256 of the name), nothing to do with use."""
+    return sorted(models, key=lambda m: hashlib.sha256(m.encode()).hexdigest())
+
+
+def wait(claim: Claim) -> float | None:
+    """The claim's wait now (a call, so a type checker does not keep an earlier reading)."""
+    return claim.wait
+
+
+def names(memory: Memory) -> set[str]:
+    return {r.model for r in memory.resident()}
+
+
+def full(clock: Clock, *models: str, max_loaded: int = 2) -> Memory:
+    """A memory at its cap: ``models`` loaded one after the other and idle."""
+    memory = Memory(clock, load_delay=1.0, keep_alive=30.0, warm=(), max_loaded=max_loaded)
+    for model in models:
+        memory.release(memory.claim(model))
+        clock.advance(1.0)
+    assert names(memory) == set(models)
+    return memory
+
+
+def test_a_load_past_the_cap_evicts_an_idle_model_at_once() -> None:
+    clock = Clock()
+    memory = full(clock, "a", "b")
+    claim = memory.claim("c")
+    assert claim.wait == 1.0 and memory.loads == 3 and memory.evictions == 1
+    gone = eviction_order("a", "b")[0]
+    assert names(memory) == {"a", "b", "c"} - {gone}
+    # Capacity counts the loading model: the next new model evicts again.
+    memory.release(claim)
+    memory.release(memory.claim(gone))
+    assert memory.evictions == 2 and len(memory.resident()) == 2
+
+
+def test_the_victim_is_chosen_by_path_not_by_how_recently_it_was_used() -> None:
+    """Ollama sorts by keep-alive, then model path; the model just used may go first."""
+    clock = Clock()
+    first, second = eviction_order("a", "b")
+    memory = full(clock, second, first)  # ``first`` is the most recently used
+    memory.claim("c")
+    assert names(memory) == {second, "c"}
+
+
+def test_a_busy_model_is_never_evicted_while_an_idle_one_is_there() -> None:
+    clock = Clock()
+    first, second = eviction_order("a", "b")
+    memory = full(clock, first, second)
+    busy = memory.claim(first)
+    assert busy.wait == 0
+    memory.claim("c")
+    assert names(memory) == {first, "c"} and memory.evictions == 1
+    memory.release(busy)
+
+
+def test_with_every_model_busy_the_load_waits_for_the_chosen_one_to_end() -> None:
+    """No idle model: Ollama picks the first by its order anyway, unloads it when its last
+    request ends (no keep-alive), and only then loads."""
+    clock = Clock()
+    first, second = eviction_order("a", "b")
+    memory = full(clock, first, second)
+    on_first, on_second = memory.claim(first), memory.claim(second)
+    told: list[float] = []
+    waiting = memory.claim("c")
+    waiting.admitted = told.append
+    assert wait(waiting) is None and memory.waiting == 1 and memory.loads == 2
+    clock.advance(5.0)
+    memory.release(on_second)  # not the one chosen: the load still waits
+    assert wait(waiting) is None and told == [] and names(memory) == {first, second}
+    clock.advance(2.0)
+    memory.release(on_first)
+    assert told == [1.0] and wait(waiting) == 1.0 and memory.evictions == 1
+    assert names(memory) == {second, "c"} and memory.loads == 3 and memory.waiting == 0
+
+
+def test_every_request_behind_a_load_waiting_for_room_waits_too() -> None:
+    """Ollama schedules one request at a time: a request for a loaded model queues behind."""
+    clock = Clock()
+    first, second = eviction_order("a", "b")
+    memory = full(clock, first, second)
+    on_first, on_second = memory.claim(first), memory.claim(second)
+    order: list[str] = []
+    blocked = memory.claim("c")
+    blocked.admitted = lambda wait: order.append("c")
+    behind = memory.claim(second)  # loaded, but behind the blocked load
+    behind.admitted = lambda wait: order.append(second)
+    assert wait(behind) is None and memory.waiting == 2
+    memory.release(on_first)
+    assert order == ["c", second] and wait(behind) == 0
+    for claim in (on_second, blocked, behind):
+        memory.release(claim)
+
+
+def test_a_request_that_leaves_while_waiting_takes_nothing_with_it() -> None:
+    clock = Clock()
+    first, second = eviction_order("a", "b")
+    memory = full(clock, first, second)
+    on_first, on_second = memory.claim(first), memory.claim(second)
+    waiting = memory.claim("c")
+    memory.release(waiting)
+    assert memory.waiting == 0 and memory.loads == 2
+    # The model chosen to make room goes all the same once idle, as in Ollama.
+    memory.release(on_first)
+    assert names(memory) == {second} and memory.evictions == 1
+    memory.release(on_second)
+
+
+def test_a_keep_alive_running_out_meanwhile_makes_room_sooner() -> None:
+    clock = Clock()
+    first, second = eviction_order("a", "b")
+    memory = full(clock, first, second)
+    on_first, on_second = memory.claim(first), memory.claim(second)
+    told: list[float] = []
+    waiting = memory.claim("c")
+    waiting.admitted = told.append
+    memory.release(on_second)  # idle: its 30 s keep-alive starts
+    clock.advance(29.9)
+    assert told == []
+    clock.advance(0.1)  # a timer, not the next question, lets the load in
+    assert told == [1.0] and names(memory) == {first, "c"} and memory.evictions == 0
+    memory.release(on_first)  # still chosen to go: unloaded as soon as it is idle
+    assert names(memory) == {"c"} and memory.evictions == 1
+
+
+def test_without_a_cap_any_number_of_models_stay() -> None:
+    clock = Clock()
+    memory = Memory(clock, load_delay=1.0, keep_alive=None, warm=())
+    for model in "abcdefgh":
+        assert memory.claim(model).wait == 1.0
+    assert len(memory.resident()) == 8 and memory.evictions == 0
+
+
+def test_the_cap_is_checked() -> None:
+    clock = Clock()
+    with pytest.raises(ValueError, match="at least 1"):
+        Memory(clock, load_delay=1.0, keep_alive=None, warm=(), max_loaded=0)
+    with pytest.raises(ValueError, match="more than max_loaded"):
+        Memory(clock, load_delay=1.0, keep_alive=None, warm=["a", "b"], max_loaded=1)
 
 
 # -- through the dialects, on loopback -----------------------------------------------------------
@@ -121,6 +269,57 @@ async def test_ollama_cold_start_and_keep_alive(start: Start) -> None:
     again = await fetch("POST", engine.url + "/api/generate", ollama_generate())
     assert again.status == 200 and reactor.seconds() - began >= LOAD
     assert engine.memory.loads == 2
+
+
+async def ps(engine: SimEngine) -> list[str]:
+    return [m["name"] for m in (await fetch("GET", engine.url + "/api/ps")).json()["models"]]
+
+
+@pytest_twisted.ensureDeferred
+async def test_ollama_evicts_past_max_loaded_and_api_ps_shows_it(start: Start) -> None:
+    engine = start("ollama", ["m1", "m2"], load_delay=LOAD, keep_alive=30, max_loaded=1, warm=())
+    assert (await fetch("POST", engine.url + "/api/generate", ollama_generate())).status == 200
+    assert await ps(engine) == ["m1:latest"]
+    began = reactor.seconds()
+    other = await fetch("POST", engine.url + "/api/generate", {**ollama_generate(), "model": "m2"})
+    assert other.status == 200 and reactor.seconds() - began >= LOAD
+    assert await ps(engine) == ["m2:latest"]
+    assert engine.memory.loads == 2 and engine.memory.evictions == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_ollama_holds_a_load_until_the_busy_model_it_evicts_is_done(start: Start) -> None:
+    """Every model busy: the new model's headers wait for the running answer to end, then for
+    the load; /api/ps keeps listing the busy model meanwhile."""
+    engine = start(
+        "ollama", ["m1", "m2"], load_delay=LOAD, max_loaded=1, chunk_interval=0.15, warm=["m1"]
+    )
+    running = await send("POST", engine.url + "/api/generate", ollama_generate(stream=True))
+    asked = Deferred.fromCoroutine(
+        send("POST", engine.url + "/api/generate", {**ollama_generate(), "model": "m2"})
+    )
+    await sleep(0.1)
+    assert await ps(engine) == ["m1:latest"] and engine.memory.waiting == 1
+    await treq.content(running)
+    ended = reactor.seconds()
+    waited = await asked
+    assert waited.code == 200 and reactor.seconds() - ended >= LOAD - 0.05
+    await treq.content(waited)
+    assert await ps(engine) == ["m2:latest"] and engine.memory.evictions == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_lmstudio_evicts_too_and_says_not_loaded(start: Start) -> None:
+    engine = start("lmstudio", ["a/m1", "a/m2"], load_delay=LOAD, max_loaded=1, warm=["a/m1"])
+    path, body = INFERENCE["lmstudio"]
+    assert (await fetch("POST", engine.url + path, {**body, "model": "a/m2"})).status == 200
+    states = (await fetch("GET", engine.url + "/api/v0/models")).json()["data"]
+    assert [s["state"] for s in states] == ["not-loaded", "loaded"]
+
+
+def test_warm_defaults_to_as_many_models_as_fit() -> None:
+    engine = SimEngine(reactor, "ollama", models=["m1", "m2", "m3"], max_loaded=2)
+    assert [r.model for r in engine.memory.resident()] == ["m1", "m2"]
 
 
 @pytest_twisted.ensureDeferred
@@ -185,3 +384,9 @@ def test_the_runner_refuses_a_negative_load_delay(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         main(["--serve", "ollama", "0", "n", "m", "--load-delay", "-1"])
     assert "must not be negative" in capsys.readouterr().err
+
+
+def test_the_runner_refuses_a_cap_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--serve", "ollama", "0", "n", "m", "--max-loaded", "0"])
+    assert "--max-loaded must be at least 1" in capsys.readouterr().err

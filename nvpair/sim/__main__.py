@@ -5,6 +5,8 @@
 
 ``--cold --load-delay 2 --keep-alive 30`` starts every engine with no model in memory: a model's
 first request waits two seconds for its load, and a model unused for thirty seconds is unloaded.
+``--max-loaded 2`` holds at most two models in memory per engine, as a GPU's memory does: a
+third evicts one first (:mod:`nvpair.sim.memory`).
 
 Two of the fault knobs (:class:`~nvpair.sim.engine.Faults`) are worked by signal while it runs,
 for every engine of the process: ``SIGUSR1`` turns failing on and off (each inference answers
@@ -79,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
         help="unload a model this long after its last request ends (default: never)",
     )
     parser.add_argument(
+        "--max-loaded",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N models in memory per engine (OLLAMA_MAX_LOADED_MODELS); loading one "
+        "more evicts one first (default: any number)",
+    )
+    parser.add_argument(
         "--cold",
         action="store_true",
         help="start with no model in memory (default: every model loaded)",
@@ -91,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.load_delay < 0 or (args.keep_alive is not None and args.keep_alive < 0):
         parser.error("--load-delay and --keep-alive must not be negative")
+    if args.max_loaded is not None and args.max_loaded < 1:
+        parser.error("--max-loaded must be at least 1")
     specs: list[tuple[str, int, str, list[str]]] = []
     for engine, port, node, models in args.serve:
         if engine not in DIALECTS:
@@ -121,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_delay=args.load_delay,
             keep_alive=args.keep_alive,
             warm=() if args.cold else None,
+            max_loaded=args.max_loaded,
         )
         try:
             bound = sim.listen(port, "127.0.0.1")

@@ -10,6 +10,7 @@ model that must be loaded first (:mod:`nvpair.sim.memory`).
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
 from collections.abc import Callable, Iterable, Sequence
@@ -37,7 +38,7 @@ from nvpair.sim.cors import CorsPolicy, LlamaCppCors, LMStudioCors, OllamaCors, 
 from nvpair.sim.generation import default_tokens
 from nvpair.sim.llamacpp import LlamaCppDialect
 from nvpair.sim.lmstudio import LMStudioDialect
-from nvpair.sim.memory import Memory
+from nvpair.sim.memory import Claim, Memory
 from nvpair.sim.ollama import OllamaDialect
 from nvpair.sim.wire import Call, Dialect, Reply, RouteKind
 
@@ -170,6 +171,17 @@ class _Plan:
         return self == _Plan()
 
 
+class _Gate(enum.Enum):
+    """What of an answer waits for its model to be let into memory (:meth:`_Delivery.open`)."""
+
+    #: Nothing: the wait, if any, is in the plan already.
+    NONE = "none"
+    #: The headers (Ollama holds them until the model is loaded).
+    HEADERS = "headers"
+    #: A stream's first byte; the headers go out on accept (LM Studio).
+    BODY = "body"
+
+
 class _Delivery:
     """Writes one reply to one request over time, and stops when the client goes away."""
 
@@ -182,6 +194,7 @@ class _Delivery:
         interval: float,
         ended: Callable[[_Delivery, bool], None],
         heads: Callable[[], None],
+        gate: _Gate = _Gate.NONE,
     ) -> None:
         self._clock = clock
         self._request = request
@@ -190,6 +203,8 @@ class _Delivery:
         self._interval = interval
         self._ended = ended
         self._heads = heads
+        self._gate = gate
+        self._headers_out = False
         self._pending: IDelayedCall | None = None
         self._sent = 0
         self._done = False
@@ -197,10 +212,26 @@ class _Delivery:
     def start(self) -> None:
         # Registered before anything is written: notifyFinish after finish never fires.
         self._request.notifyFinish().addErrback(self._lost)
+        if self._gate is _Gate.HEADERS:
+            return
         if self._plan.header_delay > 0:
             self._later(self._plan.header_delay, self._send_headers)
         else:
             self._send_headers()
+
+    def open(self, wait: float) -> None:
+        """The model is let into memory and ready ``wait`` seconds from now: the gated part
+        goes on, that much later than its plan."""
+        gate, self._gate = self._gate, _Gate.NONE
+        if self._done or gate is _Gate.NONE:
+            return
+        if gate is _Gate.HEADERS:
+            self._plan = attrs.evolve(self._plan, header_delay=self._plan.header_delay + wait)
+            self._later(self._plan.header_delay, self._send_headers)
+            return
+        self._plan = attrs.evolve(self._plan, first_byte_delay=self._plan.first_byte_delay + wait)
+        if self._headers_out:
+            self._later(self._plan.first_byte_delay, self._send_next)
 
     def cancel(self) -> None:
         """Stop writing (the engine is shutting down); the connection is aborted separately."""
@@ -234,10 +265,13 @@ class _Delivery:
         _write_head(self._request, self._reply)
         self._request.write(b"")  # sends the headers now, before any body
         self._heads()
+        self._headers_out = True
         if self._plan.stall:
             return
         if self._plan.die_after == 0 or self._plan.cut_at == 0:
             self._die_soon()
+        elif self._gate is _Gate.BODY:
+            pass  # the first byte waits for the model: open() goes on
         elif self._plan.first_byte_delay > 0 or self._reply.streamed:
             # Even without a delay a stream yields to the reactor between pieces.
             self._later(self._plan.first_byte_delay, self._send_next)
@@ -341,9 +375,13 @@ class SimEngine:
         answering 503 ``Loading model`` everywhere meanwhile.
     :param keep_alive: seconds a model stays in memory after its last request ends (Ollama's
         ``keep_alive``, LM Studio's idle TTL); None keeps it for good. llama.cpp never unloads.
-    :param warm: the models in memory at the start (default: every model), so a cold start is
-        ``warm=()``.
+    :param warm: the models in memory at the start (default: every model, or the first
+        ``max_loaded``), so a cold start is ``warm=()``.
     :param parallel: requests the engine runs at once, as llama.cpp's ``/slots`` lists them.
+    :param max_loaded: how many models may be in memory at once (Ollama's
+        ``OLLAMA_MAX_LOADED_MODELS``, and in practice its GPU's memory); None: any number.
+        Loading one more evicts a model first, by Ollama's rules (:mod:`nvpair.sim.memory`),
+        and ``/api/ps`` (LM Studio: ``state``) shows it gone. llama.cpp serves its one model.
     """
 
     def __init__(
@@ -361,6 +399,7 @@ class SimEngine:
         keep_alive: float | None = None,
         warm: Iterable[str] | None = None,
         parallel: int = 1,
+        max_loaded: int | None = None,
     ) -> None:
         self._reactor = reactor
         self._impl = _dialect(dialect)
@@ -371,11 +410,14 @@ class SimEngine:
         self.faults = faults if faults is not None else Faults()
         self.tokens: list[str] = list(tokens) if tokens is not None else list(default_tokens(node))
         self.chunk_interval = chunk_interval
+        single = dialect == "llamacpp"
+        cap = None if single else max_loaded
         self._memory = Memory(
-            reactor.seconds,
+            reactor,
             load_delay,
-            None if dialect == "llamacpp" else keep_alive,
-            self.models if warm is None else warm,
+            None if single else keep_alive,
+            self.models[:cap] if warm is None else warm,
+            cap,
         )
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
@@ -386,7 +428,7 @@ class SimEngine:
         self.headers_sent = 0
         """How many answers have had their status line and headers written (any route)."""
         self._ids = itertools.count(1)
-        self._deliveries: dict[_Delivery, tuple[RouteKind, str | None]] = {}
+        self._deliveries: dict[_Delivery, tuple[RouteKind, Claim | None]] = {}
         self._resource = _SimResource(self._render)
         self._connections = _Connections(_QuietSite(self._resource, reactor=reactor))
         self._listening: IListeningPort | None = None
@@ -502,15 +544,20 @@ class SimEngine:
         reply = self._reply(call, kind, faults).with_headers(cors.headers)
         plan = _plan(kind, faults, reply)
         model = self._model(call, kind, faults, reply)
-        if model is not None:
-            wait = self._memory.use(model)
-            if wait > 0 and reply.streamed and self._impl.stream_headers_first:
-                plan = attrs.evolve(plan, first_byte_delay=plan.first_byte_delay + wait)
-            elif wait > 0:
-                plan = attrs.evolve(plan, header_delay=plan.header_delay + wait)
-        if plan.immediate and not reply.streamed:
-            if model is not None:
-                self._memory.done(model)
+        claim = None if model is None else self._memory.claim(model)
+        body_first = reply.streamed and self._impl.stream_headers_first
+        gate = _Gate.NONE
+        if claim is not None and claim.wait is None:
+            # Waiting for room in memory: how long is known once it is let in.
+            gate = _Gate.BODY if body_first else _Gate.HEADERS
+        elif claim is not None and claim.wait:
+            if body_first:
+                plan = attrs.evolve(plan, first_byte_delay=plan.first_byte_delay + claim.wait)
+            else:
+                plan = attrs.evolve(plan, header_delay=plan.header_delay + claim.wait)
+        if plan.immediate and not reply.streamed and gate is _Gate.NONE:
+            if claim is not None:
+                self._memory.release(claim)
             return self._send_now(request, reply)
         delivery = _Delivery(
             self._reactor,
@@ -520,8 +567,12 @@ class SimEngine:
             self.chunk_interval,
             self._delivery_ended,
             self._headers_written,
+            gate,
         )
-        self._deliveries[delivery] = (kind, model)
+        self._deliveries[delivery] = (kind, claim)
+        if gate is not _Gate.NONE:
+            assert claim is not None
+            claim.admitted = delivery.open
         delivery.start()
         return NOT_DONE_YET
 
@@ -554,9 +605,9 @@ class SimEngine:
         self.headers_sent += 1
 
     def _delivery_ended(self, delivery: _Delivery, abandoned: bool) -> None:
-        _, model = self._deliveries.pop(delivery, (RouteKind.OTHER, None))
-        if model is not None:
-            self._memory.done(model)
+        _, claim = self._deliveries.pop(delivery, (RouteKind.OTHER, None))
+        if claim is not None:
+            self._memory.release(claim)
         if abandoned:
             self.abandoned += 1
 

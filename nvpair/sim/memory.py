@@ -1,18 +1,46 @@
 # -*- test-case-name: tests.test_sim_memory -*-
-"""Which models a simulated engine holds in memory: the cold-start knob.
+"""Which models a simulated engine holds in memory: the cold-start and capacity knobs.
 
 A model that is not in memory answers its first request only after ``load_delay``; it stays in
 memory while requests run on it and for ``keep_alive`` after the last one ends, then it is
 unloaded and the next request loads it again (Ollama's ``keep_alive``, LM Studio's idle TTL).
-Requests that arrive while a model loads wait for that same load. Time is the engine's clock;
-nothing is scheduled: every question is answered from the times recorded.
+Requests that arrive while a model loads wait for that same load.
+
+``max_loaded`` bounds how many models are in memory at once, loading ones included, as
+``OLLAMA_MAX_LOADED_MODELS`` (default three per GPU) and, in practice, the GPU's memory bound a
+real Ollama. The rules are those of Ollama's scheduler (``server/sched.go``,
+``processPending`` and ``findRunnerToUnload``):
+
+- A request for a model not in memory, with no room, evicts a model first. The one chosen is
+  the first of the models in memory, ordered by keep-alive (shortest first) and then by the
+  model's file path, that has no request running and is not loading. Ollama's path is the
+  model's blob, named by its digest: the sim stands in the SHA-256 of the model's name, an order
+  that has nothing to do with how recently or how much a model was used.
+- When every model in memory is busy, Ollama picks the first of them in that order anyway and
+  waits: that model is unloaded as soon as its last request ends (its keep-alive no longer
+  applies), or room appears sooner when another model's keep-alive runs out.
+- Ollama schedules one request at a time, so while a load waits for room every request after
+  it waits too, whatever its model ("we're queueing up all incoming requests, even if they were
+  for a different model that's loaded"). Requests already running go on.
+
+Not modelled: the VRAM each model takes (``max_loaded`` is a count), the seconds Ollama may wait
+for the GPU's memory to be reported free after an unload, ``OLLAMA_NUM_PARALLEL`` (any number
+of requests run on a model at once), and a request's own ``keep_alive`` (one for every model).
+
+Time is the engine's clock. Without ``max_loaded`` nothing is scheduled: every question is
+answered from the times recorded. With it, a load waiting for room is let in when the request
+that frees the room ends, or by a timer at the keep-alive's end of a model that went idle
+meanwhile.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import deque
 from collections.abc import Callable, Iterable
 
 import attrs
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 
 @attrs.frozen
@@ -34,45 +62,76 @@ class Resident:
         return now < self.ready_at
 
 
+@attrs.define(eq=False)
+class Claim:
+    """One request's hold on a model, from :meth:`Memory.claim` to :meth:`Memory.release`.
+
+    :ivar model: the model it runs on.
+    :ivar wait: seconds from when it was let in until the model is ready (0: at once); None
+        while it waits for room, behind a load that needs it.
+    :ivar admitted: called with :attr:`wait` when a claim that waited is let in; set it when
+        :meth:`Memory.claim` returned one with no wait yet.
+    """
+
+    model: str
+    wait: float | None = None
+    admitted: Callable[[float], None] | None = None
+    released: bool = False
+
+
+def _path(model: str) -> str:
+    """What stands in for the model's blob path in Ollama's eviction order."""
+    return hashlib.sha256(model.encode("utf-8")).hexdigest()
+
+
 class Memory:
     """The models a simulated engine holds in memory.
 
-    :param now: the engine's clock.
+    :param clock: the engine's clock (its timer, too, when ``max_loaded`` is set).
     :param load_delay: seconds a model takes to load.
     :param keep_alive: seconds a model stays in memory after its last request ends; None: for
         good.
     :param warm: the models in memory (and ready) at the start.
+    :param max_loaded: how many models may be in memory at once; None: any number.
     """
 
     def __init__(
         self,
-        now: Callable[[], float],
+        clock: IReactorTime,
         load_delay: float,
         keep_alive: float | None,
         warm: Iterable[str],
+        max_loaded: int | None = None,
     ) -> None:
-        self._now = now
+        if max_loaded is not None and max_loaded < 1:
+            raise ValueError("max_loaded must be at least 1")
+        self._clock = clock
+        self._now = clock.seconds
         self.load_delay = load_delay
         self.keep_alive = keep_alive
+        self.max_loaded = max_loaded
+        # In memory, loading included, in the order loaded: model -> when it is (was) ready.
         self._ready: dict[str, float] = {}
         self._users: dict[str, int] = {}
         self._idle_since: dict[str, float] = {}
+        # Chosen to make room while busy: unloaded when its last request ends.
+        self._evicting: set[str] = set()
+        # Requests not let in yet, in arrival order; the first waits for room.
+        self._queue: deque[Claim] = deque()
+        self._waiting_for_room = False
+        self._timer: IDelayedCall | None = None
         self.loads = 0
         """How many loads have started (cold starts), the warm models at the start not counted."""
-        start = now()
+        self.evictions = 0
+        """How many models were unloaded to make room for another (keep-alives not counted)."""
+        start = self._now()
         for model in warm:
             self._ready[model] = start
             self._idle_since[model] = start
+        if max_loaded is not None and len(self._ready) > max_loaded:
+            raise ValueError(f"{len(self._ready)} warm models, more than max_loaded {max_loaded}")
 
-    def _expire(self) -> None:
-        """Forget every model whose keep-alive ran out with nothing using it."""
-        if self.keep_alive is None:
-            return
-        now = self._now()
-        for model, since in list(self._idle_since.items()):
-            if not self._users.get(model) and now >= since + self.keep_alive:
-                del self._idle_since[model]
-                self._ready.pop(model, None)
+    # -- questions ------------------------------------------------------------------------------
 
     def resident(self) -> list[Resident]:
         """The models in memory now, loading ones included, in the order they were loaded."""
@@ -101,30 +160,50 @@ class Memory:
         ready_at = self._ready.get(model)
         return ready_at is not None and ready_at > self._now()
 
-    def use(self, model: str) -> float:
-        """A request starts on ``model``: seconds until it can run (0 when already loaded).
+    @property
+    def waiting(self) -> int:
+        """Requests not let in yet: a load waiting for room, and every request behind it."""
+        return len(self._queue)
 
-        A model not in memory starts loading now; one already loading is waited for.
+    # -- requests -------------------------------------------------------------------------------
+
+    def claim(self, model: str) -> Claim:
+        """A request starts on ``model``.
+
+        It is let in at once, unless its model needs room that only a busy model can make, or
+        a request before it waits so: then it waits in line. :attr:`Claim.wait` is the seconds
+        until it can run once let in (0 when the model is loaded; a model not in memory starts
+        loading then, one already loading is waited for), None until :attr:`Claim.admitted`
+        is told.
         """
-        self._expire()
-        now = self._now()
-        if model not in self._ready:
-            self._ready[model] = now + self.load_delay
-            self.loads += 1
-        self._users[model] = self._users.get(model, 0) + 1
-        self._idle_since.pop(model, None)
-        return max(0.0, self._ready[model] - now)
+        claim = Claim(model)
+        self._queue.append(claim)
+        self._drain()
+        return claim
 
-    def done(self, model: str) -> None:
-        """A request on ``model`` ended (answered, failed or abandoned)."""
+    def release(self, claim: Claim) -> None:
+        """The claim's request ended (answered, failed or abandoned); twice is once."""
+        if claim.released:
+            return
+        claim.released = True
+        if claim.wait is None:
+            # Gone before it was let in. A model already chosen to make room for it is
+            # unloaded all the same, as Ollama's is.
+            self._queue.remove(claim)
+            self._drain()
+            return
+        model = claim.model
         users = self._users.get(model, 0) - 1
         if users > 0:
             self._users[model] = users
             return
         self._users.pop(model, None)
-        if model in self._ready:
+        if model in self._evicting:
+            self._evict(model)
+        elif model in self._ready:
             # The keep-alive starts once the model is ready and idle.
             self._idle_since[model] = max(self._now(), self._ready[model])
+        self._drain()
 
     def load(self, model: str) -> None:
         """Start loading ``model`` now (a server restarting), whatever was in memory."""
@@ -135,5 +214,89 @@ class Memory:
     def unload(self, model: str | None = None) -> None:
         """Drop ``model`` (None: every model) from memory, as ``keep_alive: 0`` would."""
         for name in [model] if model is not None else list(self._ready):
-            self._ready.pop(name, None)
-            self._idle_since.pop(name, None)
+            self._forget(name)
+        self._drain()
+
+    # -- the scheduler --------------------------------------------------------------------------
+
+    def _forget(self, model: str) -> None:
+        self._ready.pop(model, None)
+        self._idle_since.pop(model, None)
+        self._evicting.discard(model)
+
+    def _evict(self, model: str) -> None:
+        self._forget(model)
+        self.evictions += 1
+
+    def _expire(self) -> None:
+        """Forget every model whose keep-alive ran out with nothing using it."""
+        if self.keep_alive is None:
+            return
+        now = self._now()
+        for model, since in list(self._idle_since.items()):
+            if not self._users.get(model) and now >= since + self.keep_alive:
+                self._forget(model)
+
+    def _room(self) -> bool:
+        return self.max_loaded is None or len(self._ready) < self.max_loaded
+
+    def _idle(self, model: str) -> bool:
+        return not self._users.get(model) and self._ready[model] <= self._now()
+
+    def _victim(self) -> str:
+        """``findRunnerToUnload``: the first idle model by keep-alive then path, else the first
+        model by that order (every model shares this memory's keep-alive)."""
+        ordered = sorted(self._ready, key=_path)
+        return next((model for model in ordered if self._idle(model)), ordered[0])
+
+    def _drain(self) -> None:
+        """Let in the waiting requests that can go now, first come first."""
+        self._expire()
+        if self._waiting_for_room and self._room():
+            self._waiting_for_room = False
+        let_in: list[Claim] = []
+        while self._queue and not self._waiting_for_room:
+            claim = self._queue[0]
+            model = claim.model
+            if model not in self._ready and not self._room():
+                victim = self._victim()
+                if self._idle(victim):
+                    self._evict(victim)
+                else:
+                    # Ollama waits for that one model to go idle; nothing is let in meanwhile.
+                    self._evicting.add(victim)
+                    self._waiting_for_room = True
+                    break
+            now = self._now()
+            if model not in self._ready:
+                self._ready[model] = now + self.load_delay
+                self.loads += 1
+            self._users[model] = self._users.get(model, 0) + 1
+            self._idle_since.pop(model, None)
+            claim.wait = max(0.0, self._ready[model] - now)
+            self._queue.popleft()
+            let_in.append(claim)
+        self._arm()
+        # After the bookkeeping, so a callback may release its claim at once. A claim let in
+        # by its own claim() has no callback yet: it reads its wait.
+        for claim in let_in:
+            if claim.admitted is not None and claim.wait is not None:
+                claim.admitted(claim.wait)
+
+    def _arm(self) -> None:
+        """While a load waits for room: a timer at the end of the first keep-alive to run out,
+        which makes room sooner than the busy model chosen to go."""
+        due: float | None = None
+        if self._waiting_for_room and self.keep_alive is not None:
+            idle = [
+                since for model, since in self._idle_since.items() if not self._users.get(model)
+            ]
+            if idle:
+                due = min(idle) + self.keep_alive
+        if self._timer is not None and self._timer.active():
+            if due is not None and self._timer.getTime() == due:
+                return
+            self._timer.cancel()
+        self._timer = None
+        if due is not None:
+            self._timer = self._clock.callLater(max(0.0, due - self._now()), self._drain)

@@ -1,7 +1,8 @@
 """Fleet mode plays the scheduler, end to end through ``twistd -n nvpair-proxy --fleet`` with
 simulated nodes (issue 13 item 7; docs/fleet-scheduling.md): a warm node wins over a lower id,
-a loading node is skipped, a failing node is held back and returns after its cool-down, and a
-request whose every owner vanished gives up after ``--owner-wait``."""
+a second request joins the load the first one set off, a loading node is skipped, a failing
+node is held back and returns after its cool-down, and a request whose every owner vanished
+gives up after ``--owner-wait``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest_twisted
 import treq
 from twisted.internet import reactor, task
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionRefusedError
 
 from nvpair.sim import SimEngine
 from tests.integration.conftest import running_proxy
@@ -20,12 +22,16 @@ from tests.integration.harness import free_port, log_problems
 from tests.integration.test_fleet import eventually
 
 
-def fleet_file(tmp_path: Path, engine: str, port: int, sims: Sequence[SimEngine]) -> Path:
+def fleet_file(
+    tmp_path: Path, engine: str, port: int, sims: Sequence[SimEngine], interval: str = "100ms"
+) -> Path:
     path = tmp_path / "fleet.toml"
     nodes = "".join(
         f'[[nodes]]\nid = "{s.node}"\n[nodes.engines]\n{engine} = "{s.url}"\n' for s in sims
     )
-    path.write_text(f'inventory-interval = "100ms"\n[facades.{engine}]\nport = {port}\n{nodes}')
+    path.write_text(
+        f'inventory-interval = "{interval}"\n[facades.{engine}]\nport = {port}\n{nodes}'
+    )
     return path
 
 
@@ -100,6 +106,53 @@ async def test_a_warm_node_wins_over_a_lower_id(tmp_path: Path) -> None:
                 assert await generate(port) == (200, "b", None)
                 assert reactor.seconds() - began < 2
             assert posts(a) == 0 and a.memory.loads == 0
+            assert log_problems(proxy) == []
+    finally:
+        await stopped(sims)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_second_request_joins_the_load_the_first_set_off(tmp_path: Path) -> None:
+    """Both nodes cold, polled once and not again for a minute: a request for llama3 goes to
+    ``a`` (by id), and a second one sent while ``a`` loads goes to ``a`` too, which counts as
+    loading llama3 from the first dispatch on — not to ``b``, which would load it a second time
+    (docs/fleet-scheduling.md#dispatched-is-loading)."""
+    sims = started(
+        *(
+            SimEngine(reactor, "ollama", models=["llama3:latest"], node=n, load_delay=1.5, warm=())
+            for n in ("a", "b")
+        )
+    )
+    a, b = sims
+    port = free_port()
+    fleet = fleet_file(tmp_path, "ollama", port, sims, interval="60s")
+    try:
+        async with running_proxy(tmp_path, "--fleet", str(fleet)) as proxy:
+
+            async def in_discovery() -> bool:
+                if not all(polls(s, "/api/ps") >= 1 for s in sims):
+                    return False
+                try:
+                    response = await treq.get(f"http://127.0.0.1:{port}/api/tags", timeout=5)
+                except ConnectionRefusedError:
+                    return False  # not listening yet
+                return bool((await response.json()).get("models"))
+
+            await eventually(in_discovery, "the first polls")
+            await sleep(0.2)
+            polled_before = [polls(s, "/api/ps") for s in sims]
+            first = Deferred.fromCoroutine(generate(port))
+
+            async def dispatched() -> bool:
+                return posts(a) + posts(b) >= 1
+
+            await eventually(dispatched, "the first dispatch")
+            assert a.memory.loading("llama3:latest")
+            assert await generate(port) == (200, "a", None)
+            assert await first == (200, "a", None)
+            # No poll came between: only the dispatch told the proxy.
+            assert [polls(s, "/api/ps") for s in sims] == polled_before
+            assert (a.memory.loads, b.memory.loads) == (1, 0) and posts(b) == 0
             assert log_problems(proxy) == []
     finally:
         await stopped(sims)
