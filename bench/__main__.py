@@ -158,6 +158,8 @@ def main() -> None:
                 scenarios.failover(plan, results, work, names)
             elif scenario == "held":
                 scenarios.held_streams(plan, results, work, names)
+            elif scenario == "instructions":
+                scenarios.instructions(plan, results, work, names)
             elif scenario == "coldstart":
                 scenarios.coldstart(plan, results, work, names)
         if not args.no_profile and "non-streaming" in chosen:

@@ -1,6 +1,6 @@
 """The cold-start mix: the same seeded workload through nvpair in fleet mode (warm-aware order)
 and in broker mode with no scheduler (the spec's default order), each in front of four fresh
-simulated Ollama nodes that start with no model in memory.
+simulated Ollama nodes that start with no model in memory and hold at most two models at once.
 
 - **warm-aware** — ``twistd -n nvpair-proxy --fleet FILE``: the proxy polls every node's
   ``/api/tags`` and ``/api/ps`` and puts a node holding the model in memory first
@@ -33,6 +33,7 @@ from bench.held import MAX_HEAD, Dechunker, WireError, _head
 from bench.mixload import (
     KEEP_ALIVE,
     LOAD_DELAY,
+    MAX_LOADED,
     NODES,
     Mix,
     Outcome,
@@ -49,7 +50,8 @@ REQUEST_TIMEOUT = 120.0
 
 @contextmanager
 def fleet(mix: Mix) -> Iterator[dict[str, Node]]:
-    """Four fresh simulated Ollama nodes, cold, each holding its models of the placement."""
+    """Four fresh simulated Ollama nodes, cold, each holding its models of the placement and
+    room in memory for :data:`~bench.mixload.MAX_LOADED` of them."""
     high = mix.tokens[1]
     with ExitStack() as stack:
         nodes = {
@@ -57,7 +59,7 @@ def fleet(mix: Mix) -> Iterator[dict[str, Node]]:
                 node(
                     tokens=high,
                     interval=mix.token_seconds,
-                    cold=Cold(models_of(name), LOAD_DELAY, KEEP_ALIVE),
+                    cold=Cold(models_of(name), LOAD_DELAY, KEEP_ALIVE, MAX_LOADED),
                 )
             )
             for name in NODES
@@ -216,12 +218,14 @@ def play(port: int, requests: Sequence[Request]) -> list[Outcome]:
 
 @attrs.frozen
 class SideRun:
-    """One side of a round: what the client saw, and the cold starts each node counted."""
+    """One side of a round: what the client saw, and the cold starts (and the evictions among
+    them) each node counted."""
 
     outcomes: list[Outcome]
     loads: dict[str, int]
     detail: str
     seconds: float
+    evictions: dict[str, int] = attrs.field(factory=dict)
 
 
 def run_side(side: str, requests: Sequence[Request], mix: Mix, work: Path) -> SideRun:
@@ -231,4 +235,5 @@ def run_side(side: str, requests: Sequence[Request], mix: Mix, work: Path) -> Si
         outcomes = play(proxy.port, requests)
         elapsed = time.monotonic() - started
         loads = {name: n.loads() for name, n in nodes.items()}
-    return SideRun(outcomes, loads, proxy.detail, elapsed)
+        evictions = {name: n.evictions() for name, n in nodes.items()}
+    return SideRun(outcomes, loads, proxy.detail, elapsed, evictions)

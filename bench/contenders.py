@@ -2,6 +2,8 @@
 
 - **direct** — the simulated engine itself: what a client gets with no proxy at all;
 - **nvpair** — ``twistd -n nvpair-proxy`` in standalone fleet mode;
+- **nvpair+metrics** — the same with an admin listener, so every request is counted for
+  ``/metrics`` (what counting costs);
 - **floor** — :mod:`bench.floor`, the minimal Twisted proxy (the floor of our own stack);
 - **nginx** — ``proxy_pass`` to an upstream block with ``proxy_next_upstream``;
 - **litellm** — LiteLLM's proxy (router) with the nodes as deployments of one model.
@@ -77,6 +79,10 @@ class Node:
         """Model loads (cold starts) the engine has started so far."""
         return int(self._control()["loads"])
 
+    def evictions(self) -> int:
+        """Models the engine unloaded to make room for another so far."""
+        return int(self._control().get("evictions", 0))
+
     def _control(self) -> dict[str, int]:
         connection = HTTPConnection("127.0.0.1", self.control, timeout=10)
         try:
@@ -91,11 +97,14 @@ class Node:
 class Cold:
     """Cold-start knobs of a simulated Ollama node (:mod:`bench.simnode`): it starts with no
     model in memory, a load takes ``load_delay`` seconds, a model idle for ``keep_alive``
-    seconds is unloaded, and a non-streamed answer takes as long as its tokens would stream."""
+    seconds is unloaded, at most ``max_loaded`` models are in memory at once (None: any number;
+    one more evicts one first), and a non-streamed answer takes as long as its tokens would
+    stream."""
 
     models: tuple[str, ...]
     load_delay: float
     keep_alive: float
+    max_loaded: int | None = None
 
 
 @contextmanager
@@ -110,6 +119,8 @@ def node(
     if cold is not None:
         argv += ["--dialect=ollama", f"--models={','.join(cold.models)}", "--cold", "--paced"]
         argv += [f"--load-delay={cold.load_delay}", f"--keep-alive={cold.keep_alive}"]
+        if cold.max_loaded is not None:
+            argv.append(f"--max-loaded={cold.max_loaded}")
     with process(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as child:
         wait_for(port)
         wait_for(control)
@@ -149,9 +160,9 @@ def direct(setup: Setup, work: Path) -> Iterator[Running]:
     yield Running(setup.nodes[0].port, setup.nodes[0].pid)
 
 
-@contextmanager
-def nvpair(setup: Setup, work: Path) -> Iterator[Running]:
-    port = free_port()
+def nvpair_argv(setup: Setup, work: Path, port: int, metrics: bool = False) -> list[str]:
+    """The command line of nvpair in fleet mode in front of ``setup``'s nodes on ``port``;
+    with ``metrics``, an admin listener too, so the request path counts for ``/metrics``."""
     fleet = work / "fleet.toml"
     # Polled once at start: a node the failover run takes down later must stay in discovery.
     fleet.write_text(
@@ -165,17 +176,38 @@ def nvpair(setup: Setup, work: Path) -> Iterator[Running]:
     argv += ["--state-dir", str(work / "state"), "--log-level", "warn", "--retry-backoff", "50ms"]
     if setup.first_byte_timeout is not None:
         argv += ["--response-header-timeout", f"{round(setup.first_byte_timeout * 1000)}ms"]
+    if metrics:
+        argv += ["--admin-port", str(free_port())]
+    return argv
+
+
+def floor_argv(setup: Setup, port: int) -> list[str]:
+    argv = [PYTHON, "-m", "bench.floor", str(port), *(n.url for n in setup.nodes)]
+    if setup.ordered:
+        argv.append("--ordered")
+    return argv
+
+
+@contextmanager
+def nvpair(setup: Setup, work: Path, metrics: bool = False) -> Iterator[Running]:
+    port = free_port()
+    argv = nvpair_argv(setup, work, port, metrics)
     with process(argv, cwd=work, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as child:
         wait_for(port)
         yield Running(port, child.pid, polls=True)
 
 
 @contextmanager
+def nvpair_metrics(setup: Setup, work: Path) -> Iterator[Running]:
+    """nvpair with an admin listener: the same requests, counted for ``/metrics``."""
+    with nvpair(setup, work, metrics=True) as running:
+        yield running
+
+
+@contextmanager
 def floor(setup: Setup, work: Path) -> Iterator[Running]:
     port = free_port()
-    argv = [PYTHON, "-m", "bench.floor", str(port), *(n.url for n in setup.nodes)]
-    if setup.ordered:
-        argv.append("--ordered")
+    argv = floor_argv(setup, port)
     with process(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as child:
         wait_for(port)
         yield Running(port, child.pid)
@@ -272,6 +304,7 @@ def litellm(setup: Setup, work: Path) -> Iterator[Running]:
 CONTENDERS: dict[str, Contender] = {
     "direct": direct,
     "nvpair": nvpair,
+    "nvpair+metrics": nvpair_metrics,
     "floor": floor,
     "nginx": nginx,
     "litellm": litellm,

@@ -1,7 +1,8 @@
 """Pure: the cold-start mix's seeded workload, the fleet it runs on, and the summary of its answers.
 
-Four simulated Ollama nodes hold six models, some on every node and some on two or three, so
-where a request goes decides whether it meets a model in memory. Requests arrive as a Poisson
+Four simulated Ollama nodes hold six models, some on every node and some on two or three, and
+room in memory for two at a time, so where a request goes decides whether it meets a model in
+memory, and whether its load pushes another one out. Requests arrive as a Poisson
 process; the model of each is drawn from a Zipf-like popularity (the first model most asked
 for), then the route (``/api/generate`` or ``/api/chat``), streamed or not, and a generation
 length (log-uniform, so short answers are common and long ones happen). The same seed gives the
@@ -38,6 +39,10 @@ LOAD_DELAY = 2.0
 """Seconds a simulated node takes to load a model that is not in memory."""
 KEEP_ALIVE = 30.0
 """Seconds a model stays in memory after its last request ends."""
+MAX_LOADED = 2
+"""Models a node holds in memory at once; one more evicts one first, by Ollama's rules
+(:mod:`nvpair.sim.memory`). The VRAM of a typical LAN GPU box: a 12-16 GB card holds two of
+these 7-9B models (4-5.5 GB each at Q4, plus their context cache), not six."""
 PROMPTS = (
     "Summarize the meeting notes below in three bullet points.",
     "Write a Python function that parses an ISO 8601 duration.",

@@ -15,7 +15,7 @@ import attrs
 
 from bench.targets import TARGETS, Judged, Table, Verdict, judge, median
 
-CONTENDERS = ("direct", "nvpair", "floor", "nginx", "litellm")
+CONTENDERS = ("direct", "nvpair", "nvpair+metrics", "floor", "nginx", "litellm")
 FAULT_KINDS = ("refused", "503", "reset", "stall")
 
 #: (row label, metric, decimals) of the side-by-side table, medians over rounds.
@@ -24,6 +24,7 @@ ROWS: tuple[tuple[str, str, int], ...] = (
     ("c=1 latency p99 (ms)", "latency_p99_ms", 2),
     ("req/s at c=32", "rps_c32", 0),
     ("CPU per request (us)", "cpu_per_request_us", 0),
+    ("user-space instructions per request (k, c=1)", "instructions_k", 0),
     ("64-chunk streams/s at c=32", "streams_c32", 0),
     ("CPU per 64-chunk stream (us)", "cpu_per_stream_us", 0),
     ("held: broken streams", "held_broken", 0),
@@ -47,11 +48,13 @@ MIX_ROWS: tuple[tuple[str, str, int], ...] = (
     ("streamed: waited for a load (> 250 ms)", "mix_waited", 0),
     ("non-streamed: answer p50 (ms)", "mix_answer_p50_ms", 0),
     ("cold starts (the nodes' loads)", "mix_cold_starts", 0),
+    ("evictions (loads that unloaded another model)", "mix_evictions", 0),
 )
 #: One colour per contender in every panel.
 COLOURS = {
     "direct": "tab:gray",
     "nvpair": "tab:blue",
+    "nvpair+metrics": "tab:olive",
     "floor": "tab:green",
     "nginx": "tab:red",
     "litellm": "tab:purple",

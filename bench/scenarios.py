@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -29,7 +30,15 @@ from bench.contenders import (
     node,
     ready,
 )
-from bench.mixload import LOAD_DELAY, Mix, Request, offered_concurrency, summarize, workload
+from bench.mixload import (
+    LOAD_DELAY,
+    MAX_LOADED,
+    Mix,
+    Request,
+    offered_concurrency,
+    summarize,
+    workload,
+)
 from bench.procs import (
     cpu_seconds,
     listen_overflows,
@@ -403,6 +412,30 @@ def routing(plan: Plan, results: Results) -> None:
         _say(f"  round {r + 1}: " + ", ".join(f"{n}: {us:.1f} us" for n, us in costs.items()))
 
 
+# -- instructions per request ---------------------------------------------------------------------
+
+
+def instructions(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
+    """User-space instructions per non-streaming request under callgrind (bench/instructions.py):
+    one round, since the count repeats to within about 1 %."""
+    from bench import instructions as counting
+
+    if not counting.available():
+        results.note("instructions not measured: valgrind is not installed")
+        return
+    _say("user-space instructions per request (callgrind, c=1)")
+    with node() as a, node() as b:
+        for name in names:
+            sub = work / f"instructions-{name}"
+            try:
+                per = counting.per_request(name, Setup((a, b)), sub)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+                results.note(f"instructions {name} failed: {error}")
+                continue
+            results.put("instructions_k", name, 0, per / 1000)
+            _say(f"  {name}: {per / 1000:,.0f}k instructions per request")
+
+
 # -- the cold-start mix: warm-aware order against the default order -----------------------------
 
 
@@ -411,7 +444,8 @@ def coldstart(plan: Plan, results: Results, work: Path, names: Sequence[str]) ->
     for each (bench/coldstart.py)."""
     mix = Mix(seconds=plan.coldstart_seconds)
     _say(
-        f"cold-start mix: 4 Ollama nodes, 6 models, {LOAD_DELAY:g} s loads; "
+        f"cold-start mix: 4 Ollama nodes, 6 models, {MAX_LOADED} in memory at once, "
+        f"{LOAD_DELAY:g} s loads; "
         f"{mix.seconds:g} s of arrivals at {mix.rate:g}/s"
     )
     for r in range(plan.rounds):
@@ -445,14 +479,16 @@ def _coldstart(
     results.put("mix_answer_p50_ms", name, r, summary.answer_p50_ms)
     results.put("mix_waited", name, r, summary.waited)
     results.put("mix_cold_starts", name, r, cold)
+    results.put("mix_evictions", name, r, sum(run.evictions.values()))
     ttfts = [o.first_byte_ms for o in run.outcomes if o.ok and o.stream and o.first_byte_ms]
     results.sample("cold-start mix: streamed TTFT (ms)", name, ttfts)
     per_node = " / ".join(
-        f"{node} {run.loads[node]}, {summary.served.get(node, 0)}" for node in sorted(run.loads)
+        f"{node} {run.loads[node]}, {run.evictions.get(node, 0)}, {summary.served.get(node, 0)}"
+        for node in sorted(run.loads)
     )
     results.note(
-        f"cold-start mix round {r + 1}, {name} ({run.detail}): cold starts, answers per node: "
-        f"{per_node}"
+        f"cold-start mix round {r + 1}, {name} ({run.detail}): cold starts, evictions, answers "
+        f"per node: {per_node}"
     )
     if summary.failed:
         errors = sorted({o.error or f"status {o.status}" for o in run.outcomes if not o.ok})
@@ -466,14 +502,24 @@ def _coldstart(
     )
 
 
-SCENARIOS = ("routing", "non-streaming", "streaming", "failover", "held", "coldstart")
+SCENARIOS = (
+    "routing",
+    "non-streaming",
+    "instructions",
+    "streaming",
+    "failover",
+    "held",
+    "coldstart",
+)
 
 
 def contenders_for(scenario: str) -> tuple[str, ...]:
     """Who takes part: LiteLLM only where the issue compares it (req/s); direct where there
     is no failover to measure; nvpair's two orders in the cold-start mix."""
     if scenario == "non-streaming":
-        return ("direct", "nvpair", "floor", "nginx", "litellm")
+        return ("direct", "nvpair", "nvpair+metrics", "floor", "nginx", "litellm")
+    if scenario == "instructions":
+        return ("nvpair", "nvpair+metrics", "floor")
     if scenario == "failover":
         return ("nvpair", "floor", "nginx")
     if scenario == "coldstart":

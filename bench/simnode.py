@@ -2,14 +2,16 @@
 
 ``python -m bench.simnode PORT CONTROL_PORT --tokens N --interval S --fault KIND``
 (a llama.cpp node serving ``tiny``), or for the cold-start mix
-``... --dialect ollama --models a:1b,b:7b --load-delay 2 --keep-alive 30 --cold --paced``.
+``... --dialect ollama --models a:1b,b:7b --load-delay 2 --keep-alive 30 --max-loaded 2 --cold
+--paced``.
 
 ``nvpair.sim``'s command line has no tokens or fault knobs, so the bench drives
 :class:`~nvpair.sim.SimEngine` itself. Besides the engine's port it serves a control port:
 ``GET /count`` answers how many inference POSTs (``count``) and other requests (``other``: the
 inventory polls) the engine has received, so a failover run can tell which requests really met
 the fault, how many answers their client abandoned (``abandoned``), and how many model loads
-(cold starts) the engine has started (``loads``, :attr:`nvpair.sim.memory.Memory.loads`). The
+(cold starts) the engine has started (``loads``, :attr:`nvpair.sim.memory.Memory.loads`) and how
+many models it unloaded to make room for another (``evictions``, with ``--max-loaded``). The
 *refused* fault is this process ending after the proxy's first inventory poll found the node:
 the port then refuses and every pooled connection to it is gone.
 
@@ -68,6 +70,7 @@ class Control(Resource):
                 "other": self.other,
                 "abandoned": self.engine.abandoned,
                 "loads": self.engine.memory.loads,
+                "evictions": self.engine.memory.evictions,
             }
         ).encode()
 
@@ -140,6 +143,7 @@ def main() -> None:
     parser.add_argument("--models", default="tiny", help="comma-separated")
     parser.add_argument("--load-delay", type=float, default=0.0, help="seconds a load takes")
     parser.add_argument("--keep-alive", type=float, help="seconds idle before an unload")
+    parser.add_argument("--max-loaded", type=int, help="models in memory at once (evicts)")
     parser.add_argument("--cold", action="store_true", help="start with no model in memory")
     parser.add_argument("--paced", action="store_true", help="pace non-streamed answers")
     args = parser.parse_args()
@@ -155,6 +159,7 @@ def main() -> None:
         load_delay=args.load_delay,
         keep_alive=args.keep_alive,
         warm=() if args.cold else None,
+        max_loaded=args.max_loaded,
     )
     if args.fault == "503":
         engine.faults.status = 503

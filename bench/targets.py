@@ -212,6 +212,20 @@ TARGETS: tuple[Target, ...] = (
         "x",
     ),
     Target(
+        "/metrics counting costs <= 3 % CPU per request (with an admin listener / without)",
+        lambda t: ratios(t, "cpu_per_request_us", "nvpair+metrics", "nvpair"),
+        1.03,
+        True,
+        "x",
+    ),
+    Target(
+        "/metrics counting costs <= 3 % user-space instructions per request",
+        lambda t: ratios(t, "instructions_k", "nvpair+metrics", "nvpair"),
+        1.03,
+        True,
+        "x",
+    ),
+    Target(
         "cold-start mix: p50 TTFT >= 5x lower, warm-aware order (default / warm-aware)",
         lambda t: ratios(t, "mix_ttft_p50_ms", "default", "warm-aware"),
         5,

@@ -72,9 +72,25 @@ def test_flatness_is_the_largest_departure_from_two_nodes() -> None:
     assert flatness(table) == pytest.approx([30.0, 0.0])
 
 
+def test_metrics_cost_is_judged_on_same_round_ratios() -> None:
+    """Counting for /metrics: nvpair with an admin listener against nvpair without, the same
+    requests, the same round; 3 % over is a MISS."""
+    cpu = next(t for t in TARGETS if "CPU per request" in t.name and "/metrics" in t.name)
+    table: Table = {
+        "cpu_per_request_us": {"nvpair": [200.0, 210.0], "nvpair+metrics": [204.0, 222.0]}
+    }
+    assert judge(cpu, table).value == pytest.approx((1.02 + 222 / 210) / 2)
+    assert judge(cpu, table).verdict is Verdict.MISS
+    counted = next(t for t in TARGETS if "instructions" in t.name)
+    assert (
+        judge(counted, {"instructions_k": {"nvpair": [984.0], "nvpair+metrics": [1009.0]}}).verdict
+        is Verdict.PASS
+    )
+
+
 def test_every_issue_target_is_judged() -> None:
-    """The table has the issue's fourteen lines, each with a verdict even on no data."""
-    assert len(TARGETS) == 14
+    """The table has the issues' sixteen lines, each with a verdict even on no data."""
+    assert len(TARGETS) == 16
     assert all(judge(t, {}).verdict is Verdict.NA for t in TARGETS)
 
 
