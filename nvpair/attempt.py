@@ -93,6 +93,17 @@ class Fault(enum.Enum):
     NODE_LEFT = "node-left"
 
 
+#: An attempt's result as operators read it: ``/metrics``' ``result`` label and ``/status``'s
+#: ``recent`` attempts (contract "Admin listener").
+RESULTS: dict[Fault, str] = {
+    Fault.STATUS: "status",
+    Fault.TRANSPORT: "transport",
+    Fault.FIRST_BODY_TIMEOUT: "first_body_timeout",
+    Fault.NODE_LEFT: "node_left",
+}
+SERVED = "served"
+
+
 @frozen
 class Served:
     """The response is the client's answer; ``relay`` holds its body, not yet attached."""

@@ -202,20 +202,3 @@ class ControlState:
             self._local_backends.pop(engine, None)
         else:
             self._local_backends[engine] = url
-
-    def snapshot_view(self) -> Mapping[str, object]:
-        """A JSON-able summary for the admin surface (ids and counts only, never content)."""
-        return {
-            "priorityGeneration": self._priority.generation,
-            "engines": {
-                engine: {
-                    "nodes": [
-                        {"id": n.id, "local": n.local, "models": len(n.models)}
-                        for n in snapshot.nodes
-                    ],
-                    "pin": self._pins.get(engine),
-                    "localBackend": self._local_backends.get(engine),
-                }
-                for engine, snapshot in self._discovery.items()
-            },
-        }

@@ -14,20 +14,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from nvpair.attempt import Failed, Fault, Outcome
+from nvpair.attempt import RESULTS, SERVED, Failed, Outcome
 from nvpair.inferstats import Stats
 
 #: Seconds: from a fast local answer to a cold model load on a slow disk.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 #: Tokens per second: from a CPU-only laptop to a data-center GPU.
 RATE_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000)
-
-_FAULT_RESULTS = {
-    Fault.STATUS: "status",
-    Fault.TRANSPORT: "transport",
-    Fault.FIRST_BODY_TIMEOUT: "first_body_timeout",
-    Fault.NODE_LEFT: "node_left",
-}
 
 
 class Histogram:
@@ -104,7 +97,7 @@ class Metrics:
         self._ended: dict[tuple[str, str, str], _Ended] = {}
 
     def attempt_ended(self, engine: str, node: str, outcome: Outcome) -> None:
-        result = _FAULT_RESULTS[outcome.why] if isinstance(outcome, Failed) else "served"
+        result = RESULTS[outcome.why] if isinstance(outcome, Failed) else SERVED
         key = (engine, node, result)
         self.attempts[key] = self.attempts.get(key, 0) + 1
 

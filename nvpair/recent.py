@@ -17,20 +17,11 @@ from collections import deque
 
 from attrs import frozen
 
-from nvpair.attempt import Failed, Fault, Outcome, Served
+from nvpair.attempt import RESULTS, SERVED, Failed, Outcome, Served
 from nvpair.workload import Workload
 
 #: How many workloads ``/status`` shows (contract "Admin listener").
 RECENT = 200
-
-#: An attempt's result as the contract spells it (the ``nvpair_attempts_total`` label values).
-RESULTS: dict[Fault, str] = {
-    Fault.STATUS: "status",
-    Fault.TRANSPORT: "transport",
-    Fault.FIRST_BODY_TIMEOUT: "first_body_timeout",
-    Fault.NODE_LEFT: "node_left",
-}
-SERVED = "served"
 
 
 @frozen
@@ -104,4 +95,4 @@ class RecentWorkloads:
         return len(self._ring)
 
 
-__all__ = ["RECENT", "RESULTS", "SERVED", "AttemptRecord", "RecentWorkloads", "Trail"]
+__all__ = ["RECENT", "AttemptRecord", "RecentWorkloads", "Trail"]

@@ -39,6 +39,7 @@ from nvpair.control import PriorityEntry
 from nvpair.engines import ENGINES
 from nvpair.logs import JsonLineObserver, debug_enabled
 from nvpair.rpc import MAX_GENERATION
+from nvpair.status import FacadeView, status_document
 from tests.test_rpc import TAKEN_PORT, Stack, build_stack
 
 EXAMPLES = int(os.environ.get("NVPAIR_FUZZ_EXAMPLES", "250"))
@@ -150,7 +151,11 @@ def assert_control_valid(stack: Stack) -> None:
         assert isinstance(entry.id, str) and entry.id
         assert math.isfinite(entry.pending) and entry.pending >= 0
         assert math.isfinite(entry.gpu_pressure) and entry.gpu_pressure >= 0
-    json.dumps(control.snapshot_view(), allow_nan=False).encode("utf-8")
+    # What the admin listener would show of it, every engine's nodes included: plain JSON,
+    # whatever the broker sent.
+    views = {engine: FacadeView(1, (), False) for engine in ENGINES}
+    status = status_document(views, control, {}, lambda engine, node: 0, 0, None, 0.0)
+    json.dumps(status, allow_nan=False).encode("utf-8")
     assert all(1 <= live.port <= 65535 for live in stack.facades.facades.values())
 
 
