@@ -176,6 +176,10 @@ def nvpair_argv(setup: Setup, work: Path, port: int, metrics: bool = False) -> l
     argv += ["--state-dir", str(work / "state"), "--log-level", "warn", "--retry-backoff", "50ms"]
     if setup.first_byte_timeout is not None:
         argv += ["--response-header-timeout", f"{round(setup.first_byte_timeout * 1000)}ms"]
+    if setup.ordered:
+        # Never benched, as the other proxies are told: passive health would otherwise hold
+        # the faulty node back after three failures and no request would meet the fault.
+        argv += ["--cooldown", "0"]
     if metrics:
         argv += ["--admin-port", str(free_port())]
     return argv
