@@ -158,6 +158,8 @@ def main() -> None:
                 scenarios.failover(plan, results, work, names)
             elif scenario == "held":
                 scenarios.held_streams(plan, results, work, names)
+            elif scenario == "metrics":
+                scenarios.metrics_cost(plan, results, work, names)
             elif scenario == "instructions":
                 scenarios.instructions(plan, results, work, names)
             elif scenario == "coldstart":

@@ -24,6 +24,7 @@ ROWS: tuple[tuple[str, str, int], ...] = (
     ("c=1 latency p99 (ms)", "latency_p99_ms", 2),
     ("req/s at c=32", "rps_c32", 0),
     ("CPU per request (us)", "cpu_per_request_us", 0),
+    ("CPU per request, A-B-B-A with and without /metrics (us)", "metrics_cpu_us", 0),
     ("user-space instructions per request (k, c=1)", "instructions_k", 0),
     ("64-chunk streams/s at c=32", "streams_c32", 0),
     ("CPU per 64-chunk stream (us)", "cpu_per_stream_us", 0),

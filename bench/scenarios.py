@@ -412,6 +412,38 @@ def routing(plan: Plan, results: Results) -> None:
         _say(f"  round {r + 1}: " + ", ".join(f"{n}: {us:.1f} us" for n, us in costs.items()))
 
 
+# -- what counting for /metrics costs ----------------------------------------------------------
+
+#: Each round measures nvpair and nvpair+metrics twice, in A-B-B-A order, so that a drift of the
+#: machine during the round weighs on both alike.
+METRICS_ORDER = ("nvpair", "nvpair+metrics", "nvpair+metrics", "nvpair")
+
+
+def metrics_cost(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
+    """CPU per non-streaming request at c=32 with and without an admin listener, the two runs
+    of each in a round averaged (``metrics_cpu_us``)."""
+    _say("/metrics counting: CPU per request with and without an admin listener (A-B-B-A)")
+    with node() as a, node() as b:
+        for r in range(plan.rounds):
+            runs: dict[str, list[float]] = {}
+            for name in METRICS_ORDER:
+                with _contender(results, name, Setup((a, b)), work, "metrics") as running:
+                    if running is None:
+                        return
+                    ready(running.port, 180)
+                    load.wrk(running.port, 2, plan.connections, work, stream=False)  # warm
+                    before = cpu_seconds(running.pid)
+                    run = load.wrk(running.port, plan.seconds, plan.connections, work, False)
+                    used = cpu_seconds(running.pid) - before
+                    if run.requests:
+                        runs.setdefault(name, []).append(used / run.requests * 1e6)
+            for name, values in runs.items():
+                results.put("metrics_cpu_us", name, r, sum(values) / len(values))
+            if len(runs) == 2:
+                ratio = sum(runs["nvpair+metrics"]) / sum(runs["nvpair"])
+                _say(f"  round {r + 1}: with / without {ratio:.3f}")
+
+
 # -- instructions per request ---------------------------------------------------------------------
 
 
@@ -506,6 +538,7 @@ SCENARIOS = (
     "routing",
     "non-streaming",
     "instructions",
+    "metrics",
     "streaming",
     "failover",
     "held",
@@ -517,9 +550,11 @@ def contenders_for(scenario: str) -> tuple[str, ...]:
     """Who takes part: LiteLLM only where the issue compares it (req/s); direct where there
     is no failover to measure; nvpair's two orders in the cold-start mix."""
     if scenario == "non-streaming":
-        return ("direct", "nvpair", "nvpair+metrics", "floor", "nginx", "litellm")
+        return ("direct", "nvpair", "floor", "nginx", "litellm")
     if scenario == "instructions":
         return ("nvpair", "nvpair+metrics", "floor")
+    if scenario == "metrics":
+        return ("nvpair", "nvpair+metrics")
     if scenario == "failover":
         return ("nvpair", "floor", "nginx")
     if scenario == "coldstart":
