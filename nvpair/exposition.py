@@ -7,7 +7,7 @@ prometheus-client writes the exposition format.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -18,6 +18,19 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from nvpair.metrics import Histogram, Metrics
+
+
+def _counter(
+    name: str,
+    documentation: str,
+    labels: Sequence[str],
+    counts: Iterable[tuple[tuple[str, ...], int]],
+) -> Metric:
+    """A counter family: one sample per label tuple counted (``(labels, count)`` pairs)."""
+    family = CounterMetricFamily(name, documentation, labels=list(labels))
+    for key, count in sorted(counts):
+        family.add_metric(list(key), count)
+    return family
 
 
 def histogram_family(
@@ -70,29 +83,25 @@ class MetricsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m, live = self._metrics, self._live
-        requests = CounterMetricFamily(
+        yield _counter(
             "nvpair_requests",
             "Requests ended, by engine, route class and outcome (served, the proxy's reason, "
             "or cancelled).",
-            labels=["engine", "route", "outcome"],
+            ["engine", "route", "outcome"],
+            m.requests.items(),
         )
-        for key, count in sorted(m.requests.items()):
-            requests.add_metric(list(key), count)
-        yield requests
-        attempts = CounterMetricFamily(
+        yield _counter(
             "nvpair_attempts",
             "Dispatches to a node ended, by engine, node and result.",
-            labels=["engine", "node", "result"],
+            ["engine", "node", "result"],
+            m.attempts.items(),
         )
-        for key, count in sorted(m.attempts.items()):
-            attempts.add_metric(list(key), count)
-        yield attempts
-        failovers = CounterMetricFamily(
-            "nvpair_failovers", "Dispatches after a request's first, by engine.", labels=["engine"]
+        yield _counter(
+            "nvpair_failovers",
+            "Dispatches after a request's first, by engine.",
+            ["engine"],
+            [((engine,), count) for engine, count in m.failovers.items()],
         )
-        for engine, count in sorted(m.failovers.items()):
-            failovers.add_metric([engine], count)
-        yield failovers
         yield histogram_family(
             m.first_byte,
             "nvpair_time_to_first_byte_seconds",
@@ -105,15 +114,13 @@ class MetricsCollector(Collector):
             "From admission to the end of the request, by engine and route class.",
             ["engine", "route"],
         )
-        tokens = CounterMetricFamily(
+        yield _counter(
             "nvpair_tokens",
             "Tokens of served answers as their engine reported them (or estimated), by engine "
             "and kind.",
-            labels=["engine", "kind"],
+            ["engine", "kind"],
+            m.tokens.items(),
         )
-        for (engine, kind), count in sorted(m.tokens.items()):
-            tokens.add_metric([engine, kind], count)
-        yield tokens
         yield histogram_family(
             m.rate,
             "nvpair_tokens_per_second",

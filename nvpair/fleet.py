@@ -433,6 +433,14 @@ class FleetService(Service):
         PollState.LOADING: "{node}'s {engine} is ready: {count} models",
     }
 
+    #: What a node failing its poll is logged as, by what it was before (warn); a node that
+    #: stays down is not logged again.
+    _WENT_DOWN = {
+        PollState.PENDING: "{node}'s {engine} at {url} does not answer its poll: {why}",
+        PollState.UP: "{node} left {engine} discovery: poll of {url} failed ({why})",
+        PollState.LOADING: "{node} left {engine} discovery: poll of {url} failed ({why})",
+    }
+
     def _answer(self, pair: _Pair, models: tuple[str, ...]) -> None:
         came_up = self._CAME_UP.get(pair.report.state)
         self._report(pair, PollState.UP, models, None)
@@ -461,22 +469,9 @@ class FleetService(Service):
                 self._record(engine, node_id, known)
             return
         self._report(pair, PollState.DOWN, (), why)
-        if before is PollState.PENDING:
-            self.log.warn(
-                "{node}'s {engine} at {url} does not answer its poll: {why}",
-                engine=engine,
-                node=node_id,
-                url=pair.url,
-                why=why,
-            )
-        elif before is not PollState.DOWN:
-            self.log.warn(
-                "{node} left {engine} discovery: poll of {url} failed ({why})",
-                engine=engine,
-                node=node_id,
-                url=pair.url,
-                why=why,
-            )
+        went_down = self._WENT_DOWN.get(before)
+        if went_down is not None:
+            self.log.warn(went_down, engine=engine, node=node_id, url=pair.url, why=why)
         self._record(engine, node_id, None)
 
     def _report(

@@ -5,6 +5,7 @@ take is queued behind, in order, with the transport's own backpressure."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -244,3 +245,19 @@ def test_a_write_the_kernel_takes_whole_asks_nothing_of_the_reactor() -> None:
     connection, skt, memory = stub_connection(room=1_000)
     send(connection, b"whole")
     assert skt.sent == b"whole" and connection not in memory.writers
+
+
+def test_a_connection_reset_under_a_write_is_left_to_the_transport() -> None:
+    """The peer reset the connection: the write is queued, and the transport's own next write
+    attempt meets the error and reports the connection lost (no exception out of send)."""
+
+    class ResetSocket(StubSocket):
+        def send(self, data: bytes) -> int:
+            raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+    skt, memory = ResetSocket(0), MemoryReactor()
+    connection = tcp.Connection(skt, Protocol(), memory)  # type: ignore[arg-type]
+    connection.connected = True
+    send(connection, b"lost")
+    assert connection._tempDataBuffer == [b"lost"] and connection in memory.writers
+    assert connection.doWrite() is not None  # CONNECTION_LOST: the reactor closes it
