@@ -294,11 +294,13 @@ def makeService(options: Options) -> IService:
     """Build the process with the global reactor (the only module that imports it)."""
     from twisted.internet import reactor
 
-    from nvpair import service
+    from nvpair import heap, service
 
     assert options.config is not None
     terminal_hint(options.config, sys.stdin, sys.stderr)
     root = service.build(reactor, options.config)
+    # Once every service has started, what the startup made is frozen for the collector.
+    reactor.callWhenRunning(heap.settle)
     options.service = root
     if not options.returns_status:
         atexit.register(exit_with_status, root)
