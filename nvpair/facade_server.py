@@ -22,7 +22,6 @@ This connection does only what a facade needs, and does it at the request head:
 from __future__ import annotations
 
 import time
-from collections import deque
 from email.utils import formatdate
 from typing import TYPE_CHECKING
 
@@ -35,6 +34,7 @@ from twisted.internet.interfaces import (
     IDelayedCall,
     IPushProducer,
     IReactorTime,
+    ITransport,
 )
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.python.failure import Failure
@@ -86,6 +86,33 @@ class FacadeRequest:
     ``Content-Length`` when it gave one, chunked otherwise (HTTP/1.1), or delimited by the close
     (HTTP/1.0); nothing after the head for ``HEAD``, 1xx, 204 and 304.
     """
+
+    __slots__ = (
+        "_body_parts",
+        "_chunked",
+        "_finish_waiters",
+        "_no_body",
+        "_producer",
+        "_received",
+        "channel",
+        "clientproto",
+        "code",
+        "code_message",
+        "complete",
+        "dispatched",
+        "expects_continue",
+        "finished",
+        "head_bytes",
+        "head_fed",
+        "keep_alive",
+        "method",
+        "path",
+        "refused",
+        "requestHeaders",
+        "responseHeaders",
+        "startedWriting",
+        "uri",
+    )
 
     def __init__(self, channel: FacadeChannel) -> None:
         self.channel: FacadeChannel | None = channel
@@ -270,15 +297,38 @@ class FacadeRequest:
 class FacadeChannel(Protocol):
     """One client connection to a facade (see the module docstring)."""
 
+    __slots__ = (
+        "_abort_timer",
+        "_address",
+        "_closing",
+        "_halted",
+        "_head_timer",
+        "_idle_timer",
+        "_last_data",
+        "_parser",
+        "_parsing",
+        "_pending_refusal",
+        "_reading_paused",
+        "_requests",
+        "connected",
+        "site",
+        "transport",
+        "write_paused",
+    )
+
     #: Seconds a client being closed on may take to read what it was sent (as twisted.web).
     abortTimeout = 15.0
 
     def __init__(self, site: FacadeSite, address: IAddress | None) -> None:
+        # Slots, where the Protocol base has class defaults.
+        self.transport: ITransport | None = None
+        self.connected = 0
         self.site = site
         self._address = address
         self._parser = HttpRequestParser(self)
         #: Requests in order: [0] is being answered (or parsed); the rest wait, parsed.
-        self._requests: deque[FacadeRequest] = deque()
+        # A list, not a deque: rarely more than one, and an empty deque is a 600-byte block.
+        self._requests: list[FacadeRequest] = []
         self._parsing: FacadeRequest | None = None
         #: A refusal was written, or the connection is closing: nothing more is read.
         self._closing = False
@@ -340,7 +390,7 @@ class FacadeChannel(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._closing = True
         self._cancel_timers()
-        requests, self._requests = self._requests, deque()
+        requests, self._requests = self._requests, []
         for request in requests:
             request.lost(reason)
 
@@ -463,7 +513,7 @@ class FacadeChannel(Protocol):
         """``request``'s answer is complete: close, or move on to the next one."""
         if not self._requests or self._requests[0] is not request:
             return
-        self._requests.popleft()
+        self._requests.pop(0)
         if not request.keep_alive:
             self.close()
             return

@@ -16,9 +16,11 @@ import re
 from attrs import frozen
 
 #: How much of the body's end is kept for reading the engine's report. Every engine's report
-#: (usage, timings, stats, Ollama's counts) is its last few hundred bytes; the tail is held by
-#: every stream in flight, so it is what thousands of held streams cost (bench/README.md).
-TAIL_BYTES = 4 * 1024
+#: (usage, timings, stats, Ollama's counts) begins within its last 700 bytes or so (LM Studio's
+#: pretty-printed answer, its ``usage`` followed by ``stats``, ``model_info`` and ``runtime``, is
+#: the longest); the tail is held by every stream in flight, so it is what thousands of held
+#: streams cost (docs/performance.md#held-streams).
+TAIL_BYTES = 2 * 1024
 
 #: Longest partial line carried between chunks for event counting; longer lines are counted
 #: without being kept (an event's content does not matter, only that it has some).
@@ -128,9 +130,23 @@ class StatsReader:
     :param admitted_at: admission time (seconds), for ``ttftMs``.
     """
 
+    __slots__ = (
+        "_admitted_at",
+        "_carry",
+        "_carry_overflowed",
+        "_events",
+        "_first_at",
+        "_tail",
+        "_tail_size",
+    )
+
     def __init__(self, admitted_at: float) -> None:
         self._admitted_at = admitted_at
-        self._tail = bytearray()
+        # The body's last chunks, as relayed (not copied), holding its last TAIL_BYTES: a
+        # window of references costs what those bytes cost, where a bytearray window keeps a
+        # buffer of twice the window per stream (bench/README.md, held streams).
+        self._tail: list[bytes] = []
+        self._tail_size = 0
         self._carry = b""
         self._carry_overflowed = False
         self._events = 0
@@ -142,17 +158,25 @@ class StatsReader:
             return
         if self._first_at is None:
             self._first_at = now
-        # Trimmed in batches rather than per chunk: copying the window on every small SSE
-        # chunk would cost more than everything else here. Bounded by 2 x TAIL_BYTES.
-        tail = self._tail
-        tail += chunk
-        if len(tail) > 2 * TAIL_BYTES:
-            del tail[:-TAIL_BYTES]
+        self._keep(chunk)
         if not self._carry and len(chunk) <= _LINE_CARRY and chunk.endswith(b"\n"):
             # Every line is whole and within the kept prefix: counted all at once.
             self._events += _content_pieces(chunk)
         else:
             self._count_events(chunk)
+
+    def _keep(self, chunk: bytes) -> None:
+        # Under 2 x TAIL_BYTES held: the oldest chunk goes once the rest hold the window.
+        if len(chunk) >= TAIL_BYTES:
+            self._tail = [chunk[-TAIL_BYTES:]]
+            self._tail_size = TAIL_BYTES
+            return
+        tail = self._tail
+        tail.append(chunk)
+        size = self._tail_size + len(chunk)
+        while size - len(tail[0]) >= TAIL_BYTES:
+            size -= len(tail.pop(0))
+        self._tail_size = size
 
     def _count_events(self, chunk: bytes) -> None:
         # An event is a line: an SSE "data:" line or an NDJSON object. Lines may span chunks,
@@ -196,7 +220,7 @@ class StatsReader:
 
     def _report(self) -> tuple[int | None, int | None, float | None]:
         """Token counts and decode rate from the engine's own report in the tail."""
-        tail = bytes(self._tail[-TAIL_BYTES:])
+        tail = b"".join(self._tail)[-TAIL_BYTES:]
         prompt = completion = None
         rate: float | None = None
         usage = _last_object(tail, _USAGE, b'"usage"')

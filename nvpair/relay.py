@@ -72,6 +72,14 @@ class WriteDeadline:
     reader cannot hold an engine's stream, and the request ends as cancelled.
     """
 
+    __slots__ = (
+        "_clock",
+        "_expired",
+        "_timeout",
+        "_timer",
+        "_upstream",
+    )
+
     def __init__(
         self,
         upstream: IPushProducer,
@@ -122,9 +130,28 @@ class BodyRelay(Protocol):
         :meth:`attach`).
     """
 
+    __slots__ = (
+        "_client_gone",
+        "_deadline",
+        "_ended",
+        "_guard",
+        "_held",
+        "_producer",
+        "_request",
+        "_state",
+        "_tap",
+        "connected",
+        "done",
+        "first",
+        "transport",
+    )
+
     log = Logger()
 
     def __init__(self) -> None:
+        # Slots, where the Protocol base has class defaults.
+        self.transport: ITransport | None = None
+        self.connected = 0
         self._deadline: Callable[[IPushProducer], WriteDeadline] | None = None
         self._guard: WriteDeadline | None = None
         self._tap: Callable[[bytes], None] | None = None

@@ -213,6 +213,8 @@ class BodyTransport:
     ``TransportProxyProducer``).
     """
 
+    __slots__ = ("_connection",)
+
     #: Twisted's body transport has it (LineReceiver reads it); it never changes.
     disconnecting = False
 
@@ -267,9 +269,23 @@ class UpstreamResponse:
         ``UNKNOWN_LENGTH``.
     """
 
+    __slots__ = (
+        "_as_transport",
+        "_held",
+        "_protocol",
+        "_reason",
+        "_state",
+        "code",
+        "headers",
+        "length",
+        "phrase",
+        "previousResponse",
+        "transport",
+        "version",
+    )
+
     #: No ``IClientRequest`` is kept: nothing reads it.
     request = None
-    previousResponse: IResponse | None = None
 
     def __init__(
         self,
@@ -285,6 +301,7 @@ class UpstreamResponse:
         self.phrase = phrase
         self.headers = headers
         self.length = length
+        self.previousResponse: IResponse | None = None
         self.transport = transport
         # Twisted hands body protocols a push producer as their "transport" too.
         self._as_transport = cast(ITransport, transport)
@@ -370,7 +387,45 @@ class UpstreamConnection(Protocol):
     :ivar idle_since: when it last went idle.
     """
 
+    __slots__ = (
+        "_chunks",
+        "_close_delimited",
+        "_closing",
+        "_deferred",
+        "_done",
+        "_extra",
+        "_failure",
+        "_feeding",
+        "_fields",
+        "_head",
+        "_head_bytes",
+        "_head_size",
+        "_interim",
+        "_keep_alive",
+        "_lost",
+        "_parser",
+        "_paused",
+        "_pending",
+        "_phrase",
+        "_response",
+        "_stopped",
+        "_waiters",
+        "_want_pause",
+        "_wire",
+        "connected",
+        "factory",
+        "idle",
+        "idle_since",
+        "key",
+        "owner",
+        "transport",
+    )
+
     def __init__(self) -> None:
+        # Slots, where the Protocol base has class defaults.
+        self.transport: ITransport | None = None
+        self.connected = 0
+        self.factory = None
         self._wire: _Transport
         self.owner: Owner | None = None
         self.key: Key = (b"", b"", 0)

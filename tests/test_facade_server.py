@@ -296,3 +296,14 @@ async def test_pipelined_requests_over_a_real_socket_are_answered_in_order() -> 
         await port.stopListening()
     responses = read_stream(data, [b"POST", b"POST", b"GET"], closed=True)
     assert [r.body for r in responses] == [b"/tokenize:{}", b"/detokenize:[1]", b"/health:"]
+
+
+def test_every_attribute_of_a_connection_and_its_request_is_a_slot() -> None:
+    """Thousands are held at once (docs/performance.md#held-streams): an attribute set outside
+    ``__slots__`` brings back the per-instance dictionary."""
+    conn = Conn()
+    conn.send(get("/a"))
+    request = conn.handler.requests[0]
+    answer(request, b"A")
+    assert vars(conn.protocol) == {}
+    assert not hasattr(request, "__dict__")

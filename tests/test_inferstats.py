@@ -144,7 +144,8 @@ def test_never_raises_stays_bounded_and_ignores_split_points(body: bytes, cuts: 
     reader = StatsReader(0.0)
     for piece in pieces:
         reader.feed(piece, 1.0)
-        assert len(reader._tail) <= 2 * TAIL_BYTES and len(reader._carry) <= _LINE_CARRY
+        assert sum(map(len, reader._tail)) == reader._tail_size < 2 * TAIL_BYTES
+        assert len(reader._carry) <= _LINE_CARRY
     whole = StatsReader(0.0)
     whole.feed(body, 1.0)
     assert reader.finish(2.0) == whole.finish(2.0)

@@ -127,3 +127,12 @@ def test_finish_after_an_unreported_disconnect_is_tolerated(error: type[Exceptio
     relay.attach(request)
     relay.connectionLost(Failure(ResponseDone()))
     assert result(relay.done).complete is True
+
+
+def test_every_attribute_of_a_relay_is_a_slot() -> None:
+    """One per stream held (docs/performance.md#held-streams): no per-instance dictionary."""
+    relay, _ = connected()
+    relay.dataReceived(b"ab")
+    relay.attach(ClientRequest())
+    relay.connectionLost(Failure(ResponseDone()))
+    assert vars(relay) == {}

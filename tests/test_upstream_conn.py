@@ -776,3 +776,16 @@ def test_the_response_provides_iresponse() -> None:
     assert response.previousResponse is None
     response.setPreviousResponse(response)
     assert response.previousResponse is response
+
+
+def test_every_attribute_of_a_connection_and_its_response_is_a_slot() -> None:
+    """Thousands are held at once (docs/performance.md#held-streams): an attribute set outside
+    ``__slots__`` brings back the per-instance dictionary, about 1.5 KB each."""
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20)
+    response = result_of(d)
+    read(response)
+    rig.feed(BODY_20)
+    assert rig.reused and vars(rig.connection) == {}
+    assert not hasattr(response, "__dict__")
