@@ -117,30 +117,37 @@ class RequestPath(RequestHandler):
         self._jobs.add(job)
         # The requester leaving ends the job at once: whatever it is waiting on is cancelled,
         # and the cleanup below closes the upstream.
-        request.notifyFinish().addErrback(lambda _: job.cancel(Ending.REQUESTER_GONE))
-
-        def ended(result: object) -> object:
-            # Every exit path runs this. Exactly one terminal event per admitted request.
-            self._jobs.discard(job)
-            services.reservations.release(job.reservation)
-            job.reservation = None
-            if job.workload is not None:
-                state, error = terminal(job, result)
-                job.workload.terminal(state, error, job.stats)
-            if services.metrics is not None:
-                counted(services.metrics, job, services.clock.seconds())
-            return result
-
-        def cancelled(failure: Failure) -> None:
-            failure.trap(CancelledError)
-            # Shutdown or a stuck client: whoever is still connected sees the connection
-            # close rather than wait on an answer that will never come.
-            if not request.finished and request.connected:
-                request.loseConnection()
-
-        d.addBoth(ended)
-        d.addErrback(cancelled)
+        request.notifyFinish().addErrback(_requester_gone, job)
+        # Bound methods and module functions, not closures: one job of each is held for every
+        # stream in flight (docs/performance.md#held-streams).
+        d.addBoth(self._ended, job)
+        d.addErrback(_cancelled, request)
         return d
+
+    def _ended(self, result: object, job: Job) -> object:
+        # Every exit path runs this. Exactly one terminal event per admitted request.
+        services = self._services
+        self._jobs.discard(job)
+        services.reservations.release(job.reservation)
+        job.reservation = None
+        if job.workload is not None:
+            state, error = terminal(job, result)
+            job.workload.terminal(state, error, job.stats)
+        if services.metrics is not None:
+            counted(services.metrics, job, services.clock.seconds())
+        return result
+
+
+def _requester_gone(_: Failure, job: Job) -> None:
+    job.cancel(Ending.REQUESTER_GONE)
+
+
+def _cancelled(failure: Failure, request: ProxiedRequest) -> None:
+    failure.trap(CancelledError)
+    # Shutdown or a stuck client: whoever is still connected sees the connection close
+    # rather than wait on an answer that will never come.
+    if not request.finished and request.connected:
+        request.loseConnection()
 
 
 def outcome(job: Job) -> str:

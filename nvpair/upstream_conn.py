@@ -646,6 +646,8 @@ class UpstreamConnection(Protocol):
             length,
             BodyTransport(self),
         )
+        # Now in the response's headers: a stream held open should not keep both copies.
+        fields.clear()
 
     def on_body(self, body: bytes) -> None:
         if self._done:
