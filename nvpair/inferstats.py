@@ -22,6 +22,9 @@ from attrs import frozen
 #: streams cost (docs/performance.md#held-streams).
 TAIL_BYTES = 2 * 1024
 
+#: Most chunks the tail holds as they came before joining them (see :meth:`StatsReader._keep`).
+_TAIL_PIECES = 32
+
 #: Longest partial line carried between chunks for event counting; longer lines are counted
 #: without being kept (an event's content does not matter, only that it has some).
 _LINE_CARRY = 512
@@ -176,6 +179,12 @@ class StatsReader:
         size = self._tail_size + len(chunk)
         while size - len(tail[0]) >= TAIL_BYTES:
             size -= len(tail.pop(0))
+        if len(tail) > _TAIL_PIECES:
+            # A body dripped a few bytes at a time would make the window thousands of tiny
+            # objects, each dearer than its bytes: joined into one instead.
+            joined = b"".join(tail)[-TAIL_BYTES:]
+            self._tail = [joined]
+            size = len(joined)
         self._tail_size = size
 
     def _count_events(self, chunk: bytes) -> None:

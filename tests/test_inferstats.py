@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvpair.inferstats import _LINE_CARRY, TAIL_BYTES, Stats, StatsReader
+from nvpair.inferstats import _LINE_CARRY, _TAIL_PIECES, TAIL_BYTES, Stats, StatsReader
 
 
 def read(body: bytes, *, first: float = 1.25, end: float = 2.25, admitted: float = 1.0) -> Stats:
@@ -213,3 +213,19 @@ def test_content_pieces_count_the_same_whole_or_split(
         assert stats is not None and stats.completion_tokens == expected and stats.estimated
     else:
         assert stats is None or stats.completion_tokens is None
+
+
+def test_a_body_dripped_byte_by_byte_keeps_a_small_tail_and_reads_the_same() -> None:
+    """A slow or hostile engine sending one byte per read must not make each stream hold
+    thousands of one-byte objects."""
+    usage = {"prompt_tokens": 9, "completion_tokens": 40, "total_tokens": 49}
+    body = sse(*[chunk("tok")] * 40, {"choices": [], "usage": usage}, b"[DONE]")
+    reader = StatsReader(0.0)
+    for i in range(len(body)):
+        reader.feed(body[i : i + 1], 1.0)
+        assert len(reader._tail) <= _TAIL_PIECES
+    whole = StatsReader(0.0)
+    whole.feed(body, 1.0)
+    dripped = reader.finish(2.0)
+    assert dripped == whole.finish(2.0)
+    assert dripped is not None and (dripped.prompt_tokens, dripped.completion_tokens) == (9, 40)
