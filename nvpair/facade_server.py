@@ -87,6 +87,7 @@ class FacadeRequest:
     (HTTP/1.0); nothing after the head for ``HEAD``, 1xx, 204 and 304.
     """
 
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_body_parts",
         "_chunked",
@@ -297,6 +298,7 @@ class FacadeRequest:
 class FacadeChannel(Protocol):
     """One client connection to a facade (see the module docstring)."""
 
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_abort_timer",
         "_address",
@@ -326,8 +328,8 @@ class FacadeChannel(Protocol):
         self.site = site
         self._address = address
         self._parser = HttpRequestParser(self)
-        #: Requests in order: [0] is being answered (or parsed); the rest wait, parsed.
-        # A list, not a deque: rarely more than one, and an empty deque is a 600-byte block.
+        #: Requests in order: [0] is being answered (or parsed); the rest wait, parsed. A list:
+        #: rarely more than one, where an empty deque is a 600-byte block.
         self._requests: list[FacadeRequest] = []
         self._parsing: FacadeRequest | None = None
         #: A refusal was written, or the connection is closing: nothing more is read.

@@ -133,6 +133,7 @@ class StatsReader:
     :param admitted_at: admission time (seconds), for ``ttftMs``.
     """
 
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_admitted_at",
         "_carry",

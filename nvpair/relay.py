@@ -72,6 +72,7 @@ class WriteDeadline:
     reader cannot hold an engine's stream, and the request ends as cancelled.
     """
 
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_clock",
         "_expired",
@@ -130,6 +131,7 @@ class BodyRelay(Protocol):
         :meth:`attach`).
     """
 
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_client_gone",
         "_deadline",

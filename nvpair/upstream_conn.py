@@ -269,6 +269,7 @@ class UpstreamResponse:
         ``UNKNOWN_LENGTH``.
     """
 
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_as_transport",
         "_held",
@@ -387,6 +388,7 @@ class UpstreamConnection(Protocol):
     :ivar idle_since: when it last went idle.
     """
 
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_chunks",
         "_close_delimited",
