@@ -17,6 +17,7 @@ as skipped, never dropped. Nothing leaves loopback.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import subprocess
@@ -66,8 +67,23 @@ def _header(plan: Plan, chosen: list[str], first: str) -> list[str]:
         f"{plan.held_interval:g} s apart; failover: {plan.failovers} requests per fault kind "
         f"({plan.stalls} for the stall, first-byte timeout {plan.stall_timeout:g} s where the "
         f"proxy has one); cold-start mix: {plan.coldstart_seconds:g} s of arrivals per order "
-        f"(seed {plan.coldstart_seed} + round). Scenarios: {', '.join(chosen)}.",
+        f"(seed {plan.coldstart_seed} + round, popularity exponent {plan.coldstart_zipf:g}, "
+        f"{plan.coldstart_room} models in memory per node). Scenarios: {', '.join(chosen)}.",
     ]
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
 
 
 def _profile(plan: Plan, work: Path, out: Path) -> str | None:
@@ -112,6 +128,16 @@ def main() -> None:
         "--only",
         help=f"comma-separated scenarios to run, of {','.join(SCENARIOS)} (default all)",
     )
+    parser.add_argument(
+        "--coldstart-zipf",
+        type=_non_negative,
+        help="cold-start mix: popularity exponent of the models (default 1; 0: all alike)",
+    )
+    parser.add_argument(
+        "--coldstart-room",
+        type=_positive_int,
+        help="cold-start mix: models each node holds in memory at once (default 2)",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile")
     parser.add_argument(
         "--replot", type=Path, metavar="JSON", help="draw a saved run's table and plot again"
@@ -129,7 +155,15 @@ def main() -> None:
     plan = Plan.quick() if args.quick else Plan()
     overrides = {
         name: getattr(args, name)
-        for name in ("rounds", "requests", "seconds", "connections", "failovers")
+        for name in (
+            "rounds",
+            "requests",
+            "seconds",
+            "connections",
+            "failovers",
+            "coldstart_zipf",
+            "coldstart_room",
+        )
         if getattr(args, name) is not None
     }
     plan = attrs.evolve(plan, **overrides)

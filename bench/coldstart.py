@@ -49,9 +49,9 @@ REQUEST_TIMEOUT = 120.0
 
 
 @contextmanager
-def fleet(mix: Mix) -> Iterator[dict[str, Node]]:
+def fleet(mix: Mix, room: int = MAX_LOADED) -> Iterator[dict[str, Node]]:
     """Four fresh simulated Ollama nodes, cold, each holding its models of the placement and
-    room in memory for :data:`~bench.mixload.MAX_LOADED` of them."""
+    room in memory for ``room`` of them (:data:`~bench.mixload.MAX_LOADED` by default)."""
     high = mix.tokens[1]
     with ExitStack() as stack:
         nodes = {
@@ -59,7 +59,7 @@ def fleet(mix: Mix) -> Iterator[dict[str, Node]]:
                 node(
                     tokens=high,
                     interval=mix.token_seconds,
-                    cold=Cold(models_of(name), LOAD_DELAY, KEEP_ALIVE, MAX_LOADED),
+                    cold=Cold(models_of(name), LOAD_DELAY, KEEP_ALIVE, room),
                 )
             )
             for name in NODES
@@ -228,9 +228,11 @@ class SideRun:
     evictions: dict[str, int] = attrs.field(factory=dict)
 
 
-def run_side(side: str, requests: Sequence[Request], mix: Mix, work: Path) -> SideRun:
+def run_side(
+    side: str, requests: Sequence[Request], mix: Mix, work: Path, room: int = MAX_LOADED
+) -> SideRun:
     """Fresh nodes, a fresh proxy for ``side``, the workload played through it."""
-    with fleet(mix) as nodes, SIDE_PROXIES[side](nodes, work) as proxy:
+    with fleet(mix, room) as nodes, SIDE_PROXIES[side](nodes, work) as proxy:
         started = time.monotonic()
         outcomes = play(proxy.port, requests)
         elapsed = time.monotonic() - started

@@ -71,6 +71,10 @@ class Plan:
     route_requests: int = 20_000
     coldstart_seconds: float = 80.0
     coldstart_seed: int = 13
+    #: Popularity exponent of the mix's models (0: every model alike).
+    coldstart_zipf: float = 1.0
+    #: Models each node holds in memory at once.
+    coldstart_room: int = MAX_LOADED
 
     @staticmethod
     def quick() -> Plan:
@@ -474,11 +478,12 @@ def instructions(plan: Plan, results: Results, work: Path, names: Sequence[str])
 def coldstart(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
     """The same seeded workload (a new seed each round) through both orders, fresh cold nodes
     for each (bench/coldstart.py)."""
-    mix = Mix(seconds=plan.coldstart_seconds)
+    mix = Mix(seconds=plan.coldstart_seconds, zipf=plan.coldstart_zipf)
+    room = plan.coldstart_room
     _say(
-        f"cold-start mix: 4 Ollama nodes, 6 models, {MAX_LOADED} in memory at once, "
+        f"cold-start mix: 4 Ollama nodes, 6 models, {room} in memory at once, "
         f"{LOAD_DELAY:g} s loads; "
-        f"{mix.seconds:g} s of arrivals at {mix.rate:g}/s"
+        f"{mix.seconds:g} s of arrivals at {mix.rate:g}/s, popularity exponent {mix.zipf:g}"
     )
     for r in range(plan.rounds):
         requests = workload(plan.coldstart_seed + r, mix)
@@ -487,7 +492,7 @@ def coldstart(plan: Plan, results: Results, work: Path, names: Sequence[str]) ->
             f"offered concurrency {offered_concurrency(requests, mix):.1f}"
         )
         for name in names:
-            step = partial(_coldstart, results, work, name, r, requests, mix)
+            step = partial(_coldstart, results, work, name, r, requests, mix, room)
             _guarded(results, f"cold-start mix {name}", step)
 
 
@@ -498,10 +503,11 @@ def _coldstart(
     r: int,
     requests: Sequence[Request],
     mix: Mix,
+    room: int,
 ) -> None:
     sub = work / f"coldstart-{name}-{time.monotonic_ns()}"
     sub.mkdir()
-    run = mix_run.run_side(name, requests, mix, sub)
+    run = mix_run.run_side(name, requests, mix, sub, room)
     summary = summarize(run.outcomes)
     cold = sum(run.loads.values())
     results.put("mix_requests", name, r, summary.requests)

@@ -132,3 +132,10 @@ def test_summary_of_nothing_answered() -> None:
 def test_a_wait_is_a_first_token_later_than_the_threshold() -> None:
     late = summarize([Outcome(True, 200, WAITED_MS + 1), Outcome(True, 200, WAITED_MS)])
     assert late.waited == 1
+
+
+def test_a_flat_popularity_asks_for_every_model_alike() -> None:
+    """``--coldstart-zipf 0``: what the bench then runs is a uniform mix."""
+    counts = Counter(request.model for request in workload(13, Mix(seconds=4000, zipf=0.0)))
+    assert set(counts) == set(MODELS)
+    assert max(counts.values()) < 1.25 * min(counts.values())
