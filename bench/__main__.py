@@ -181,23 +181,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nvpair-bench-") as tmp:
         work = Path(tmp)
         for scenario in chosen:
-            names = scenarios.contenders_for(scenario)
-            if scenario == "routing":
-                scenarios.routing(plan, results)
-            elif scenario == "non-streaming":
-                scenarios.non_streaming(plan, results, work, names)
-            elif scenario == "streaming":
-                scenarios.streaming(plan, results, work, names)
-            elif scenario == "failover":
-                scenarios.failover(plan, results, work, names)
-            elif scenario == "held":
-                scenarios.held_streams(plan, results, work, names)
-            elif scenario == "metrics":
-                scenarios.metrics_cost(plan, results, work, names)
-            elif scenario == "instructions":
-                scenarios.instructions(plan, results, work, names)
-            elif scenario == "coldstart":
-                scenarios.coldstart(plan, results, work, names)
+            scenarios.RUNNERS[scenario](plan, results, work, scenarios.contenders_for(scenario))
         if not args.no_profile and "non-streaming" in chosen:
             profiled = _profile(plan, work, RESULTS / f"{stamp}-profile.txt")
 

@@ -540,16 +540,21 @@ def _coldstart(
     )
 
 
-SCENARIOS = (
-    "routing",
-    "non-streaming",
-    "instructions",
-    "metrics",
-    "streaming",
-    "failover",
-    "held",
-    "coldstart",
-)
+Runner = Callable[[Plan, Results, Path, Sequence[str]], None]
+
+#: Every scenario, in the order a full run takes them: each is given the plan, the results,
+#: a scratch directory and its contenders (:func:`contenders_for`).
+RUNNERS: dict[str, Runner] = {
+    "routing": lambda plan, results, work, names: routing(plan, results),
+    "non-streaming": non_streaming,
+    "instructions": instructions,
+    "metrics": metrics_cost,
+    "streaming": streaming,
+    "failover": failover,
+    "held": held_streams,
+    "coldstart": coldstart,
+}
+SCENARIOS = tuple(RUNNERS)
 
 
 def contenders_for(scenario: str) -> tuple[str, ...]:

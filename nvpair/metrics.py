@@ -28,16 +28,8 @@ class Histogram:
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
+        #: Per label tuple: one count per bucket, the +Inf bucket last, and the sum.
         self.series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
-
-    def observe(self, labels: tuple[str, ...], value: float) -> None:
-        series = self.series.get(labels)
-        if series is None:
-            # One more slot than bounds: the +Inf bucket.
-            series = self.series[labels] = ([0] * (len(self.bounds) + 1), [0.0])
-        counts, total = series
-        counts[bisect.bisect_left(self.bounds, value)] += 1
-        total[0] += value
 
 
 class _Ended:

@@ -575,7 +575,7 @@ class UpstreamConnection(Protocol):
         if self._done or self._pending is not None or self._response is not None:
             self._extra = True
             return
-        self._fields = []
+        self._fields.clear()
         self._phrase = b""
 
     def on_status(self, status: bytes) -> None:
