@@ -53,15 +53,6 @@ class Facades(Protocol):
     ) -> object: ...
 
 
-def _cancelled(failure: Failure) -> bool:
-    """Whether ``failure`` is a cancellation, also as the first error of a gathered few."""
-    if failure.check(defer.FirstError):
-        first = failure.value
-        assert isinstance(first, defer.FirstError)
-        return bool(first.subFailure.check(CancelledError))
-    return bool(failure.check(CancelledError))
-
-
 class PollState(enum.Enum):
     """What a configured (node, engine)'s polls say of it."""
 
@@ -396,8 +387,9 @@ class FleetService(Service):
         def record_load(result: object) -> LoadState:
             if isinstance(result, Failure):
                 # Cancelled by a shutdown or a reload, or a bug reading the answers: nothing
-                # known; only the bug is news.
-                if self._live(pair) and not _cancelled(result):
+                # known; only the bug is news. Both cancel a pair's polls only once it is no
+                # longer live (stopService, _drop).
+                if self._live(pair):
                     self.log.failure(
                         "reading {node}'s {engine} load", result, node=pair.node, engine=engine
                     )

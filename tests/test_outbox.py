@@ -90,11 +90,17 @@ def test_a_field_named_like_the_records_own_is_kept_apart() -> None:
     assert fields == {"event_level": "warn", "event_msg": "m", "event_format": "f"}
 
 
-def test_nothing_is_built_above_debug() -> None:
+def test_nothing_is_built_above_debug(monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
     observer = JsonLineObserver(out, LogLevel.info)
     outbox = LogOutbox()
     outbox.log = Logger(observer=LogPublisher(observer))
+
+    def built(method: str, params: object) -> None:
+        raise AssertionError(f"{method} built above debug")
+
+    # Not only left unwritten by the observer's level: never made into a record at all.
+    monkeypatch.setattr("nvpair.outbox.event_record", built)
     assert not outbox.wanted()
     outbox.notify("workload:submitted", {"workloadInfo": {"id": "1"}})
     assert out.getvalue() == ""

@@ -21,7 +21,7 @@ from twisted.internet.task import Clock
 from nvpair.sim import Faults, SimEngine
 from nvpair.sim.__main__ import main
 from nvpair.sim.memory import Claim, Memory
-from tests.test_sim import INFERENCE, Start, fetch, send, sleep
+from tests.test_sim import INFERENCE, Start, eventually, fetch, send, sleep
 
 
 @pytest.fixture
@@ -298,8 +298,8 @@ async def test_ollama_holds_a_load_until_the_busy_model_it_evicts_is_done(start:
     asked = Deferred.fromCoroutine(
         send("POST", engine.url + "/api/generate", {**ollama_generate(), "model": "m2"})
     )
-    await sleep(0.1)
-    assert await ps(engine) == ["m1:latest"] and engine.memory.waiting == 1
+    await eventually(lambda: engine.memory.waiting == 1)
+    assert await ps(engine) == ["m1:latest"]
     await treq.content(running)
     ended = reactor.seconds()
     waited = await asked

@@ -344,3 +344,19 @@ def soft_fd_limit(soft: int) -> Iterator[int]:
         yield wanted
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (before, hard))
+
+
+def write_fleet(
+    path: Path,
+    port: int,
+    nodes: dict[str, str],
+    engine: str = "ollama",
+    interval: str = "100ms",
+) -> Path:
+    """A fleet file at ``path``: ``engine``'s facade on ``port`` in front of ``nodes`` (node id
+    -> the engine's URL), polled every ``interval``."""
+    text = f'inventory-interval = "{interval}"\n[facades.{engine}]\nport = {port}\n'
+    for node, url in nodes.items():
+        text += f'[[nodes]]\nid = "{node}"\n[nodes.engines]\n{engine} = "{url}"\n'
+    path.write_text(text)
+    return path

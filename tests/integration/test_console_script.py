@@ -19,7 +19,7 @@ import pytest_twisted
 import treq
 
 from tests.integration.conftest import running_proxy, sims
-from tests.integration.harness import NVPAIR_PROXY, TWISTD, free_port
+from tests.integration.harness import NVPAIR_PROXY, TWISTD, free_port, write_fleet
 from tests.integration.test_fleet import eventually
 
 #: How each runner is started: the console script, and plain twistd (which takes the plugin's
@@ -117,11 +117,7 @@ async def test_console_script_serves_a_fleet_and_writes_no_pid_file(tmp_path: Pa
     run_dir = tmp_path / "run"
     async with sims(("ollama", ["llama3:latest"], "a")) as (a,):
         port = free_port()
-        fleet = tmp_path / "fleet.toml"
-        fleet.write_text(
-            f'inventory-interval = "100ms"\n[facades.ollama]\nport = {port}\n'
-            f'[[nodes]]\nid = "a"\n[nodes.engines]\nollama = "{a.url}"\n'
-        )
+        fleet = write_fleet(tmp_path / "fleet.toml", port, {"a": a.url})
         async with running_proxy(run_dir, "--fleet", str(fleet), console_script=True) as proxy:
             url = f"http://127.0.0.1:{port}"
 

@@ -10,7 +10,7 @@ import treq
 from twisted.internet import reactor, task
 
 from tests.integration.conftest import running_proxy, sims
-from tests.integration.harness import free_port, run_twistd
+from tests.integration.harness import free_port, run_twistd, write_fleet
 
 
 async def eventually(check: object, context: object = None, timeout: float = 10.0) -> None:
@@ -93,11 +93,7 @@ async def test_fleet_workload_events_are_log_records_with_their_fields(tmp_path:
     canary = "CANARY-fleet-4b1e-do-not-log"
     async with sims(("ollama", ["llama3:latest"], "a")) as (a,):
         port = free_port()
-        fleet = tmp_path / "fleet.toml"
-        fleet.write_text(
-            f'inventory-interval = "100ms"\n[facades.ollama]\nport = {port}\n'
-            f'[[nodes]]\nid = "a"\n[nodes.engines]\nollama = "{a.url}"\n'
-        )
+        fleet = write_fleet(tmp_path / "fleet.toml", port, {"a": a.url})
         args = ("--fleet", str(fleet), "--log-level", "debug")
         async with running_proxy(tmp_path, *args) as proxy:
             url = f"http://127.0.0.1:{port}/api/generate"

@@ -17,7 +17,7 @@ from twisted.internet.defer import ensureDeferred
 
 from nvpair.sim import SimEngine
 from tests.integration.conftest import running_proxy
-from tests.integration.harness import ProxyProcess, free_port, log_problems
+from tests.integration.harness import ProxyProcess, free_port, log_problems, write_fleet
 from tests.integration.test_fleet import eventually
 from tests.integration.test_fleet_schedules import (
     generate,
@@ -27,14 +27,6 @@ from tests.integration.test_fleet_schedules import (
     started,
     stopped,
 )
-
-
-def write_fleet(path: Path, port: int, nodes: dict[str, str], interval: str = "100ms") -> Path:
-    text = f'inventory-interval = "{interval}"\n[facades.ollama]\nport = {port}\n'
-    for node, url in nodes.items():
-        text += f'[[nodes]]\nid = "{node}"\n[nodes.engines]\nollama = "{url}"\n'
-    path.write_text(text)
-    return path
 
 
 async def admin_get(admin: int, path: str) -> tuple[int, Any]:

@@ -18,21 +18,15 @@ from twisted.internet.error import ConnectionRefusedError
 
 from nvpair.sim import SimEngine
 from tests.integration.conftest import running_proxy
-from tests.integration.harness import free_port, log_problems
+from tests.integration.harness import free_port, log_problems, write_fleet
 from tests.integration.test_fleet import eventually
 
 
 def fleet_file(
     tmp_path: Path, engine: str, port: int, sims: Sequence[SimEngine], interval: str = "100ms"
 ) -> Path:
-    path = tmp_path / "fleet.toml"
-    nodes = "".join(
-        f'[[nodes]]\nid = "{s.node}"\n[nodes.engines]\n{engine} = "{s.url}"\n' for s in sims
-    )
-    path.write_text(
-        f'inventory-interval = "{interval}"\n[facades.{engine}]\nport = {port}\n{nodes}'
-    )
-    return path
+    nodes = {sim.node: sim.url for sim in sims}
+    return write_fleet(tmp_path / "fleet.toml", port, nodes, engine, interval)
 
 
 def posts(sim: SimEngine) -> int:
