@@ -28,9 +28,9 @@ from twisted.internet.threads import deferToThread
 from nvpair.sim import SimEngine
 from tests.integration.browser import Browser, BrowserUnavailable, chromium
 from tests.integration.conftest import running_proxy
-from tests.integration.harness import ProxyProcess, free_port, log_problems
+from tests.integration.harness import ProxyProcess, free_port, log_problems, write_fleet
 from tests.integration.test_fleet import eventually
-from tests.integration.test_fleet_operator import admin_get, write_fleet
+from tests.integration.test_fleet_operator import admin_get
 from tests.integration.test_fleet_schedules import started, stopped
 
 pytestmark = pytest.mark.integration
