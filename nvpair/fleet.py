@@ -163,6 +163,8 @@ class FleetService(Service):
         self._known: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in self._engines}
         # (node id, engine) -> the pair, in the file's order
         self._pairs: dict[tuple[str, str], _Pair] = {}
+        #: Latched once every pair has answered or failed (:attr:`polled`).
+        self._first_round_done = False
 
     # -- what an operator reads ---------------------------------------------------------------
 
@@ -175,8 +177,10 @@ class FleetService(Service):
 
     @property
     def polled(self) -> bool:
-        """Whether every configured pair has been polled to the end at least once."""
-        return all(p.report.state is not PollState.PENDING for p in self._pairs.values())
+        """Whether the first round is done: every pair configured at start polled to the end
+        once. It stays so: a node a reload adds is not polled yet, and readiness must not go
+        with it (docs/operations.md#is-it-healthy)."""
+        return self._first_round_done
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -195,8 +199,15 @@ class FleetService(Service):
                 # Nothing more starts; the process's shutdown closes what did.
                 self._cannot_serve(why)
                 return
-        for key, url in self._wanted(self._fleet).items():
-            self._add(key, url, now=True)
+        # Every pair exists before the first poll starts: a poll answered at once must not
+        # find the first round done while pairs are still to come.
+        pairs = [
+            _Pair(node, engine, url) for (node, engine), url in self._wanted(self._fleet).items()
+        ]
+        self._pairs = {(pair.node, pair.engine): pair for pair in pairs}
+        for pair in pairs:
+            self._schedule(pair, now=True)
+        self._end_first_round()  # nothing to poll: done at once
 
     def stopService(self) -> Deferred[None] | None:
         super().stopService()
@@ -264,6 +275,8 @@ class FleetService(Service):
                 touched.add(key[1])
         for engine in touched:
             self._publish(engine)
+        # A reload before the first round ended may have removed what it waited for.
+        self._end_first_round()
 
     def _wanted(self, fleet: Fleet) -> dict[tuple[str, str], str]:
         """(node id, engine) -> URL of every pair of ``fleet`` whose facade runs here."""
@@ -475,6 +488,13 @@ class FleetService(Service):
         pair.report = evolve(
             previous, state=state, models=models, last_poll=now, last_error=error, since=since
         )
+        self._end_first_round()
+
+    def _end_first_round(self) -> None:
+        if not self._first_round_done:
+            self._first_round_done = all(
+                p.report.state is not PollState.PENDING for p in self._pairs.values()
+            )
 
     def _record(self, engine: str, node_id: str, models: tuple[str, ...] | None) -> None:
         answered = self._answered[engine]

@@ -189,6 +189,9 @@ def test_reload_adds_a_node_and_polls_it_at_once(rig: Reporting) -> None:
     assert len(rig.agent.polls("c")) == 1
     # The others keep their schedule: no extra poll.
     assert len(rig.agent.polls("a")) == 1
+    # Ready stays ready: the first round was done before, and /readyz must not turn 503 on
+    # a reload while the new node's first poll is out.
+    assert rig.service.polled
     rig.agent.answer("c", tags("m3"))
     assert members(rig.control)["c"] == ("m3",)
     assert [r.node for r in rig.service.reports()["ollama"]] == ["a", "b", "c"]
