@@ -54,6 +54,18 @@ def _check_keys(path: Path, where: str, table: Mapping[str, object], allowed: se
         raise _fail(path, where, f"unknown key(s) {', '.join(unknown)}")
 
 
+def _http_url(url: str) -> bool:
+    """Whether ``url`` is an ``http://`` URL with a host (and a valid port, if any)."""
+    try:
+        parts = urlsplit(url)
+        # Raises for a port that is not a number from 0 to 65535.
+        parts.port  # noqa: B018
+    except ValueError:
+        # An unclosed IPv6 bracket, say.
+        return False
+    return parts.scheme == "http" and bool(parts.hostname)
+
+
 def load_fleet(path: Path) -> Fleet:
     """Parse and validate a fleet file; :class:`FleetFileError` names what is wrong."""
     try:
@@ -62,6 +74,9 @@ def load_fleet(path: Path) -> Fleet:
         raise FleetFileError(f"{path}: cannot read: {error.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise FleetFileError(f"{path}: not valid TOML: {error}") from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively.
+        raise FleetFileError(f"{path}: not valid TOML: nested too deeply") from None
     _check_keys(path, "top level", document, {"inventory-interval", "facades", "nodes"})
 
     interval_text = document.get("inventory-interval", "5s")
@@ -112,8 +127,7 @@ def load_fleet(path: Path) -> Fleet:
         for engine, url in engines.items():
             if engine not in ENGINES:
                 raise _fail(path, f"{where}.engines.{engine}", "unknown engine")
-            parts = urlsplit(url) if isinstance(url, str) else None
-            if parts is None or parts.scheme != "http" or not parts.hostname:
+            if not (isinstance(url, str) and _http_url(url)):
                 raise _fail(path, f"{where}.engines.{engine}", "must be an http:// URL")
         nodes.append(FleetNode(node_id, dict(engines)))
     return Fleet(interval, facades, tuple(nodes))

@@ -114,8 +114,16 @@ def _last_number(tail: bytes, pattern: re.Pattern[bytes]) -> float | None:
         return None
 
 
+#: Most tokens a count may say: past it (or not finite) the engine's report is not believed
+#: (a counter that reached 10**400 would break every later /metrics scrape).
+_MAX_COUNT = 2**53
+
+
 def _count(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    # Written so that NaN fails it too.
+    if not 0 <= value <= _MAX_COUNT:
         return None
     return int(value)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -229,3 +230,24 @@ def test_a_body_dripped_byte_by_byte_keeps_a_small_tail_and_reads_the_same() -> 
     dripped = reader.finish(2.0)
     assert dripped == whole.finish(2.0)
     assert dripped is not None and (dripped.prompt_tokens, dripped.completion_tokens) == (9, 40)
+
+
+@pytest.mark.parametrize(
+    "count", [b"1" + b"0" * 400, b"1e999", b"-1e999", b"NaN", b"Infinity", b"10000000000000000"]
+)
+def test_an_absurd_count_is_not_believed_and_never_raises(count: bytes) -> None:
+    """JSON allows integers of any length, and Python's parser reads ``1e999`` as infinity and
+    ``NaN`` as NaN: none becomes a token count (nor a /metrics counter that breaks every scrape
+    after it)."""
+    body = b'{"choices":[],"usage":{"prompt_tokens":%b,"completion_tokens":%b}}' % (count, count)
+    ollama = b'{"done":true,"prompt_eval_count":%b,"eval_count":%b,"eval_duration":5}\n' % (
+        count,
+        count,
+    )
+    for raw in (body, ollama):
+        reader = StatsReader(0.0)
+        reader.feed(raw, 1.0)
+        stats = reader.finish(2.0)
+        assert stats is not None and stats.prompt_tokens is None
+        # At most the reader's own estimate, never the report's figure.
+        assert stats.completion_tokens is None or stats.estimated
