@@ -227,12 +227,14 @@ def main() -> int:
         serves.setdefault(node, []).extend(["--serve", engine, str(port), node, models])
     # Each child in a process group of its own: a Ctrl-C reaches the demo alone, which then
     # stops every child once (a signal from the terminal as well would be a second stop).
-    nodes = {
-        node: subprocess.Popen([python, "-m", "nvpair.sim", *serve], process_group=0)
-        for node, serve in serves.items()
-    }
-    children = list(nodes.values())
+    nodes: dict[str, subprocess.Popen[bytes]] = {}
+    children: list[subprocess.Popen[bytes]] = []
     try:
+        # Started inside the try: a failed start or a signal meanwhile still stops the ones
+        # already running.
+        for node, serve in serves.items():
+            nodes[node] = subprocess.Popen([python, "-m", "nvpair.sim", *serve], process_group=0)
+            children.append(nodes[node])
         deadline = time.monotonic() + START_TIMEOUT
         if not all(_wait_for(port, deadline) for _, port, _, _ in SIMULATED):
             print("demo: the simulated engines did not start", file=sys.stderr)

@@ -214,6 +214,20 @@ def test_a_keep_alive_running_out_meanwhile_makes_room_sooner() -> None:
     assert names(memory) == {"c"} and memory.evictions == 1
 
 
+def test_closing_leaves_no_timer_behind() -> None:
+    """An engine stopped while a load waits for room leaves no pending call on the reactor."""
+    clock = Clock()
+    first, second = eviction_order("a", "b")
+    memory = full(clock, first, second)
+    memory.claim(first)
+    on_second = memory.claim(second)
+    memory.claim("c")
+    memory.release(on_second)
+    assert clock.getDelayedCalls()
+    memory.close()
+    assert clock.getDelayedCalls() == []
+
+
 def test_without_a_cap_any_number_of_models_stay() -> None:
     clock = Clock()
     memory = Memory(clock, load_delay=1.0, keep_alive=None, warm=())

@@ -512,6 +512,7 @@ class SimEngine:
 
     def stop(self) -> Deferred[None]:
         """Stop listening and abort open connections (test teardown); safe to call twice."""
+        self._memory.close()
         return self.refuse()
 
     @property

@@ -283,6 +283,12 @@ class Memory:
             if claim.admitted is not None and claim.wait is not None:
                 claim.admitted(claim.wait)
 
+    def close(self) -> None:
+        """The engine stops: no timer of its outlives it."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
     def _arm(self) -> None:
         """While a load waits for room: a timer at the end of the first keep-alive to run out,
         which makes room sooner than the busy model chosen to go."""
