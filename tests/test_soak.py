@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.soak.client import ANSWERED, CLOSED, CUT, TIMEOUT, Outcome
-from bench.soak.judge import FD_TOLERANCE, Sample, Tally, judge
+from bench.soak.judge import FD_TOLERANCE, Sample, Tally, fleet_up, judge
 from bench.soak.plan import (
     ENGINES,
     FAULT_WEIGHTS,
@@ -24,7 +24,10 @@ from bench.soak.plan import (
     node_models,
 )
 from bench.soak.probe import LogSummary, Sockets, classify_sockets, summarize_log
+from nvpair.control import ControlState
 from nvpair.fleetfile import load_fleet
+from nvpair.status import status_document
+from tests.test_status import OLLAMA, Fleetish, flight
 
 
 def test_fleet_file_loads_with_the_proxys_own_parser(tmp_path: Path) -> None:
@@ -172,3 +175,17 @@ def test_missing_reservations_field_fails_rather_than_passes() -> None:
     final = Sample(0, "x", 60_000, 25, 12, 0, 0, None, 0, 0)
     verdicts = judge(_sample(), _sample(), final, _tally(ANSWERED), _CLEAN, True)
     assert [v.criterion for v in verdicts if not v.passed] == ["reservations empty"]
+
+
+def test_the_soak_reads_readiness_from_the_status_document_the_proxy_serves() -> None:
+    """``make soak`` waits for every node to be up: it must read the document's real shape (it
+    once read a ``control`` key the document no longer has, and never started)."""
+    fleet = Fleetish()
+    doc = status_document(OLLAMA, ControlState(), {}, flight, 0, fleet.view, fleet.clock.seconds())
+    doc = json.loads(json.dumps(doc))
+    assert fleet_up(doc, ["ollama"], ["a", "c"])
+    assert not fleet_up(doc, ["ollama"], ["a", "b"])  # b is down
+    assert not fleet_up(doc, ["ollama"], ["d"])  # d is not polled yet
+    assert not fleet_up(doc, ["ollama", "lmstudio"], ["a"])  # no such facade
+    assert not fleet_up({"control": {}}, ["ollama"], ["a"])
+    assert not fleet_up(None, ["ollama"], ["a"])

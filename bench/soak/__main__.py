@@ -36,7 +36,7 @@ from twisted.logger import (
 
 from bench.soak import probe
 from bench.soak.client import Clients, get_json, send
-from bench.soak.judge import Sample, Tally, judge, report
+from bench.soak.judge import Sample, Tally, fleet_up, judge, report
 from bench.soak.nodes import Chaos, Fleet
 from bench.soak.plan import ENGINES, NODES, Ending, draw_request, fleet_toml
 
@@ -172,9 +172,7 @@ class Run:
         """Every facade up and every node in every engine's discovery."""
         deadline = self.reactor.seconds() + seconds
         while self.reactor.seconds() < deadline and self.alive:
-            status = await self.status()
-            engines = (status or {}).get("control", {}).get("engines", {})
-            if all(len(engines.get(e, {}).get("nodes", [])) == len(NODES) for e in ENGINES):
+            if fleet_up(await self.status(), ENGINES, NODES):
                 return True
             await sleep(self.reactor, 0.2)
         return False

@@ -32,6 +32,27 @@ FD_TOLERANCE = 8
 RSS_BOUND_MB = 30.0
 
 
+def fleet_up(status: object, engines: Sequence[str], nodes: Sequence[str]) -> bool:
+    """Whether the admin ``/status`` shows every one of ``nodes`` up for every engine.
+
+    ``status["nodes"][engine]`` lists each configured node with its one-word ``state``
+    (docs/operations.md#status).
+    """
+    if not isinstance(status, dict):
+        return False
+    listed = status.get("nodes")
+    if not isinstance(listed, dict):
+        return False
+    for engine in engines:
+        entries = listed.get(engine)
+        if not isinstance(entries, list):
+            return False
+        up = {e.get("id") for e in entries if isinstance(e, dict) and e.get("state") == "up"}
+        if not up.issuperset(nodes):
+            return False
+    return True
+
+
 @attrs.frozen
 class Sample:
     """The proxy at one moment.
