@@ -125,32 +125,38 @@ def flatness(table: Table) -> list[float | None]:
     return out
 
 
+def added_over_nginx(table: Table) -> list[float | None]:
+    """Per round: nvpair's added c=1 p50 latency over nginx's, both over the direct path."""
+    ours = differences(table, "latency_p50_ms", "nvpair", "direct")
+    theirs = differences(table, "latency_p50_ms", "nginx", "direct")
+    out: list[float | None] = []
+    for x, y in zip(ours, theirs, strict=False):
+        out.append(x / y if x is not None and y is not None and y > 0 else None)
+    return out
+
+
+# Throughput (req/s, streams/s) is reported beside these, not judged: on two shared cores the
+# engines and the load generator bound it whatever the proxy does (bench/README.md), so the
+# proxy is judged on its own CPU and memory per unit of work.
 TARGETS: tuple[Target, ...] = (
     Target(
-        "non-streaming req/s at c=32 >= 1.5x the floor",
-        lambda t: ratios(t, "rps_c32", "nvpair", "floor"),
-        1.5,
-        False,
-        "x",
-    ),
-    Target(
-        "streams/s (64 chunks) at c=32 >= 1.5x the floor",
-        lambda t: ratios(t, "streams_c32", "nvpair", "floor"),
-        1.5,
-        False,
-        "x",
-    ),
-    Target(
-        "added latency p50 at c=1 (over direct) <= 0.35 ms",
-        lambda t: differences(t, "latency_p50_ms", "nvpair", "direct"),
-        0.35,
+        "proxy CPU per non-streamed request at c=32 <= 0.6x the floor's",
+        lambda t: ratios(t, "cpu_per_request_us", "nvpair", "floor"),
+        0.6,
         True,
-        "ms",
+        "x",
     ),
     Target(
-        "proxy CPU per 64-chunk stream <= 0.8x the floor's",
+        "proxy CPU per 64-chunk stream <= 0.6x the floor's",
         lambda t: ratios(t, "cpu_per_stream_us", "nvpair", "floor"),
-        0.8,
+        0.6,
+        True,
+        "x",
+    ),
+    Target(
+        "added latency p50 at c=1 <= 2x nginx's added latency",
+        added_over_nginx,
+        2,
         True,
         "x",
     ),

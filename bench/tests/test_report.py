@@ -43,6 +43,7 @@ def test_summary_shares_own_and_inclusive_time() -> None:
 
 TABLE: dict[str, dict[str, list[float | None]]] = {
     "rps_c32": {"nvpair": [900.0, 1100.0], "floor": [1000.0, 1000.0], "litellm": [30.0, None]},
+    "cpu_per_request_us": {"nvpair": [60.0, 70.0], "floor": [100.0, 100.0]},
     "latency_p50_ms": {"nvpair": [1.0, 1.2], "direct": [0.5, 0.5]},
     "route_us": {"2": [5.0, 5.0], "256": [15.0, 14.0]},
 }
@@ -50,9 +51,10 @@ TABLE: dict[str, dict[str, list[float | None]]] = {
 
 def test_markdown_has_every_target_with_a_verdict_and_the_side_by_side_table() -> None:
     text = markdown("title", ["header"], TABLE, ["a note"], "profile text")
-    assert "| non-streaming req/s at c=32 >= 1.5x the floor | 1.00x | 0.90 / 1.10 | **MISS** |" in (
-        text
-    )
+    assert (
+        "| proxy CPU per non-streamed request at c=32 <= 0.6x the floor's | 0.65x | 0.60 / 0.70 "
+        "| **MISS** |"
+    ) in text
     assert "| LiteLLM still >= 30x behind nvpair (req/s at c=32) | 30.00x |" in text
     assert "**n/a**" in text  # the scenarios not run
     assert "| req/s at c=32 | — | 1,000 | 1,000 | — | 30 |" not in text  # no nginx column
@@ -78,7 +80,7 @@ def test_the_cold_start_mix_has_its_own_side_by_side_table() -> None:
 
 def test_console_prints_pass_and_miss() -> None:
     lines = console(TABLE).splitlines()
-    assert any(line.startswith("  MISS  non-streaming req/s") for line in lines)
+    assert any(line.startswith("  MISS  proxy CPU per non-streamed") for line in lines)
     assert any(line.startswith("  PASS  LiteLLM still") for line in lines)
 
 

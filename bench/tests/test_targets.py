@@ -87,8 +87,8 @@ def test_metrics_cost_is_judged_on_same_round_ratios() -> None:
 
 
 def test_every_issue_target_is_judged() -> None:
-    """The table has the issues' sixteen lines, each with a verdict even on no data."""
-    assert len(TARGETS) == 16
+    """The table has the issues' fifteen lines, each with a verdict even on no data."""
+    assert len(TARGETS) == 15
     assert all(judge(t, {}).verdict is Verdict.NA for t in TARGETS)
 
 
@@ -106,3 +106,24 @@ def test_the_cold_start_mix_is_judged_as_default_over_warm_aware() -> None:
     judged = judge(cold, table)
     assert judged.value == pytest.approx(20 / 7)  # the median of 17/7, 3 and 20/7
     assert judged.verdict is Verdict.MISS
+
+
+def test_added_latency_is_judged_against_nginx_in_the_same_round() -> None:
+    """Each side's p50 over the direct path's of the same round; 2x nginx's is the bound."""
+    target = next(t for t in TARGETS if "nginx's added latency" in t.name)
+    table: Table = {
+        "latency_p50_ms": {
+            "direct": [0.30, 0.50, 0.40],
+            "nvpair": [0.70, 0.80, 0.60],
+            "nginx": [0.50, 0.60, 0.40],
+        }
+    }
+    judged = judge(target, table)
+    assert judged.per_round == pytest.approx((2.0, 3.0, None))  # nginx added nothing: no ratio
+    assert judged.value == pytest.approx(2.5)
+    assert judged.verdict is Verdict.MISS
+
+
+def test_throughput_is_reported_not_judged() -> None:
+    assert not any("req/s" in t.name and "LiteLLM" not in t.name for t in TARGETS)
+    assert not any("streams/s" in t.name for t in TARGETS)
