@@ -4,7 +4,8 @@ Agent, its pool and its parser were a fifth of a proxied request's CPU (issue 11
 ``_newclient`` 10 %, the pool 4 %, ``Headers`` 4 %, with the Deferreds between them). A
 reverse proxy needs little of what they offer, so this client keeps their contract (the same
 ``IResponse``, the same failures, the same keep-alive rules) on a connection of its own
-(:mod:`nvpair.upstream_conn`) and a pool that is a list per ``(scheme, host, port)``.
+(:mod:`nvpair.upstream_conn`) and a pool that is a list per ``(scheme, host, port)``
+(:mod:`nvpair.upstream_pool`).
 """
 
 from __future__ import annotations
@@ -24,25 +25,20 @@ from twisted.internet.endpoints import (
     wrapClientTLS,
 )
 from twisted.internet.interfaces import (
-    IDelayedCall,
     IReactorTCP,
     IReactorTime,
     IStreamClientEndpoint,
 )
+from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
 from twisted.web.client import URI
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS, IResponse
 
-from nvpair.upstream_conn import ConnectionFactory, Key, UpstreamConnection, request_head
-
-#: Idle connections kept per upstream. Twisted's default of 2 limits the idle cache, not
-#: concurrency, and halved throughput in a measurement.
-MAX_PERSISTENT_PER_HOST = 64
-
-#: Seconds an idle connection is kept (Twisted's ``cachedConnectionTimeout``).
-IDLE_TIMEOUT = 240.0
+from nvpair.upstream_conn import Key, UpstreamConnection
+from nvpair.upstream_framing import request_head
+from nvpair.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
 
 _BODILESS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE", b"TRACE"})
 
@@ -153,101 +149,14 @@ class _Endpoints:
         return TCP6ClientEndpoint(self._reactor, text, port, self._timeout)
 
 
-class Pool:
-    """Idle connections per ``(scheme, host, port)``: the newest is used first, at most
-    :data:`MAX_PERSISTENT_PER_HOST` are kept, and one idle for :data:`IDLE_TIMEOUT` closes.
+class ConnectionFactory(Factory):
+    """Builds :class:`~nvpair.upstream_conn.UpstreamConnection`s for the endpoints."""
 
-    It limits the idle set, not concurrency: a request that finds none dials a new one. One
-    timer sweeps the whole pool, armed only while something is idle.
+    # One dial per connection: at Twisted's default every one would log "Starting factory".
+    noisy = False
 
-    :ivar retired: connections coming back are closed instead of kept.
-    """
-
-    def __init__(self, clock: IReactorTime, max_idle: int, idle_timeout: float) -> None:
-        self._clock = clock
-        self._max = max_idle
-        self._timeout = idle_timeout
-        self._idle: dict[Key, list[UpstreamConnection]] = {}
-        self._timer: IDelayedCall | None = None
-        self.retired = False
-
-    def adopt(self, connection: UpstreamConnection, key: Key) -> None:
-        """A freshly dialled connection joins this pool (it is busy)."""
-        connection.owner = self
-        connection.key = key
-
-    def take(self, key: Key) -> UpstreamConnection | None:
-        idle = self._idle.get(key)
-        while idle:
-            connection = idle.pop()
-            connection.idle = False
-            if connection.usable:
-                return connection
-        return None
-
-    def put(self, connection: UpstreamConnection) -> None:
-        if self.retired:
-            connection.close()
-            return
-        idle = self._idle.get(connection.key)
-        if idle is None:
-            idle = self._idle[connection.key] = []
-        elif len(idle) >= self._max:
-            oldest = idle.pop(0)
-            oldest.idle = False
-            oldest.close()
-        connection.idle = True
-        connection.idle_since = self._clock.seconds()
-        idle.append(connection)
-        if self._timer is None:
-            self._timer = self._clock.callLater(self._timeout, self._sweep)
-
-    def drop(self, connection: UpstreamConnection) -> None:
-        if not connection.idle:
-            return
-        connection.idle = False
-        idle = self._idle.get(connection.key)
-        if idle is not None and connection in idle:
-            idle.remove(connection)
-            if not idle:
-                del self._idle[connection.key]
-
-    def _sweep(self) -> None:
-        self._timer = None
-        cutoff = self._clock.seconds() - self._timeout
-        next_due: float | None = None
-        for key, idle in list(self._idle.items()):
-            # Oldest first: each list is in the order its connections went idle.
-            while idle and idle[0].idle_since <= cutoff:
-                stale = idle.pop(0)
-                stale.idle = False
-                stale.close()
-            if not idle:
-                del self._idle[key]
-            elif next_due is None or idle[0].idle_since < next_due:
-                next_due = idle[0].idle_since
-        if next_due is not None:
-            delay = max(next_due + self._timeout - self._clock.seconds(), 0.0)
-            self._timer = self._clock.callLater(delay, self._sweep)
-
-    def close_idle(self) -> Deferred[None]:
-        """Close every idle connection; fires once all are closed."""
-        if self._timer is not None:
-            if self._timer.active():
-                self._timer.cancel()
-            self._timer = None
-        closing = []
-        idle, self._idle = self._idle, {}
-        for connections in idle.values():
-            for connection in connections:
-                connection.idle = False
-                closing.append(connection.close())
-        return defer.gatherResults(closing).addCallback(lambda _: None)
-
-    def retire(self) -> Deferred[None]:
-        """Close the idle connections now and every busy one once its exchange ends."""
-        self.retired = True
-        return self.close_idle()
+    def buildProtocol(self, addr: object) -> UpstreamConnection:
+        return UpstreamConnection()
 
 
 class _Dial:

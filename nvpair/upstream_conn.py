@@ -5,13 +5,8 @@ Agent's client pays, per exchange, for a ``Request``, a body producer, a Deferre
 line-based parser in Python (issue 11's profile: ``_newclient`` 10 %, the pool and Deferreds
 more). This connection does one exchange at a time with the same contract and none of that:
 the head and body go out in one ``transport.write``, and ``httptools`` (the llhttp binding
-uvicorn uses) frames the answer.
-
-What it hands back is an :class:`~twisted.web.iweb.IResponse` the rest of the proxy cannot
-tell from Agent's: the same headers removed, the same ``length``, ``deliverBody`` with the
-same states, a body transport that is a push producer over the connection, and the same
-failure classes (``ResponseDone``, ``PotentialDataLoss``, ``ResponseFailed``,
-``ResponseNeverReceived``), so :mod:`nvpair.relay` and :mod:`nvpair.bodies` keep working.
+uvicorn uses) frames the answer. The framing rules are in :mod:`nvpair.upstream_framing`, the
+answer handed back (Agent's ``IResponse``) in :mod:`nvpair.upstream_response`.
 
 Parser callbacks only record; everything that runs other code (firing the request's Deferred,
 delivering body bytes, ending the body, returning the connection to its pool) happens after
@@ -20,162 +15,35 @@ llhttp has returned, so nothing re-enters the parser.
 
 from __future__ import annotations
 
-import enum
-import re
 from typing import Protocol as TypingProtocol
 from typing import cast
 
 from httptools.parser.parser import HttpResponseParser
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IProtocol, IPushProducer, ITCPTransport, ITransport
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.interfaces import ITCPTransport, ITransport
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
-from zope.interface import implementer
+from twisted.web.iweb import IResponse
 
-from nvpair.headers import connection_tokens
+from nvpair.upstream_framing import MAX_HEAD, BadResponse
+from nvpair.upstream_response import (
+    BodyTransport,
+    ReadFlow,
+    UpstreamResponse,
+    final_answer,
+    response_done,
+)
 from nvpair.wire import send
-
-#: The most head bytes (status line, fields, interim answers) read before the final answer's
-#: head is complete; an engine must not make this process buffer without bound.
-MAX_HEAD = 64 * 1024
 
 #: ``(scheme, host, port)``: which idle connections may carry a request.
 Key = tuple[bytes, bytes, int]
 
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TARGET = re.compile(rb"[\x21-\x7e]+")
-_UNSAFE_VALUE = re.compile(rb"[\r\n\x00]")
-
-#: The body's framing is this client's to write; a caller's own would contradict it.
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
-
-#: Response headers Twisted's client takes out of ``response.headers`` (its
-#: ``HTTPParser.CONNECTION_CONTROL_HEADERS``): removed here too, so delivery forwards exactly
-#: what it did. ``Content-Length`` becomes ``length`` (except in a HEAD answer).
-_CONNECTION_CONTROL = frozenset(
-    {
-        b"content-length",
-        b"connection",
-        b"keep-alive",
-        b"te",
-        b"trailers",
-        b"transfer-encoding",
-        b"upgrade",
-        b"proxy-connection",
-    }
-)
-
-_HTTP11 = (b"HTTP", 1, 1)
-_HTTP10 = (b"HTTP", 1, 0)
-
-
-class BadResponse(Exception):
-    """The upstream's bytes are no HTTP/1.x answer this client accepts (inside
-    ``ResponseNeverReceived`` or ``ResponseFailed``)."""
-
 
 class _Stop(Exception):
     """Raised in a parser callback to stop llhttp; the reason is kept on the connection."""
-
-
-def request_head(
-    method: bytes, target: bytes, host: bytes, headers: Headers, length: int | None
-) -> bytes:
-    """The request line and header section of one request, as bytes ready to send.
-
-    ``Host`` comes first (RFC 9110 §7.2) unless ``headers`` carries its own; ``Content-Length``
-    is ``length`` when it is not None, and a caller's ``Content-Length`` or
-    ``Transfer-Encoding`` is never sent. At least as strict as Twisted's ``Request``: the method
-    must be a token, the target visible ASCII, names tokens, and no value may hold CR, LF or
-    NUL (Twisted's ``Headers`` replaces CR and LF but keeps NUL).
-
-    :raises ValueError: for anything that would not be a well-formed head.
-    """
-    if _TOKEN.fullmatch(method) is None:
-        raise ValueError(f"invalid method {method!r}")
-    if _TARGET.fullmatch(target) is None:
-        raise ValueError(f"invalid request target {target!r}")
-    fields: list[bytes] = []
-    hosts = 0
-    for name, values in headers.getAllRawHeaders():
-        kind = _NAMES.get(name)
-        if kind is None:
-            kind = _name_kind(name)
-        if kind is _Name.SKIP:
-            continue
-        if kind is _Name.HOST:
-            hosts += len(values)
-        for value in values:
-            fields += (name, b": ", value, b"\r\n")
-    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    if not hosts:
-        parts += (b"Host: ", host, b"\r\n")
-    elif hosts != 1:
-        raise ValueError("exactly one Host header is required")
-    parts += fields
-    if length is not None:
-        parts.append(b"Content-Length: %d\r\n" % length)
-    parts.append(b"\r\n")
-    head = b"".join(parts)
-    # Every line break in the head is one this function wrote: a CR, LF or NUL from a value
-    # (or the host) would show as one too many, so three scans check every value at once.
-    breaks = len(fields) // 4 + (2 if not hosts else 1) + (length is not None) + 1
-    if head.count(b"\n") != breaks or head.count(b"\r") != breaks or b"\0" in head:
-        raise ValueError("a header value (or the host) holds CR, LF or NUL")
-    return head
-
-
-class _Name(enum.Enum):
-    SEND = "send"
-    HOST = "host"
-    SKIP = "skip"
-
-
-#: Verdicts on header names seen before (names repeat: Headers canonicalizes them).
-_NAMES: dict[bytes, _Name] = {}
-
-
-def _name_kind(name: bytes) -> _Name:
-    if _TOKEN.fullmatch(name) is None:
-        raise ValueError(f"invalid header name {name!r}")
-    lowered = name.lower()
-    kind = _Name.SKIP if lowered in _FRAMING else _Name.HOST if lowered == b"host" else _Name.SEND
-    if len(_NAMES) >= 1024:
-        _NAMES.clear()
-    _NAMES[name] = kind
-    return kind
-
-
-def response_headers(
-    fields: list[tuple[bytes, bytes]], head: bool, named: set[bytes] | None = None
-) -> Headers:
-    """The headers a response exposes, from its raw fields in order.
-
-    Twisted's client removes its connection-control headers (``Content-Length`` stays in the
-    answer to a HEAD: it describes the GET body there); the proxy's client also removed the
-    headers ``Connection`` names (RFC 9110 §7.6.1), which nobody downstream could tell apart
-    once ``Connection`` itself is gone.
-
-    :param head: the request was a HEAD.
-    :param named: the ``Connection`` tokens, when the caller has them already.
-    """
-    if named is None:
-        named = connection_tokens(v for n, v in fields if n.lower() == b"connection")
-    headers = Headers()
-    for name, value in fields:
-        lowered = name.lower()
-        if lowered in named:
-            continue
-        if lowered in _CONNECTION_CONTROL and not (head and lowered == b"content-length"):
-            continue
-        # llhttp strips the leading whitespace of a value but keeps the trailing.
-        headers.addRawHeader(lowered, value.rstrip(b" \t"))
-    return headers
 
 
 class _Transport(TypingProtocol):
@@ -202,178 +70,6 @@ class Owner(TypingProtocol):
         """``connection`` can no longer be used: forget it if it is idle."""
 
 
-@implementer(IPushProducer)
-class BodyTransport:
-    """The transport a body protocol gets from ``deliverBody``: a push producer over the
-    connection while the body lasts.
-
-    Pausing stops reading the upstream socket, stopping closes the connection (it is then never
-    reused). Once the body has ended every call is a no-op, so a late ``stopProducing`` can
-    never close a connection that went back to the pool (as Twisted's
-    ``TransportProxyProducer``).
-    """
-
-    __slots__ = ("_connection",)
-
-    #: Twisted's body transport has it (LineReceiver reads it); it never changes.
-    disconnecting = False
-
-    def __init__(self, connection: UpstreamConnection) -> None:
-        self._connection: UpstreamConnection | None = connection
-
-    def detach(self) -> None:
-        """The body ended: stop acting on the connection."""
-        self._connection = None
-
-    def pauseProducing(self) -> None:
-        if self._connection is not None:
-            self._connection.pause_body()
-
-    def resumeProducing(self) -> None:
-        if self._connection is not None:
-            self._connection.resume_body()
-
-    def stopProducing(self) -> None:
-        if self._connection is not None:
-            self._connection.stop_body()
-
-    def loseConnection(self) -> None:
-        """As ``stopProducing`` (Twisted's body transport offers both)."""
-        self.stopProducing()
-
-    def abortConnection(self) -> None:
-        """Close at once, unsent bytes dropped (``readBody`` cancels with it)."""
-        if self._connection is not None:
-            self._connection.stop_body(abort=True)
-
-
-class _Body:
-    """Where a response's body stands (``twisted.web._newclient.Response``'s states)."""
-
-    #: No protocol yet: bytes are held, the upstream is paused.
-    INITIAL = 0
-    #: Bytes go to the protocol as they arrive.
-    CONNECTED = 1
-    #: Ended before a protocol came: held bytes and the end wait for ``deliverBody``.
-    DEFERRED_CLOSE = 2
-    #: Delivered and ended.
-    FINISHED = 3
-
-
-@implementer(IResponse)
-class UpstreamResponse:
-    """An upstream answer whose head has arrived; its body follows through
-    :meth:`deliverBody`.
-
-    :ivar length: the ``Content-Length``, 0 for a HEAD, 204 or 304 answer, else
-        ``UNKNOWN_LENGTH``.
-    """
-
-    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
-    __slots__ = (
-        "_as_transport",
-        "_held",
-        "_protocol",
-        "_reason",
-        "_state",
-        "code",
-        "headers",
-        "length",
-        "phrase",
-        "previousResponse",
-        "transport",
-        "version",
-    )
-
-    #: No ``IClientRequest`` is kept: nothing reads it.
-    request = None
-
-    def __init__(
-        self,
-        version: tuple[bytes, int, int],
-        code: int,
-        phrase: bytes,
-        headers: Headers,
-        length: int | str,
-        transport: BodyTransport,
-    ) -> None:
-        self.version = version
-        self.code = code
-        self.phrase = phrase
-        self.headers = headers
-        self.length = length
-        self.previousResponse: IResponse | None = None
-        self.transport = transport
-        # Twisted hands body protocols a push producer as their "transport" too.
-        self._as_transport = cast(ITransport, transport)
-        self._state = _Body.INITIAL
-        self._held: list[bytes] = []
-        self._protocol: IProtocol | None = None
-        self._reason: Failure | None = None
-
-    def deliverBody(self, protocol: IProtocol) -> None:
-        """Connect ``protocol`` to the body: held bytes first, then the rest as it comes.
-
-        :raises RuntimeError: when a protocol was connected already, or the body was
-            delivered already (as Twisted's response does).
-        """
-        state = self._state
-        if state == _Body.INITIAL:
-            protocol.makeConnection(self._as_transport)
-            self._protocol = protocol
-            self._state = _Body.CONNECTED
-            held, self._held = self._held, []
-            for data in held:
-                protocol.dataReceived(data)
-            # After the state change: resuming may deliver more, or end the body, at once.
-            self.transport.resumeProducing()
-        elif state == _Body.DEFERRED_CLOSE:
-            protocol.makeConnection(self._as_transport)
-            held, self._held = self._held, []
-            for data in held:
-                protocol.dataReceived(data)
-            self._state = _Body.FINISHED
-            assert self._reason is not None
-            protocol.connectionLost(self._reason)
-        elif state == _Body.CONNECTED:
-            raise RuntimeError(
-                f"Response already has protocol {self._protocol!r}, cannot deliverBody again"
-            )
-        else:
-            raise RuntimeError("Response already finished, cannot deliverBody now.")
-
-    def setPreviousResponse(self, response: IResponse) -> None:
-        self.previousResponse = response
-
-    # -- the connection's side -------------------------------------------------------------
-
-    def connected(self) -> bool:
-        """Whether a protocol is reading the body now."""
-        return self._state == _Body.CONNECTED
-
-    def data(self, data: bytes) -> None:
-        if self._state == _Body.CONNECTED:
-            assert self._protocol is not None
-            self._protocol.dataReceived(data)
-        elif self._state == _Body.INITIAL:
-            self._held.append(data)
-
-    def end(self, reason: Failure) -> None:
-        self.transport.detach()
-        if self._state == _Body.CONNECTED:
-            protocol, self._protocol = self._protocol, None
-            self._state = _Body.FINISHED
-            assert protocol is not None
-            protocol.connectionLost(reason)
-        elif self._state == _Body.INITIAL:
-            self._reason = reason
-            self._state = _Body.DEFERRED_CLOSE
-
-
-def _response_done() -> Failure:
-    return Failure(ResponseDone("Response body fully received"))
-
-
 class UpstreamConnection(Protocol):
     """One connection to an engine, carrying one exchange at a time.
 
@@ -391,28 +87,24 @@ class UpstreamConnection(Protocol):
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_chunks",
-        "_close_delimited",
         "_closing",
         "_deferred",
         "_done",
         "_extra",
         "_failure",
-        "_feeding",
         "_fields",
+        "_flow",
         "_head",
         "_head_bytes",
         "_head_size",
         "_interim",
-        "_keep_alive",
         "_lost",
         "_parser",
-        "_paused",
         "_pending",
         "_phrase",
         "_response",
         "_stopped",
         "_waiters",
-        "_want_pause",
         "_wire",
         "connected",
         "factory",
@@ -429,6 +121,7 @@ class UpstreamConnection(Protocol):
         self.connected = 0
         self.factory = None
         self._wire: _Transport
+        self._flow: ReadFlow
         self.owner: Owner | None = None
         self.key: Key = (b"", b"", 0)
         self.idle = False
@@ -449,13 +142,8 @@ class UpstreamConnection(Protocol):
         self._done = False
         self._extra = False
         self._failure: Exception | None = None
-        self._keep_alive = False
-        self._close_delimited = False
         # Reading and closing.
         self._stopped = False
-        self._feeding = False
-        self._want_pause = False
-        self._paused = False
         self._closing = False
         self._lost = False
         self._waiters: list[Deferred[None]] = []
@@ -483,9 +171,7 @@ class UpstreamConnection(Protocol):
         self._done = False
         self._extra = False
         self._failure = None
-        self._close_delimited = False
         self._stopped = False
-        self._want_pause = False
         # Head and body in one write: one write-interest toggle in the reactor, not several.
         # Once written the request is whole and in order on the wire, so an answer that
         # arrives before the kernel has sent all of it is still the answer to all of it.
@@ -516,6 +202,7 @@ class UpstreamConnection(Protocol):
 
     def connectionMade(self) -> None:
         self._wire = cast(_Transport, self.transport)
+        self._flow = ReadFlow(self._wire)
         # As Twisted's client: a request is one write, and Nagle would hold a small one back.
         if ITCPTransport.providedBy(self.transport):
             self.transport.setTcpNoDelay(True)
@@ -533,7 +220,8 @@ class UpstreamConnection(Protocol):
         if self._response is None:
             self._head_bytes += len(data)
         problem: Exception | None = None
-        self._feeding = True
+        flow = self._flow
+        flow.feeding = True
         try:
             try:
                 parser.feed_data(data)
@@ -541,12 +229,8 @@ class UpstreamConnection(Protocol):
                 problem = self._failure or error
             self._after_feed(problem)
         finally:
-            self._feeding = False
-        if self._want_pause:
-            self._want_pause = False
-            if self._response is not None and not self._paused:
-                self._paused = True
-                self._wire.pauseProducing()
+            flow.feeding = False
+        flow.settle(self._response is not None)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._lost = True
@@ -557,7 +241,7 @@ class UpstreamConnection(Protocol):
         if deferred is not None:
             deferred.errback(Failure(ResponseNeverReceived([reason])))
         elif response is not None:
-            if self._close_delimited and reason.check(ConnectionDone) is not None:
+            if response.to_close and reason.check(ConnectionDone) is not None:
                 # The body ran to the close, as its framing said; only the close tells.
                 end = Failure(PotentialDataLoss())
             else:
@@ -602,54 +286,24 @@ class UpstreamConnection(Protocol):
             # Informational (100, 103): not the answer, which is still to come.
             self._interim = True
             return
-        if code == 101 or not 200 <= code <= 599:
-            self._failure = BadResponse(f"status {code} is not supported")
-            raise _Stop()
-        http = parser.get_http_version()
-        if http == "1.1":
-            version = _HTTP11
-        elif http == "1.0":
-            version = _HTTP10
-        else:
-            self._failure = BadResponse(f"HTTP/{http} is not supported")
-            raise _Stop()
-        fields = self._fields
-        tokens: set[bytes] = set()
-        length: int | str = UNKNOWN_LENGTH
-        coding = b""
-        for name, value in fields:
-            lowered = name.lower()
-            if lowered == b"connection":
-                tokens |= connection_tokens((value,))
-            elif lowered == b"content-length":
-                length = int(value)  # llhttp accepted it: digits, one value
-            elif lowered == b"transfer-encoding":
-                coding = value
-        close_delimited = False
-        if self._head or code in (204, 304):
-            # No body, whatever the headers say (RFC 9112 §6.3); llhttp knows no HEAD.
-            length = 0
+        try:
+            pending = final_answer(
+                code,
+                parser.get_http_version(),
+                self._phrase,
+                self._fields,
+                self._head,
+                BodyTransport(self, self._flow),
+            )
+        except BadResponse as refused:
+            self._failure = refused
+            raise _Stop() from None
+        self._pending = pending
+        if pending.length == 0:
+            # Nothing follows the head (a HEAD answer, 204, 304, or Content-Length: 0).
             self._done = True
-        elif coding:
-            length = UNKNOWN_LENGTH
-            # Chunked only when it is the final coding; else the body runs to the close.
-            close_delimited = coding.rsplit(b",", 1)[-1].strip().lower() != b"chunked"
-        elif length == UNKNOWN_LENGTH:
-            close_delimited = True
-        self._close_delimited = close_delimited
-        self._keep_alive = not close_delimited and (
-            b"keep-alive" in tokens if version is _HTTP10 else b"close" not in tokens
-        )
-        self._pending = UpstreamResponse(
-            version,
-            code,
-            self._phrase,
-            response_headers(fields, self._head, tokens),
-            length,
-            BodyTransport(self),
-        )
         # Now in the response's headers: a stream held open should not keep both copies.
-        fields.clear()
+        self._fields.clear()
 
     def on_body(self, body: bytes) -> None:
         if self._done:
@@ -701,8 +355,7 @@ class UpstreamConnection(Protocol):
         elif problem is not None:
             self._fail_body(response, Failure(problem))
         elif not response.connected():
-            # Nobody reads the body yet: hold the upstream where it is (as Twisted does).
-            self._want_pause = True
+            self._flow.hold()
 
     def _fail_head(self, problem: Exception) -> None:
         deferred, self._deferred = self._deferred, None
@@ -725,33 +378,15 @@ class UpstreamConnection(Protocol):
         self._response = None
         self._parser = None
         owner = self.owner
-        if owner is not None and self._keep_alive and not (self._extra or self._stopped):
-            self._want_pause = False
-            if self._paused:
-                # An idle connection must read, or a server's close would go unnoticed.
-                self._paused = False
-                self._wire.resumeProducing()
+        if owner is not None and response.keep_alive and not (self._extra or self._stopped):
+            self._flow.resume()
             owner.put(self)
         elif not self._closing:
             self._closing = True
             self._wire.loseConnection()
-        response.end(_response_done())
+        response.end(response_done())
 
     # -- the body transport's side ---------------------------------------------------------
-
-    def pause_body(self) -> None:
-        if self._feeding:
-            # Applied once this read is handled: a body that ends in it needs no pause.
-            self._want_pause = True
-        elif not self._paused:
-            self._paused = True
-            self._wire.pauseProducing()
-
-    def resume_body(self) -> None:
-        self._want_pause = False
-        if self._paused:
-            self._paused = False
-            self._wire.resumeProducing()
 
     def stop_body(self, abort: bool = False) -> None:
         """The reader wants no more: close; the body ends when the connection has gone."""
@@ -762,13 +397,3 @@ class UpstreamConnection(Protocol):
         elif not self._closing:
             self._closing = True
             self._wire.loseConnection()
-
-
-class ConnectionFactory(Factory):
-    """Builds :class:`UpstreamConnection`s for the endpoints."""
-
-    # One dial per connection: at Twisted's default every one would log "Starting factory".
-    noisy = False
-
-    def buildProtocol(self, addr: object) -> UpstreamConnection:
-        return UpstreamConnection()

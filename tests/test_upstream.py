@@ -34,8 +34,9 @@ from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from nvpair.bodies import BodyTimeout, discard_body, read_body
-from nvpair.upstream import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool, Upstream, parse_target
+from nvpair.upstream import Upstream, parse_target
 from nvpair.upstream_conn import UpstreamConnection
+from nvpair.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
 from tests.test_bodies import failure_of, result_of
 
 #: The global reactor, untyped: its listen*/connect* generics reject plain factories.

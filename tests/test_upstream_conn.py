@@ -1,6 +1,7 @@
 # -*- test-case-name: tests.test_upstream_conn -*-
-"""One upstream connection (:mod:`nvpair.upstream_conn`), in memory: the request bytes, the
-response's head and body, and when the connection may carry another exchange.
+"""One upstream connection (:mod:`nvpair.upstream_conn`, with its framing and response
+modules), in memory: the request bytes, the response's head and body, and when the connection
+may carry another exchange.
 
 Each test drives an :class:`UpstreamConnection` over a ``StringTransport`` byte by byte, so
 what happens at a segment boundary is exact. The same behaviours over real sockets, through
@@ -25,13 +26,8 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
-from nvpair.upstream_conn import (
-    MAX_HEAD,
-    BadResponse,
-    UpstreamConnection,
-    request_head,
-    response_headers,
-)
+from nvpair.upstream_conn import UpstreamConnection
+from nvpair.upstream_framing import MAX_HEAD, BadResponse, request_head, response_headers
 from tests.test_bodies import failure_of, result_of
 
 # -- request heads (pure) -----------------------------------------------------------------------
