@@ -1,12 +1,10 @@
 # -*- test-case-name: tests.test_upstream_conn -*-
 """One upstream HTTP/1.1 connection: a request written whole, its response parsed by llhttp.
 
-Agent's client pays, per exchange, for a ``Request``, a body producer, a Deferred chain and a
-line-based parser in Python (issue 11's profile: ``_newclient`` 10 %, the pool and Deferreds
-more). This connection does one exchange at a time with the same contract and none of that:
-the head and body go out in one ``transport.write``, and ``httptools`` (the llhttp binding
-uvicorn uses) frames the answer. The framing rules are in :mod:`nvpair.upstream_framing`, the
-answer handed back (Agent's ``IResponse``) in :mod:`nvpair.upstream_response`.
+One exchange at a time, with Agent's contract and none of its per-exchange objects
+(docs/performance.md#the-upstream-client-our-own-on-llhttp): the head and body go out in one
+write, and ``httptools`` (the llhttp binding uvicorn uses) frames the answer by the rules of
+:mod:`nvpair.upstream_framing` into an :mod:`nvpair.upstream_response`.
 
 Parser callbacks only record; everything that runs other code (firing the request's Deferred,
 delivering body bytes, ending the body, returning the connection to its pool) happens after
@@ -15,17 +13,16 @@ llhttp has returned, so nothing re-enters the parser.
 
 from __future__ import annotations
 
+import enum
 from typing import Protocol as TypingProtocol
 from typing import cast
 
 from httptools.parser.parser import HttpResponseParser
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import ITCPTransport, ITransport
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseFailed, ResponseNeverReceived
-from twisted.web.http import PotentialDataLoss
+from twisted.web.client import ResponseNeverReceived
 from twisted.web.iweb import IResponse
 
 from nvpair.upstream_framing import MAX_HEAD, BadResponse
@@ -33,8 +30,8 @@ from nvpair.upstream_response import (
     BodyTransport,
     ReadFlow,
     UpstreamResponse,
+    Wire,
     final_answer,
-    response_done,
 )
 from nvpair.wire import send
 
@@ -42,22 +39,26 @@ from nvpair.wire import send
 Key = tuple[bytes, bytes, int]
 
 
+class Phase(enum.Enum):
+    """Where a connection is. Each exchange goes READY → WAITING_HEAD → READING_BODY →
+    BODY_DONE, then READY (IDLE in its pool) for the next, or CLOSING → CLOSED."""
+
+    READY = "ready"  # connected, nothing asked, in no pool: just dialled or just taken
+    IDLE = "idle"  # nothing asked, kept by its pool
+    WAITING_HEAD = "waiting-head"  # a request written; 1xx answers pass, the final head not yet
+    READING_BODY = "reading-body"  # the final head parsed; its body being read
+    BODY_DONE = "body-done"  # the body ended by its framing in this read, not yet settled
+    CLOSING = "closing"  # being closed: no exchange starts on it again
+    CLOSED = "closed"
+
+
+# A member looked up through its class costs 45 ns on 3.11, a module global 5: these are read
+# several times per exchange.
+_READY, _IDLE, _WAITING_HEAD, _READING_BODY, _BODY_DONE, _CLOSING, _CLOSED = tuple(Phase)
+
+
 class _Stop(Exception):
     """Raised in a parser callback to stop llhttp; the reason is kept on the connection."""
-
-
-class _Transport(TypingProtocol):
-    """What a connection uses of its transport (TCP, or TLS over it)."""
-
-    def write(self, data: bytes) -> None: ...
-
-    def loseConnection(self) -> None: ...
-
-    def abortConnection(self) -> None: ...
-
-    def pauseProducing(self) -> None: ...
-
-    def resumeProducing(self) -> None: ...
 
 
 class Owner(TypingProtocol):
@@ -67,7 +68,7 @@ class Owner(TypingProtocol):
         """The exchange ended cleanly: keep ``connection`` for another, or close it."""
 
     def drop(self, connection: UpstreamConnection) -> None:
-        """``connection`` can no longer be used: forget it if it is idle."""
+        """``connection``, kept idle, can no longer be used: forget it."""
 
 
 class UpstreamConnection(Protocol):
@@ -80,16 +81,13 @@ class UpstreamConnection(Protocol):
 
     :ivar owner: the pool it belongs to (set when it is adopted).
     :ivar key: where it leads.
-    :ivar idle: whether it sits in its pool now.
     :ivar idle_since: when it last went idle.
     """
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_chunks",
-        "_closing",
         "_deferred",
-        "_done",
         "_extra",
         "_failure",
         "_fields",
@@ -97,10 +95,9 @@ class UpstreamConnection(Protocol):
         "_head",
         "_head_bytes",
         "_head_size",
-        "_interim",
-        "_lost",
         "_parser",
         "_pending",
+        "_phase",
         "_phrase",
         "_response",
         "_stopped",
@@ -108,7 +105,6 @@ class UpstreamConnection(Protocol):
         "_wire",
         "connected",
         "factory",
-        "idle",
         "idle_since",
         "key",
         "owner",
@@ -120,55 +116,60 @@ class UpstreamConnection(Protocol):
         self.transport: ITransport | None = None
         self.connected = 0
         self.factory = None
-        self._wire: _Transport
+        self._wire: Wire
         self._flow: ReadFlow
         self.owner: Owner | None = None
         self.key: Key = (b"", b"", 0)
-        self.idle = False
         self.idle_since = 0.0
+        self._phase = _READY
         self._parser: HttpResponseParser | None = None
         self._deferred: Deferred[IResponse] | None = None
         self._head = False
         # Head in progress (reset at each message's start).
         self._fields: list[tuple[bytes, bytes]] = []
         self._phrase = b""
-        self._interim = False
         self._head_bytes = 0
         self._head_size = 0
         # The answer: built by the parser callbacks, fired after them.
         self._pending: UpstreamResponse | None = None
         self._response: UpstreamResponse | None = None
         self._chunks: list[bytes] = []
-        self._done = False
         self._extra = False
         self._failure: Exception | None = None
-        # Reading and closing.
         self._stopped = False
-        self._closing = False
-        self._lost = False
         self._waiters: list[Deferred[None]] = []
 
     # -- the pool's side -------------------------------------------------------------------
 
     @property
-    def usable(self) -> bool:
-        """Whether another request may be sent on it."""
-        return not (self._lost or self._closing)
+    def phase(self) -> Phase:
+        return self._phase
+
+    def park(self, now: float) -> None:
+        """Its pool keeps it, idle since ``now``."""
+        self._phase = _IDLE
+        self.idle_since = now
+
+    def unpark(self) -> bool:
+        """Its pool hands it out: whether it can carry a request (it is still idle)."""
+        if self._phase is _IDLE:
+            self._phase = _READY
+            return True
+        return False
 
     def send(self, method: bytes, data: bytes, deferred: Deferred[IResponse]) -> None:
-        """Write ``data`` (a whole request to ``method``) and fire ``deferred`` with its
-        response's head, or fail it.
+        """Write ``data`` (a whole request to ``method``) on this READY connection and fire
+        ``deferred`` with its response's head, or fail it.
 
         ``deferred`` must have :meth:`cancel` as its canceller: cancelling it before the head
         aborts the connection.
         """
+        self._phase = _WAITING_HEAD
         self._parser = HttpResponseParser(self)
         self._deferred = deferred
         self._head = method == b"HEAD"
         self._head_bytes = 0
         self._head_size = 0
-        self._interim = False
-        self._done = False
         self._extra = False
         self._failure = None
         self._stopped = False
@@ -184,24 +185,30 @@ class UpstreamConnection(Protocol):
             return
         self._deferred = None
         self._parser = None
-        self._closing = True
-        self._wire.abortConnection()
+        self._abort()
 
     def close(self) -> Deferred[None]:
         """Close (an idle connection); fires once it is closed."""
-        if self._lost:
+        if self._phase is _CLOSED:
             return succeed(None)
         waiter: Deferred[None] = Deferred()
         self._waiters.append(waiter)
-        if not self._closing:
-            self._closing = True
-            self._wire.loseConnection()
+        if self._phase is not _CLOSING:
+            self._lose()
         return waiter
+
+    def _lose(self) -> None:
+        self._phase = _CLOSING
+        self._wire.loseConnection()
+
+    def _abort(self) -> None:
+        self._phase = _CLOSING
+        self._wire.abortConnection()
 
     # -- IProtocol -------------------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        self._wire = cast(_Transport, self.transport)
+        self._wire = cast(Wire, self.transport)
         self._flow = ReadFlow(self._wire)
         # As Twisted's client: a request is one write, and Nagle would hold a small one back.
         if ITCPTransport.providedBy(self.transport):
@@ -211,11 +218,11 @@ class UpstreamConnection(Protocol):
         parser = self._parser
         if parser is None:
             # Nothing was asked: bytes now mean the server's framing and ours disagree.
-            if not self._closing:
-                self._closing = True
-                if self.owner is not None:
+            phase = self._phase
+            if phase is _IDLE or phase is _READY:
+                self._lose()
+                if phase is _IDLE and self.owner is not None:
                     self.owner.drop(self)
-                self._wire.loseConnection()
             return
         if self._response is None:
             self._head_bytes += len(data)
@@ -233,7 +240,8 @@ class UpstreamConnection(Protocol):
         flow.settle(self._response is not None)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._lost = True
+        was = self._phase
+        self._phase = _CLOSED
         self._parser = None
         self._pending = None
         deferred, self._deferred = self._deferred, None
@@ -241,13 +249,8 @@ class UpstreamConnection(Protocol):
         if deferred is not None:
             deferred.errback(Failure(ResponseNeverReceived([reason])))
         elif response is not None:
-            if response.to_close and reason.check(ConnectionDone) is not None:
-                # The body ran to the close, as its framing said; only the close tells.
-                end = Failure(PotentialDataLoss())
-            else:
-                end = Failure(ResponseFailed([reason]))
-            response.end(end)
-        if self.owner is not None:
+            response.lost(reason)
+        if was is _IDLE and self.owner is not None:
             self.owner.drop(self)
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
@@ -256,7 +259,7 @@ class UpstreamConnection(Protocol):
     # -- llhttp callbacks: record only -----------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self._done or self._pending is not None or self._response is not None:
+        if self._pending is not None or self._response is not None:
             self._extra = True
             return
         self._fields.clear()
@@ -284,7 +287,6 @@ class UpstreamConnection(Protocol):
         code = parser.get_status_code()
         if 100 <= code < 200 and code != 101:
             # Informational (100, 103): not the answer, which is still to come.
-            self._interim = True
             return
         try:
             pending = final_answer(
@@ -299,23 +301,22 @@ class UpstreamConnection(Protocol):
             self._failure = refused
             raise _Stop() from None
         self._pending = pending
-        if pending.length == 0:
-            # Nothing follows the head (a HEAD answer, 204, 304, or Content-Length: 0).
-            self._done = True
+        # Nothing follows a head with no body (a HEAD answer, 204, 304, Content-Length: 0).
+        self._phase = _BODY_DONE if pending.length == 0 else _READING_BODY
         # Now in the response's headers: a stream held open should not keep both copies.
         self._fields.clear()
 
     def on_body(self, body: bytes) -> None:
-        if self._done:
+        if self._phase is _BODY_DONE:
             self._extra = True
         else:
             self._chunks.append(body)
 
     def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
-        else:
-            self._done = True
+        # Only a final answer's body ends here: an interim answer's end leaves the head awaited,
+        # and a stopped reader's connection is closing already.
+        if self._phase is _READING_BODY:
+            self._phase = _BODY_DONE
 
     # -- after the parser returned ---------------------------------------------------------
 
@@ -327,7 +328,7 @@ class UpstreamConnection(Protocol):
             deferred, self._deferred = self._deferred, None
             if deferred is not None:
                 deferred.callback(pending)
-            if self._lost:
+            if self._phase is _CLOSED:
                 return
         response = self._response
         if response is None:
@@ -338,16 +339,15 @@ class UpstreamConnection(Protocol):
             return
         if self._chunks:
             chunks, self._chunks = self._chunks, []
-            for chunk in chunks:
-                try:
-                    response.data(chunk)
-                except Exception:
-                    # The reader broke: as Twisted, the exchange ends with its error.
-                    self._fail_body(response, Failure())
-                    return
-                if self._lost or self._response is not response:
-                    return
-        if self._done:
+            try:
+                response.data(chunks)
+            except Exception:
+                # The reader broke: as Twisted, the exchange ends with its error.
+                self._fail_body(response, Failure())
+                return
+            if self._response is not response:
+                return  # the connection went while the reader had the bytes
+        if self._phase is _BODY_DONE:
             if problem is not None:
                 # Bytes past the end that llhttp refused: a confused server.
                 self._extra = True
@@ -360,17 +360,15 @@ class UpstreamConnection(Protocol):
     def _fail_head(self, problem: Exception) -> None:
         deferred, self._deferred = self._deferred, None
         self._parser = None
-        self._closing = True
-        self._wire.abortConnection()
+        self._abort()
         if deferred is not None:
             deferred.errback(Failure(ResponseNeverReceived([Failure(problem)])))
 
     def _fail_body(self, response: UpstreamResponse, reason: Failure) -> None:
         self._response = None
         self._parser = None
-        self._closing = True
-        self._wire.abortConnection()
-        response.end(Failure(ResponseFailed([reason])))
+        self._abort()
+        response.failed(reason)
 
     def _finish(self, response: UpstreamResponse) -> None:
         """The body ended by its framing: reuse or close, then tell the reader (last: it may
@@ -380,20 +378,22 @@ class UpstreamConnection(Protocol):
         owner = self.owner
         if owner is not None and response.keep_alive and not (self._extra or self._stopped):
             self._flow.resume()
+            self._phase = _READY
             owner.put(self)
-        elif not self._closing:
-            self._closing = True
-            self._wire.loseConnection()
-        response.end(response_done())
+        else:
+            self._lose()
+        response.done()
 
     # -- the body transport's side ---------------------------------------------------------
 
     def stop_body(self, abort: bool = False) -> None:
-        """The reader wants no more: close; the body ends when the connection has gone."""
+        """The reader wants no more: close; the body ends when the connection has gone (or
+        whole, when its framing ended it in this very read)."""
         self._stopped = True
+        phase = self._phase
+        if phase is _BODY_DONE or phase is _CLOSED:
+            return
         if abort:
-            self._closing = True
-            self._wire.abortConnection()
-        elif not self._closing:
-            self._closing = True
-            self._wire.loseConnection()
+            self._abort()
+        elif phase is not _CLOSING:
+            self._lose()

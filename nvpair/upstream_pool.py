@@ -50,8 +50,7 @@ class Pool:
         idle = self._idle.get(key)
         while idle:
             connection = idle.pop()
-            connection.idle = False
-            if connection.usable:
+            if connection.unpark():
                 return connection
         return None
 
@@ -63,19 +62,13 @@ class Pool:
         if idle is None:
             idle = self._idle[connection.key] = []
         elif len(idle) >= self._max:
-            oldest = idle.pop(0)
-            oldest.idle = False
-            oldest.close()
-        connection.idle = True
-        connection.idle_since = self._clock.seconds()
+            idle.pop(0).close()
+        connection.park(self._clock.seconds())
         idle.append(connection)
         if self._timer is None:
             self._timer = self._clock.callLater(self._timeout, self._sweep)
 
     def drop(self, connection: UpstreamConnection) -> None:
-        if not connection.idle:
-            return
-        connection.idle = False
         idle = self._idle.get(connection.key)
         if idle is not None and connection in idle:
             idle.remove(connection)
@@ -89,9 +82,7 @@ class Pool:
         for key, idle in list(self._idle.items()):
             # Oldest first: each list is in the order its connections went idle.
             while idle and idle[0].idle_since <= cutoff:
-                stale = idle.pop(0)
-                stale.idle = False
-                stale.close()
+                idle.pop(0).close()
             if not idle:
                 del self._idle[key]
             elif next_due is None or idle[0].idle_since < next_due:
@@ -106,12 +97,10 @@ class Pool:
             if self._timer.active():
                 self._timer.cancel()
             self._timer = None
-        closing = []
+        closing: list[Deferred[None]] = []
         idle, self._idle = self._idle, {}
         for connections in idle.values():
-            for connection in connections:
-                connection.idle = False
-                closing.append(connection.close())
+            closing.extend(connection.close() for connection in connections)
         return defer.gatherResults(closing).addCallback(lambda _: None)
 
     def retire(self) -> Deferred[None]:

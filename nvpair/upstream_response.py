@@ -14,9 +14,11 @@ from __future__ import annotations
 from typing import Protocol as TypingProtocol
 from typing import cast
 
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IProtocol, IPushProducer, ITransport
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
@@ -30,8 +32,15 @@ class BodySource(TypingProtocol):
     def stop_body(self, abort: bool = False) -> None: ...
 
 
-class Pausable(TypingProtocol):
-    """The transport a :class:`ReadFlow` pauses (TCP, or TLS over it)."""
+class Wire(TypingProtocol):
+    """What an upstream connection uses of its transport (TCP, or TLS over it); a
+    :class:`ReadFlow` pauses and resumes it."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def loseConnection(self) -> None: ...
+
+    def abortConnection(self) -> None: ...
 
     def pauseProducing(self) -> None: ...
 
@@ -50,7 +59,7 @@ class ReadFlow:
 
     __slots__ = ("_paused", "_want_pause", "_wire", "feeding")
 
-    def __init__(self, wire: Pausable) -> None:
+    def __init__(self, wire: Wire) -> None:
         self._wire = wire
         self.feeding = False
         self._want_pause = False
@@ -239,12 +248,32 @@ class UpstreamResponse:
         """Whether a protocol is reading the body now."""
         return self._state == _Body.CONNECTED
 
-    def data(self, data: bytes) -> None:
-        if self._state == _Body.CONNECTED:
-            assert self._protocol is not None
-            self._protocol.dataReceived(data)
-        elif self._state == _Body.INITIAL:
-            self._held.append(data)
+    def data(self, chunks: list[bytes]) -> None:
+        """The body bytes of one read, in order; none once the body has ended."""
+        for data in chunks:
+            if self._state == _Body.CONNECTED:
+                assert self._protocol is not None
+                self._protocol.dataReceived(data)
+            elif self._state == _Body.INITIAL:
+                self._held.append(data)
+            else:
+                return
+
+    def done(self) -> None:
+        """The body ended by its own framing."""
+        self.end(Failure(ResponseDone("Response body fully received")))
+
+    def failed(self, reason: Failure) -> None:
+        """The body cannot be read to its end (bad framing, a reader that broke)."""
+        self.end(Failure(ResponseFailed([reason])))
+
+    def lost(self, reason: Failure) -> None:
+        """The connection went before the body's framing ended it."""
+        if self.to_close and reason.check(ConnectionDone) is not None:
+            # The body ran to the close, as its framing said; only the close tells.
+            self.end(Failure(PotentialDataLoss()))
+        else:
+            self.failed(reason)
 
     def end(self, reason: Failure) -> None:
         self.transport.detach()
@@ -289,8 +318,3 @@ def final_answer(
     response.to_close = to_close
     response.keep_alive = keep_alive
     return response
-
-
-def response_done() -> Failure:
-    """The end reason of a body that ended by its own framing."""
-    return Failure(ResponseDone("Response body fully received"))

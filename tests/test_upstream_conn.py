@@ -26,7 +26,7 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
-from nvpair.upstream_conn import UpstreamConnection
+from nvpair.upstream_conn import Phase, UpstreamConnection
 from nvpair.upstream_framing import MAX_HEAD, BadResponse, request_head, response_headers
 from tests.test_bodies import failure_of, result_of
 
@@ -169,11 +169,10 @@ class Owner:
 
     def put(self, connection: UpstreamConnection) -> None:
         self.put_back.append(connection)
-        connection.idle = True
+        connection.park(0.0)
 
     def drop(self, connection: UpstreamConnection) -> None:
         self.dropped.append(connection)
-        connection.idle = False
 
 
 class Writes(StringTransport):
@@ -705,7 +704,7 @@ def test_bytes_on_an_idle_connection_close_it() -> None:
     assert rig.reused
     rig.feed(b"HTTP/1.1 200 OK\r\n")
     assert rig.closing and rig.connection in rig.owner.dropped
-    assert not rig.connection.usable
+    assert rig.connection.phase is Phase.CLOSING and not rig.connection.unpark()
 
 
 def test_an_idle_connection_the_server_closes_is_dropped() -> None:
@@ -714,7 +713,8 @@ def test_an_idle_connection_the_server_closes_is_dropped() -> None:
     rig.feed(OK_20 + BODY_20)
     read(result_of(d))
     rig.lose()
-    assert rig.connection in rig.owner.dropped and not rig.connection.usable
+    assert rig.connection in rig.owner.dropped and rig.connection.phase is Phase.CLOSED
+    assert not rig.connection.unpark()
 
 
 def test_a_dead_pooled_connection_fails_the_next_request_as_never_received() -> None:
@@ -752,6 +752,47 @@ def test_a_reader_that_raises_ends_the_exchange() -> None:
     rig.feed(BODY_20)
     assert reader.ended_with(ResponseFailed)
     assert rig.closing and not rig.reused
+
+
+def test_the_phase_follows_each_exchange() -> None:
+    """One named phase says where the connection is, read after every step: waiting for a
+    head (through a 1xx), reading a body, kept by its pool, closing, gone."""
+    rig = Rig()
+    connection = rig.connection
+    seen = [connection.phase]
+    d = rig.send()
+    seen.append(connection.phase)
+    rig.feed(b"HTTP/1.1 100 Continue\r\n\r\n")
+    seen.append(connection.phase)
+    rig.feed(OK_20)
+    seen.append(connection.phase)
+    reader = read(result_of(d))
+    rig.feed(BODY_20)
+    seen.append(connection.phase)
+    assert connection.unpark()
+    seen.append(connection.phase)
+    rig.send()
+    rig.lose()
+    seen.append(connection.phase)
+    assert reader.ended_with(ResponseDone)
+    assert seen == [
+        Phase.READY,
+        Phase.WAITING_HEAD,
+        Phase.WAITING_HEAD,
+        Phase.READING_BODY,
+        Phase.IDLE,
+        Phase.READY,
+        Phase.CLOSED,
+    ]
+
+
+def test_a_stopped_reader_leaves_the_connection_closing() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20)
+    read(result_of(d)).producer().stopProducing()
+    assert rig.connection.phase is Phase.CLOSING and rig.closing
+    assert not rig.connection.unpark()
 
 
 def test_close_waits_for_the_connection_to_go() -> None:
