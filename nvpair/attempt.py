@@ -140,6 +140,9 @@ class Outgoing:
     uri: bytes
     headers: Headers
     body: bytes
+    #: Whether the client may send it twice should a kept-alive connection go before any
+    #: answer byte (an inference request, which the loop would dispatch again anyway).
+    resend: bool = False
 
 
 class Attempts:
@@ -266,7 +269,13 @@ class Attempts:
         try:
             base = self._address(outgoing.engine, node)
             sent = self._upstream.request(
-                base, outgoing.method, outgoing.uri, outgoing.headers, outgoing.body, connected
+                base,
+                outgoing.method,
+                outgoing.uri,
+                outgoing.headers,
+                outgoing.body,
+                connected,
+                outgoing.resend,
             )
         except Exception as error:
             return Failed(Fault.TRANSPORT, detail=str(error) or type(error).__name__)

@@ -30,17 +30,23 @@ from twisted.internet.interfaces import (
     IStreamClientEndpoint,
 )
 from twisted.internet.protocol import Factory
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import URI
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS, IResponse
 
-from nvpair.upstream_conn import Key, UpstreamConnection
+from nvpair.logs import debug_enabled
+from nvpair.upstream_conn import UpstreamConnection
 from nvpair.upstream_framing import request_head
 from nvpair.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
+from nvpair.upstream_types import Key, Resent
 
 _BODILESS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE", b"TRACE"})
+
+#: Methods a request of which may be sent twice (RFC 9110 §9.2.2).
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
 #: Methods whose request states an empty body as ``Content-Length: 0`` (Agent's rule,
 #: RFC 9110 §8.6).
@@ -50,6 +56,8 @@ _REPARSED = re.compile(rb"[#;]|\?\Z")
 
 #: Base URLs whose parse is kept; a fleet has a few dozen, so past this the cache restarts.
 _MAX_TARGETS = 1024
+
+log = Logger(namespace="nvpair.upstream")
 
 
 @frozen
@@ -119,18 +127,17 @@ class _Endpoints:
         self._tls = tls
         self._plain: dict[tuple[bytes, int], IStreamClientEndpoint] = {}
 
-    def endpoint(self, target: Target) -> IStreamClientEndpoint:
-        key = (target.host, target.port)
-        if target.scheme == b"http":
-            endpoint = self._plain.get(key)
+    def endpoint(self, key: Key) -> IStreamClientEndpoint:
+        scheme, host, port = key
+        if scheme == b"http":
+            endpoint = self._plain.get((host, port))
             if endpoint is None:
-                endpoint = self._tcp(target.host, target.port)
-                self._plain[key] = endpoint
+                endpoint = self._plain[(host, port)] = self._tcp(host, port)
             return endpoint
-        if target.scheme == b"https" and self._tls is not None:
-            creator = self._tls.creatorForNetloc(target.host, target.port)
-            return wrapClientTLS(creator, self._tcp(target.host, target.port))
-        raise SchemeNotSupported(f"unsupported scheme: {target.scheme!r}")
+        if scheme == b"https" and self._tls is not None:
+            creator = self._tls.creatorForNetloc(host, port)
+            return wrapClientTLS(creator, self._tcp(host, port))
+        raise SchemeNotSupported(f"unsupported scheme: {scheme!r}")
 
     def _tcp(self, host: bytes, port: int) -> IStreamClientEndpoint:
         """A plain TCP endpoint; an IP literal skips the resolver.
@@ -170,18 +177,21 @@ class _Dial:
         self,
         pool: Pool,
         key: Key,
-        method: bytes,
+        head: bool,
         data: bytes,
         connected: Callable[[], None] | None,
+        result: Deferred[IResponse] | None = None,
     ) -> None:
+        """:param result: the Deferred to fire, when the request has one already (it is
+        sent again, and that Deferred's canceller reaches :meth:`cancel`)."""
         self._pool = pool
         self._key = key
-        self._method = method
+        self._head = head
         self._data = data
         self._connected = connected
         self._dialling: Deferred[UpstreamConnection] | None = None
         self._connection: UpstreamConnection | None = None
-        self.result: Deferred[IResponse] = Deferred(self._cancel)
+        self.result: Deferred[IResponse] = Deferred(self.cancel) if result is None else result
 
     def start(self, endpoint: IStreamClientEndpoint, factory: ConnectionFactory) -> None:
         dialling: Deferred[UpstreamConnection] = endpoint.connect(factory)  # type: ignore[assignment]
@@ -200,14 +210,14 @@ class _Dial:
             connection.close()
             self.result.errback()
             return
-        connection.send(self._method, self._data, self.result)
+        connection.send(self._head, self._data, self.result)
 
     def _failed(self, failure: Failure) -> None:
         self._dialling = None
         if not self.result.called:
             self.result.errback(failure)
 
-    def _cancel(self, result: Deferred[IResponse]) -> None:
+    def cancel(self, result: Deferred[IResponse]) -> None:
         if self._dialling is not None:
             self._dialling.cancel()
         elif self._connection is not None:
@@ -219,8 +229,9 @@ class Upstream:
 
     Plain engines share one pool. Pinned peers (``https://``) get a pool of their own that is
     retired whenever trust changes (:meth:`trust_changed`): a connection verified against a
-    pin is never reused once that pin, or this node's membership, is gone. Neither pool ever
-    retries a request: what is retried is the failover loop's decision.
+    pin is never reused once that pin, or this node's membership, is gone. A request is sent
+    twice only when a kept-alive connection went before any byte of its answer (see
+    :meth:`request`); any other retry is the failover loop's decision.
 
     :param reactor: provides IReactorTCP, IReactorTime (and IReactorSSL for https peers).
     :param dial_timeout: seconds to connect (``--dial-timeout``).
@@ -238,7 +249,7 @@ class Upstream:
         self._peer_pool = self._new_pool()
 
     def _new_pool(self) -> Pool:
-        return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT)
+        return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT, self._redial)
 
     def trust_changed(self) -> None:
         """Membership or a pin changed: no peer connection made before now is used again.
@@ -257,6 +268,7 @@ class Upstream:
         headers: Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
+        resend: bool = False,
     ) -> Deferred[IResponse]:
         """Dispatch; fires with the response once its headers arrive.
 
@@ -264,11 +276,17 @@ class Upstream:
         fails while starting (no usable TLS trust, a bad URL, a header that cannot be sent)
         fails the Deferred: it never raises.
 
+        A request sent on a pooled connection that goes before any byte of the answer (the
+        engine closed it as idle just then) is sent once more on a fresh connection, when its
+        method is idempotent or ``resend`` says it may be
+        (docs/robustness.md#engine-answers); a fresh connection's request never is.
+
         :param base_url: ``http://host:port`` of the engine (no trailing slash).
         :param uri: the path and query (origin form, as admission normalized it).
         :param connected: called once the connection is up: at once for a pooled one,
             else when the dial completes (the header budget starts there,
-            docs/retry-budget.md#per-attempt-budgets).
+            docs/retry-budget.md#per-attempt-budgets). Not again for a resend.
+        :param resend: the caller may have this request sent twice.
         """
         try:
             target = self._targets.get(base_url)
@@ -284,20 +302,43 @@ class Upstream:
                 data = request_head(method, path, target.host_header, headers, len(body)) + body
             pool = self._peer_pool if target.tls else self._pool
             connection = pool.take(target.key)
-            endpoint = None if connection is not None else self._endpoints.endpoint(target)
+            endpoint = None if connection is not None else self._endpoints.endpoint(target.key)
         except Exception:
             return defer.fail()
         if connection is not None:
             sent: Deferred[IResponse] = Deferred(connection.cancel)
-            connection.send(method, data, sent)
+            connection.send(method == b"HEAD", data, sent, resend or method in _IDEMPOTENT)
             if connected is not None:
                 # No dial: the header budget starts now.
                 connected()
             return sent
         assert endpoint is not None
-        dial = _Dial(pool, target.key, method, data, connected)
+        dial = _Dial(pool, target.key, method == b"HEAD", data, connected)
         dial.start(endpoint, self._factory)
         return dial.result
+
+    def _redial(
+        self, pool: Pool, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]
+    ) -> Resent:
+        """A pooled connection went before answering: the same request on a fresh one.
+
+        Neither an attempt nor a failure of the node: only a debug line says it happened.
+        """
+        if debug_enabled():
+            log.debug(
+                "a kept-alive connection to {host}:{port} closed before answering: "
+                "sending again on a new one",
+                host=key[1].decode("ascii", "replace"),
+                port=key[2],
+            )
+        dial = _Dial(pool, key, head, data, None, deferred)
+        try:
+            endpoint = self._endpoints.endpoint(key)
+        except Exception:
+            deferred.errback()
+        else:
+            dial.start(endpoint, self._factory)
+        return dial.cancel
 
     def _target(self, base_url: str) -> Target:
         target = parse_target(base_url)

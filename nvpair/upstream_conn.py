@@ -13,7 +13,6 @@ llhttp has returned, so nothing re-enters the parser.
 
 from __future__ import annotations
 
-import enum
 from typing import Protocol as TypingProtocol
 from typing import cast
 
@@ -30,27 +29,10 @@ from nvpair.upstream_response import (
     BodyTransport,
     ReadFlow,
     UpstreamResponse,
-    Wire,
     final_answer,
 )
+from nvpair.upstream_types import Key, Phase, Resent, Wire
 from nvpair.wire import send
-
-#: ``(scheme, host, port)``: which idle connections may carry a request.
-Key = tuple[bytes, bytes, int]
-
-
-class Phase(enum.Enum):
-    """Where a connection is. Each exchange goes READY → WAITING_HEAD → READING_BODY →
-    BODY_DONE, then READY (IDLE in its pool) for the next, or CLOSING → CLOSED."""
-
-    READY = "ready"  # connected, nothing asked, in no pool: just dialled or just taken
-    IDLE = "idle"  # nothing asked, kept by its pool
-    WAITING_HEAD = "waiting-head"  # a request written; 1xx answers pass, the final head not yet
-    READING_BODY = "reading-body"  # the final head parsed; its body being read
-    BODY_DONE = "body-done"  # the body ended by its framing in this read, not yet settled
-    CLOSING = "closing"  # being closed: no exchange starts on it again
-    CLOSED = "closed"
-
 
 # A member looked up through its class costs 45 ns on 3.11, a module global 5: these are read
 # several times per exchange.
@@ -62,13 +44,17 @@ class _Stop(Exception):
 
 
 class Owner(TypingProtocol):
-    """Where a connection goes between exchanges (the pool)."""
+    """Where a connection goes between exchanges (the pool), and who dials again for it."""
 
     def put(self, connection: UpstreamConnection) -> None:
         """The exchange ended cleanly: keep ``connection`` for another, or close it."""
 
     def drop(self, connection: UpstreamConnection) -> None:
         """``connection``, kept idle, can no longer be used: forget it."""
+
+    def resend(self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]) -> Resent:
+        """Send ``data`` again on a fresh connection to ``key``, firing ``deferred`` there;
+        returns what cancels it."""
 
 
 class UpstreamConnection(Protocol):
@@ -79,6 +65,7 @@ class UpstreamConnection(Protocol):
     :class:`Owner` only when the response ended cleanly by its own framing, allows keep-alive,
     nothing followed it, and no reader stopped it; anything else closes it.
 
+    :ivar phase: where it is now.
     :ivar owner: the pool it belongs to (set when it is adopted).
     :ivar key: where it leads.
     :ivar idle_since: when it last went idle.
@@ -97,8 +84,9 @@ class UpstreamConnection(Protocol):
         "_head_size",
         "_parser",
         "_pending",
-        "_phase",
         "_phrase",
+        "_resend",
+        "_resent",
         "_response",
         "_stopped",
         "_waiters",
@@ -108,6 +96,7 @@ class UpstreamConnection(Protocol):
         "idle_since",
         "key",
         "owner",
+        "phase",
         "transport",
     )
 
@@ -121,7 +110,7 @@ class UpstreamConnection(Protocol):
         self.owner: Owner | None = None
         self.key: Key = (b"", b"", 0)
         self.idle_since = 0.0
-        self._phase = _READY
+        self.phase = _READY
         self._parser: HttpResponseParser | None = None
         self._deferred: Deferred[IResponse] | None = None
         self._head = False
@@ -138,41 +127,43 @@ class UpstreamConnection(Protocol):
         self._failure: Exception | None = None
         self._stopped = False
         self._waiters: list[Deferred[None]] = []
+        # What a stale kept-alive connection sends again (docs/robustness.md#engine-answers).
+        self._resend: bytes | None = None
+        self._resent: Resent | None = None
 
     # -- the pool's side -------------------------------------------------------------------
 
-    @property
-    def phase(self) -> Phase:
-        return self._phase
-
     def park(self, now: float) -> None:
         """Its pool keeps it, idle since ``now``."""
-        self._phase = _IDLE
+        self.phase = _IDLE
         self.idle_since = now
 
     def unpark(self) -> bool:
         """Its pool hands it out: whether it can carry a request (it is still idle)."""
-        if self._phase is _IDLE:
-            self._phase = _READY
+        if self.phase is _IDLE:
+            self.phase = _READY
             return True
         return False
 
-    def send(self, method: bytes, data: bytes, deferred: Deferred[IResponse]) -> None:
-        """Write ``data`` (a whole request to ``method``) on this READY connection and fire
-        ``deferred`` with its response's head, or fail it.
+    def send(
+        self, head: bool, data: bytes, deferred: Deferred[IResponse], resend: bool = False
+    ) -> None:
+        """Write ``data`` (a whole request; ``head``: to HEAD) on this READY connection and
+        fire ``deferred`` (whose canceller is :meth:`cancel`) with its response's head.
 
-        ``deferred`` must have :meth:`cancel` as its canceller: cancelling it before the head
-        aborts the connection.
+        :param resend: should the connection go before any byte of the answer, its owner
+            sends ``data`` again on a fresh one (a kept-alive connection the engine closed).
         """
-        self._phase = _WAITING_HEAD
+        self.phase = _WAITING_HEAD
         self._parser = HttpResponseParser(self)
         self._deferred = deferred
-        self._head = method == b"HEAD"
+        self._head = head
         self._head_bytes = 0
         self._head_size = 0
         self._extra = False
         self._failure = None
         self._stopped = False
+        self._resend = data if resend else None
         # Head and body in one write: one write-interest toggle in the reactor, not several.
         # Once written the request is whole and in order on the wire, so an answer that
         # arrives before the kernel has sent all of it is still the answer to all of it.
@@ -182,6 +173,8 @@ class UpstreamConnection(Protocol):
         """Canceller of :meth:`send`'s Deferred: before the head, abort the connection (the
         Deferred then fails with ``CancelledError``)."""
         if self._deferred is not deferred:
+            if self._resent is not None:
+                self._resent(deferred)
             return
         self._deferred = None
         self._parser = None
@@ -189,20 +182,20 @@ class UpstreamConnection(Protocol):
 
     def close(self) -> Deferred[None]:
         """Close (an idle connection); fires once it is closed."""
-        if self._phase is _CLOSED:
+        if self.phase is _CLOSED:
             return succeed(None)
         waiter: Deferred[None] = Deferred()
         self._waiters.append(waiter)
-        if self._phase is not _CLOSING:
+        if self.phase is not _CLOSING:
             self._lose()
         return waiter
 
     def _lose(self) -> None:
-        self._phase = _CLOSING
+        self.phase = _CLOSING
         self._wire.loseConnection()
 
     def _abort(self) -> None:
-        self._phase = _CLOSING
+        self.phase = _CLOSING
         self._wire.abortConnection()
 
     # -- IProtocol -------------------------------------------------------------------------
@@ -218,7 +211,7 @@ class UpstreamConnection(Protocol):
         parser = self._parser
         if parser is None:
             # Nothing was asked: bytes now mean the server's framing and ours disagree.
-            phase = self._phase
+            phase = self.phase
             if phase is _IDLE or phase is _READY:
                 self._lose()
                 if phase is _IDLE and self.owner is not None:
@@ -226,6 +219,7 @@ class UpstreamConnection(Protocol):
             return
         if self._response is None:
             self._head_bytes += len(data)
+            self._resend = None
         problem: Exception | None = None
         flow = self._flow
         flow.feeding = True
@@ -240,14 +234,18 @@ class UpstreamConnection(Protocol):
         flow.settle(self._response is not None)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        was = self._phase
-        self._phase = _CLOSED
+        was = self.phase
+        self.phase = _CLOSED
         self._parser = None
         self._pending = None
         deferred, self._deferred = self._deferred, None
         response, self._response = self._response, None
+        again, self._resend = self._resend, None
         if deferred is not None:
-            deferred.errback(Failure(ResponseNeverReceived([reason])))
+            if again is not None and self.owner is not None:
+                self._resent = self.owner.resend(self.key, self._head, again, deferred)
+            else:
+                deferred.errback(Failure(ResponseNeverReceived([reason])))
         elif response is not None:
             response.lost(reason)
         if was is _IDLE and self.owner is not None:
@@ -302,12 +300,12 @@ class UpstreamConnection(Protocol):
             raise _Stop() from None
         self._pending = pending
         # Nothing follows a head with no body (a HEAD answer, 204, 304, Content-Length: 0).
-        self._phase = _BODY_DONE if pending.length == 0 else _READING_BODY
+        self.phase = _BODY_DONE if pending.length == 0 else _READING_BODY
         # Now in the response's headers: a stream held open should not keep both copies.
         self._fields.clear()
 
     def on_body(self, body: bytes) -> None:
-        if self._phase is _BODY_DONE:
+        if self.phase is _BODY_DONE:
             self._extra = True
         else:
             self._chunks.append(body)
@@ -315,8 +313,8 @@ class UpstreamConnection(Protocol):
     def on_message_complete(self) -> None:
         # Only a final answer's body ends here: an interim answer's end leaves the head awaited,
         # and a stopped reader's connection is closing already.
-        if self._phase is _READING_BODY:
-            self._phase = _BODY_DONE
+        if self.phase is _READING_BODY:
+            self.phase = _BODY_DONE
 
     # -- after the parser returned ---------------------------------------------------------
 
@@ -328,7 +326,7 @@ class UpstreamConnection(Protocol):
             deferred, self._deferred = self._deferred, None
             if deferred is not None:
                 deferred.callback(pending)
-            if self._phase is _CLOSED:
+            if self.phase is _CLOSED:
                 return
         response = self._response
         if response is None:
@@ -347,7 +345,7 @@ class UpstreamConnection(Protocol):
                 return
             if self._response is not response:
                 return  # the connection went while the reader had the bytes
-        if self._phase is _BODY_DONE:
+        if self.phase is _BODY_DONE:
             if problem is not None:
                 # Bytes past the end that llhttp refused: a confused server.
                 self._extra = True
@@ -378,7 +376,7 @@ class UpstreamConnection(Protocol):
         owner = self.owner
         if owner is not None and response.keep_alive and not (self._extra or self._stopped):
             self._flow.resume()
-            self._phase = _READY
+            self.phase = _READY
             owner.put(self)
         else:
             self._lose()
@@ -390,7 +388,7 @@ class UpstreamConnection(Protocol):
         """The reader wants no more: close; the body ends when the connection has gone (or
         whole, when its framing ended it in this very read)."""
         self._stopped = True
-        phase = self._phase
+        phase = self.phase
         if phase is _BODY_DONE or phase is _CLOSED:
             return
         if abort:

@@ -9,11 +9,15 @@ dialling is :mod:`nvpair.upstream`'s, one exchange on a connection
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.web.iweb import IResponse
 
-from nvpair.upstream_conn import Key, UpstreamConnection
+from nvpair.upstream_conn import UpstreamConnection
+from nvpair.upstream_types import Key, Resent
 
 #: Idle connections kept per upstream. Twisted's default of 2 limits the idle cache, not
 #: concurrency, and halved throughput in a measurement.
@@ -21,6 +25,10 @@ MAX_PERSISTENT_PER_HOST = 64
 
 #: Seconds an idle connection is kept (Twisted's ``cachedConnectionTimeout``).
 IDLE_TIMEOUT = 240.0
+
+#: How a pool has a request sent again on a fresh connection: ``(pool, key, head, data,
+#: deferred)``, as :meth:`~nvpair.upstream_conn.Owner.resend`.
+Redial = Callable[["Pool", Key, bool, bytes, Deferred[IResponse]], Resent]
 
 
 class Pool:
@@ -33,8 +41,11 @@ class Pool:
     :ivar retired: connections coming back are closed instead of kept.
     """
 
-    def __init__(self, clock: IReactorTime, max_idle: int, idle_timeout: float) -> None:
+    def __init__(
+        self, clock: IReactorTime, max_idle: int, idle_timeout: float, redial: Redial
+    ) -> None:
         self._clock = clock
+        self._redial = redial
         self._max = max_idle
         self._timeout = idle_timeout
         self._idle: dict[Key, list[UpstreamConnection]] = {}
@@ -67,6 +78,10 @@ class Pool:
         idle.append(connection)
         if self._timer is None:
             self._timer = self._clock.callLater(self._timeout, self._sweep)
+
+    def resend(self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]) -> Resent:
+        """A connection it handed out went before answering: dial again, into this pool."""
+        return self._redial(self, key, head, data, deferred)
 
     def drop(self, connection: UpstreamConnection) -> None:
         idle = self._idle.get(connection.key)

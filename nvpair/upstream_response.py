@@ -11,7 +11,6 @@ objects only through :meth:`UpstreamResponse.data` and :meth:`UpstreamResponse.e
 
 from __future__ import annotations
 
-from typing import Protocol as TypingProtocol
 from typing import cast
 
 from twisted.internet.error import ConnectionDone
@@ -24,27 +23,7 @@ from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from nvpair.upstream_framing import BadResponse, answer_framing, response_headers
-
-
-class BodySource(TypingProtocol):
-    """What a body transport stops: the connection the body is read from."""
-
-    def stop_body(self, abort: bool = False) -> None: ...
-
-
-class Wire(TypingProtocol):
-    """What an upstream connection uses of its transport (TCP, or TLS over it); a
-    :class:`ReadFlow` pauses and resumes it."""
-
-    def write(self, data: bytes) -> None: ...
-
-    def loseConnection(self) -> None: ...
-
-    def abortConnection(self) -> None: ...
-
-    def pauseProducing(self) -> None: ...
-
-    def resumeProducing(self) -> None: ...
+from nvpair.upstream_types import BodySource, Wire
 
 
 class ReadFlow:

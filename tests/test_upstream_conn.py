@@ -10,6 +10,7 @@ what happens at a segment boundary is exact. The same behaviours over real socke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,8 +27,9 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
-from nvpair.upstream_conn import Phase, UpstreamConnection
+from nvpair.upstream_conn import UpstreamConnection
 from nvpair.upstream_framing import MAX_HEAD, BadResponse, request_head, response_headers
+from nvpair.upstream_types import Key, Phase
 from tests.test_bodies import failure_of, result_of
 
 # -- request heads (pure) -----------------------------------------------------------------------
@@ -160,12 +162,30 @@ def test_repeated_response_headers_keep_their_order() -> None:
 # -- one connection, in memory ------------------------------------------------------------------
 
 
+class Resend:
+    """A request the owner was asked to send again."""
+
+    def __init__(self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]) -> None:
+        self.key, self.head, self.data, self.deferred = key, head, data, deferred
+        self.cancelled: list[Deferred[IResponse]] = []
+
+    def cancel(self, deferred: Deferred[IResponse]) -> None:
+        self.cancelled.append(deferred)
+
+
 class Owner:
     """The pool, as a connection sees it."""
 
     def __init__(self) -> None:
         self.put_back: list[UpstreamConnection] = []
         self.dropped: list[UpstreamConnection] = []
+        self.resent: list[Resend] = []
+
+    def resend(
+        self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]
+    ) -> Callable[[Deferred[IResponse]], None]:
+        self.resent.append(again := Resend(key, head, data, deferred))
+        return again.cancel
 
     def put(self, connection: UpstreamConnection) -> None:
         self.put_back.append(connection)
@@ -230,9 +250,12 @@ class Rig:
         self.connection.owner = self.owner
         self.connection.makeConnection(self.transport)
 
-    def send(self, method: bytes = b"GET", data: bytes | None = None) -> Deferred[IResponse]:
+    def send(
+        self, method: bytes = b"GET", data: bytes | None = None, resend: bool = False
+    ) -> Deferred[IResponse]:
         d: Deferred[IResponse] = Deferred(self.connection.cancel)
-        self.connection.send(method, data or method + b" / HTTP/1.1\r\nHost: h\r\n\r\n", d)
+        data = data or method + b" / HTTP/1.1\r\nHost: h\r\n\r\n"
+        self.connection.send(method == b"HEAD", data, d, resend)
         return d
 
     def feed(self, *segments: bytes) -> None:
@@ -725,6 +748,57 @@ def test_a_dead_pooled_connection_fails_the_next_request_as_never_received() -> 
     second = rig.send()
     rig.lose(ConnectionLost())
     failure_of(second, ResponseNeverReceived)
+
+
+@pytest.mark.parametrize("reason", [ConnectionDone(), ConnectionLost()])
+def test_a_resendable_request_lost_before_any_byte_goes_to_the_owner(
+    reason: BaseException,
+) -> None:
+    """Closed or reset before any byte of the answer: the owner sends the very bytes again
+    and fires the same Deferred; the request's caller sees nothing yet."""
+    rig = Rig()
+    request = b"POST /api/chat HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}"
+    d = rig.send(b"POST", request, resend=True)
+    rig.lose(reason)
+    [again] = rig.owner.resent
+    assert (again.data, again.deferred, again.head) == (request, d, False)
+    assert not d.called
+
+
+def test_cancelling_a_resent_request_cancels_it_where_it_went() -> None:
+    rig = Rig()
+    d = rig.send(resend=True)
+    rig.lose()
+    d.cancel()
+    assert rig.owner.resent[0].cancelled == [d]
+    failure_of(d, CancelledError)
+
+
+@pytest.mark.parametrize("arrived", [b"H", b"HTTP/1.1 200 OK\r\n"])
+def test_a_request_whose_answer_had_begun_is_never_resent(arrived: bytes) -> None:
+    rig = Rig()
+    d = rig.send(resend=True)
+    rig.feed(arrived)
+    rig.lose(ConnectionLost())
+    failure_of(d, ResponseNeverReceived)
+    assert rig.owner.resent == []
+
+
+def test_a_request_not_marked_resendable_fails_when_lost() -> None:
+    rig = Rig()
+    d = rig.send(b"POST")
+    rig.lose()
+    failure_of(d, ResponseNeverReceived)
+    assert rig.owner.resent == []
+
+
+def test_a_cancelled_request_is_never_resent() -> None:
+    rig = Rig()
+    d = rig.send(resend=True)
+    d.cancel()
+    rig.lose()
+    failure_of(d, CancelledError)
+    assert rig.owner.resent == []
 
 
 def test_an_exchange_after_another_starts_clean() -> None:
