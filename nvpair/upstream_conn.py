@@ -81,7 +81,6 @@ class UpstreamConnection(Protocol):
         "_flow",
         "_head",
         "_head_bytes",
-        "_head_size",
         "_parser",
         "_pending",
         "_phrase",
@@ -118,7 +117,6 @@ class UpstreamConnection(Protocol):
         self._fields: list[tuple[bytes, bytes]] = []
         self._phrase = b""
         self._head_bytes = 0
-        self._head_size = 0
         # The answer: built by the parser callbacks, fired after them.
         self._pending: UpstreamResponse | None = None
         self._response: UpstreamResponse | None = None
@@ -159,7 +157,6 @@ class UpstreamConnection(Protocol):
         self._deferred = deferred
         self._head = head
         self._head_bytes = 0
-        self._head_size = 0
         self._extra = False
         self._failure = None
         self._stopped = False
@@ -217,15 +214,26 @@ class UpstreamConnection(Protocol):
                 if phase is _IDLE and self.owner is not None:
                     self.owner.drop(self)
             return
+        rest = b""
         if self._response is None:
-            self._head_bytes += len(data)
             self._resend = None
+            # The head cap counts every byte up to the final head's end, interim answers
+            # included: past it llhttp is given nothing until that end has been seen, so where
+            # the reads happen to split the stream makes no difference.
+            room = MAX_HEAD - self._head_bytes
+            if len(data) > room:
+                data, rest = data[:room], data[room:]
+            self._head_bytes += len(data)
         problem: Exception | None = None
         flow = self._flow
         flow.feeding = True
         try:
             try:
                 parser.feed_data(data)
+                if rest:
+                    if self._pending is None:
+                        raise BadResponse(f"response head over {MAX_HEAD} bytes")
+                    parser.feed_data(rest)
             except Exception as error:
                 problem = self._failure or error
             self._after_feed(problem)
@@ -271,10 +279,6 @@ class UpstreamConnection(Protocol):
         if self._pending is not None or self._response is not None:
             # Trailer fields of a chunked body (Twisted drops them too), or another message.
             return
-        self._head_size += len(name) + len(value)
-        if self._head_size > MAX_HEAD:
-            self._failure = BadResponse(f"response head over {MAX_HEAD} bytes")
-            raise _Stop()
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -332,8 +336,6 @@ class UpstreamConnection(Protocol):
         if response is None:
             if problem is not None:
                 self._fail_head(problem)
-            elif self._head_bytes > MAX_HEAD:
-                self._fail_head(BadResponse(f"response head over {MAX_HEAD} bytes"))
             return
         if self._chunks:
             chunks, self._chunks = self._chunks, []

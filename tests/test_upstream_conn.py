@@ -10,6 +10,7 @@ what happens at a segment boundary is exact. The same behaviours over real socke
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -612,6 +613,49 @@ def test_whitespace_after_a_value_cannot_grow_the_head_past_the_cap() -> None:
     for _ in range(MAX_HEAD // 8192 + 1):
         rig.feed(b" " * 8192)
     failure_of(d, ResponseNeverReceived)
+
+
+def interim_then_final(total: int) -> bytes:
+    """Ten interim answers (long reason phrases and fields), then a final head, ``total``
+    bytes of head in all, then a 5-byte body."""
+    interim = b"HTTP/1.1 103 " + b"E" * 3000 + b"\r\nLink: </" + b"a" * 2000 + b">\r\n\r\n"
+    heads = interim * 10 + b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Fill: "
+    end = b"\r\n\r\n"
+    return heads + b"f" * (total - len(heads) - len(end)) + end + b"hello"
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    edges = [0, *sorted(set(cuts)), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(edges) if b > a]
+
+
+def head_cap_verdict(segments: list[bytes]) -> bool:
+    """Whether the answer in ``segments`` was taken (else refused at the head cap)."""
+    rig = Rig()
+    d = rig.send()
+    rig.feed(*segments)
+    got = result_of(d)
+    if isinstance(got, Failure):
+        assert got.check(ResponseNeverReceived) and reasons(got)[0].check(BadResponse)
+        assert rig.closing
+        return False
+    assert read(got).body == b"hello"
+    return True
+
+
+@given(st.lists(st.integers(1, MAX_HEAD + 5), max_size=6))
+def test_the_head_cap_counts_interim_answers_wherever_the_reads_split(cuts: list[int]) -> None:
+    """64 KiB counts the status lines and fields of 1xx answers with the final head, in one
+    read, in many, or with the final head in the read that brought the 1xx answers."""
+    assert head_cap_verdict(split(interim_then_final(MAX_HEAD), cuts))
+    assert not head_cap_verdict(split(interim_then_final(MAX_HEAD + 1), cuts))
+
+
+@pytest.mark.parametrize("total", [MAX_HEAD, MAX_HEAD + 1])
+def test_the_head_cap_holds_byte_by_byte(total: int) -> None:
+    data = interim_then_final(total)
+    taken = head_cap_verdict([data[i : i + 1] for i in range(len(data))])
+    assert taken is (total == MAX_HEAD)
 
 
 def test_lost_before_the_head_is_never_received() -> None:
