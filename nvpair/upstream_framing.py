@@ -28,7 +28,7 @@ _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 
 #: Response headers Twisted's client takes out of ``response.headers`` (its
 #: ``HTTPParser.CONNECTION_CONTROL_HEADERS``): removed here too, so delivery forwards exactly
-#: what it did. ``Content-Length`` becomes ``length`` (except in a HEAD answer).
+#: what it did. ``Content-Length`` becomes ``length`` (except in a HEAD answer with a body).
 _CONNECTION_CONTROL = frozenset(
     {
         b"content-length",
@@ -117,16 +117,16 @@ def _name_kind(name: bytes) -> _Name:
 
 
 def response_headers(
-    fields: list[tuple[bytes, bytes]], head: bool, named: set[bytes] | None = None
+    fields: list[tuple[bytes, bytes]], keep_length: bool, named: set[bytes] | None = None
 ) -> Headers:
     """The headers a response exposes, from its raw fields in order.
 
-    Twisted's client removes its connection-control headers (``Content-Length`` stays in the
-    answer to a HEAD: it describes the GET body there); the proxy's client also removed the
-    headers ``Connection`` names (RFC 9110 §7.6.1), which nobody downstream could tell apart
-    once ``Connection`` itself is gone.
+    Twisted's client removes its connection-control headers; the proxy's client also removed
+    the headers ``Connection`` names (RFC 9110 §7.6.1), which nobody downstream could tell
+    apart once ``Connection`` itself is gone.
 
-    :param head: the request was a HEAD.
+    :param keep_length: keep ``Content-Length``: a HEAD answer's describes the body a GET
+        would get. Not a 204's or 304's, which have none and must not say so (RFC 9110 §8.6).
     :param named: the ``Connection`` tokens, when the caller has them already.
     """
     if named is None:
@@ -136,7 +136,7 @@ def response_headers(
         lowered = name.lower()
         if lowered in named:
             continue
-        if lowered in _CONNECTION_CONTROL and not (head and lowered == b"content-length"):
+        if lowered in _CONNECTION_CONTROL and not (keep_length and lowered == b"content-length"):
             continue
         # llhttp strips the leading whitespace of a value but keeps the trailing.
         headers.addRawHeader(lowered, value.rstrip(b" \t"))

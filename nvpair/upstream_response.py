@@ -290,9 +290,11 @@ def final_answer(
     version = _VERSIONS.get(http)
     if version is None:
         raise BadResponse(f"HTTP/{http} is not supported")
-    bodiless = head or code in (204, 304)
-    tokens, length, to_close, keep_alive = answer_framing(fields, bodiless, version is _HTTP10)
-    headers = response_headers(fields, head, tokens)
+    nothing = code in (204, 304)
+    tokens, length, to_close, keep_alive = answer_framing(
+        fields, head or nothing, version is _HTTP10
+    )
+    headers = response_headers(fields, head and not nothing, tokens)
     response = UpstreamResponse(version, code, phrase, headers, length, transport)
     response.to_close = to_close
     response.keep_alive = keep_alive

@@ -143,7 +143,7 @@ def test_response_headers_lose_what_twisteds_client_removes() -> None:
         (b"X-Hop", b"named by Connection"),
         (b"X-End", b"kept  "),
     ]
-    headers = response_headers(fields, head=False)
+    headers = response_headers(fields, keep_length=False)
     assert dict(headers.getAllRawHeaders()) == {
         b"Content-Type": [b"application/json"],
         b"X-End": [b"kept"],
@@ -151,12 +151,14 @@ def test_response_headers_lose_what_twisteds_client_removes() -> None:
 
 
 def test_a_head_answer_keeps_its_content_length() -> None:
-    headers = response_headers([(b"Content-Length", b"20")], head=True)
+    headers = response_headers([(b"Content-Length", b"20")], keep_length=True)
     assert headers.getRawHeaders(b"content-length") == [b"20"]
 
 
 def test_repeated_response_headers_keep_their_order() -> None:
-    headers = response_headers([(b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")], head=False)
+    headers = response_headers(
+        [(b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")], keep_length=False
+    )
     assert headers.getRawHeaders(b"set-cookie") == [b"a=1", b"b=2"]
 
 
@@ -712,6 +714,17 @@ def test_a_head_answer_followed_by_a_body_is_not_reused() -> None:
 def test_204_and_304_have_no_body(status: bytes) -> None:
     rig = Rig()
     d = rig.send()
+    rig.feed(b"HTTP/1.1 " + status + b"\r\nContent-Length: 5\r\n\r\n")
+    response = result_of(d)
+    assert response.length == 0 and not response.headers.hasHeader(b"content-length")
+    assert read(response).body == b"" and rig.reused
+
+
+@pytest.mark.parametrize("status", [b"204 No Content", b"304 Not Modified"])
+def test_204_and_304_to_a_head_have_no_content_length_either(status: bytes) -> None:
+    """Only a HEAD answer that would have a body keeps its Content-Length (RFC 9110 §8.6)."""
+    rig = Rig()
+    d = rig.send(b"HEAD")
     rig.feed(b"HTTP/1.1 " + status + b"\r\nContent-Length: 5\r\n\r\n")
     response = result_of(d)
     assert response.length == 0 and not response.headers.hasHeader(b"content-length")

@@ -161,6 +161,24 @@ async def test_a_post_to_an_other_route_is_never_sent_twice(tmp_path: Path, engi
     assert [peer.count for peer in engine.peers] == [2]
 
 
+# -- framing carried onward -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [b"204 No Content", b"304 Not Modified"])
+@pytest_twisted.ensureDeferred
+async def test_a_head_answered_204_or_304_reaches_the_client_without_content_length(
+    tmp_path: Path, engine: Engine, status: bytes
+) -> None:
+    """The engine's Content-Length on a bodiless answer to HEAD is not passed on; a HEAD
+    answer with a body's length keeps it (``test_wire_fidelity``)."""
+    engine.default = b"HTTP/1.1 " + status + b"\r\nContent-Length: 5\r\nX-End: kept\r\n\r\n"
+    async with facade(tmp_path, engine) as port:
+        whole = await ask(port, b"HEAD", b"/props")
+    assert status_of(whole) == b"HTTP/1.1 " + status
+    assert header(whole, b"content-length") is None and header(whole, b"x-end") == b"kept"
+    assert whole.endswith(b"\r\n\r\n")
+
+
 # -- fleet polls -----------------------------------------------------------------------------
 
 
