@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 
 from nvpair.activity import NodeActivity
 from nvpair.config import Config
@@ -28,7 +29,7 @@ from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
-from tests.rawengine import Engine, Peer, listening, reactor, stale_after_first
+from tests.rawengine import Answer, Engine, Peer, listening, reactor, stale_after_first
 from tests.test_fleet_poll import DIAL, INTERVAL, Facades, discovery_update, fleet, members
 from tests.test_wire_fidelity import Raw
 
@@ -177,6 +178,77 @@ async def test_a_head_answered_204_or_304_reaches_the_client_without_content_len
     assert status_of(whole) == b"HTTP/1.1 " + status
     assert header(whole, b"content-length") is None and header(whole, b"x-end") == b"kept"
     assert whole.endswith(b"\r\n\r\n")
+
+
+# -- an engine that dies between its head and its body ---------------------------------------
+
+
+def head_then_die(head: bytes, reset: bool) -> Answer:
+    """Sends ``head``, then closes: at once, or with a reset once the head has been read (a
+    reset at once could make the proxy's kernel drop the head unread)."""
+
+    def script(peer: Peer) -> None:
+        peer.wire.write(head)
+        if reset:
+            reactor.callLater(0.05, peer.reset)
+        else:
+            peer.wire.loseConnection()
+
+    return script
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 20\r\n\r\n",
+    ],
+    ids=["length", "chunked", "error-status"],
+)
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "reset"])
+@pytest.mark.parametrize("method", [b"GET", b"POST"])
+@pytest_twisted.ensureDeferred
+async def test_an_other_route_whose_engine_dies_after_its_head_gets_a_whole_502(
+    tmp_path: Path, engine: Engine, head: bytes, method: bytes, reset: bool
+) -> None:
+    """Nothing of the answer was relayed yet, so the client gets the proxy's own answer,
+    whole: 502 upstream-transport in the route's dialect, never an empty reply."""
+    engine.default = head_then_die(head, reset)
+    async with facade(tmp_path, engine) as port:
+        whole = await ask(port, method, b"/props", b"{}" if method == b"POST" else b"")
+    assert status_of(whole) == b"HTTP/1.1 502 Bad Gateway"
+    assert header(whole, b"x-nvpair-error") == b"upstream-transport"
+    body = json.loads(whole.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["code"] == "upstream-transport"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_streamed_other_route_answer_still_streams(tmp_path: Path, engine: Engine) -> None:
+    """Waiting for the first body byte holds nothing back after it: the first chunk reaches
+    the client while the engine has not finished the body."""
+    first_seen: Deferred[None] = Deferred()
+
+    def stream(peer: Peer) -> None:
+        peer.wire.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        reactor.callLater(0.01, peer.wire.write, b"6\r\nfirst\n\r\n")
+
+        def rest(_: None) -> None:
+            peer.wire.write(b"5\r\nlast\n\r\n0\r\n\r\n")
+
+        first_seen.addCallback(rest)
+
+    engine.default = stream
+    async with facade(tmp_path, engine) as port:
+        raw = Raw()
+        protocol = await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), raw)
+        assert protocol.transport is not None
+        protocol.transport.write(b"GET /progress HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        while b"first" not in raw.data:
+            await deferLater(reactor, 0.01)
+        first_seen.callback(None)
+        whole = await raw.done
+    assert status_of(whole) == b"HTTP/1.1 200 OK" and b"last" in whole
 
 
 # -- fleet polls -----------------------------------------------------------------------------
