@@ -147,7 +147,8 @@ def answer_framing(
     fields: list[tuple[bytes, bytes]], bodiless: bool, http10: bool
 ) -> tuple[set[bytes], int | str, bool, bool]:
     """What a final answer's head says about its body and its connection (RFC 9112 §6.3,
-    §9.3), from the fields llhttp accepted.
+    §9.3), from the fields llhttp accepted (it refuses ``Content-Length`` with
+    ``Transfer-Encoding``, and a ``Content-Length`` that is not one number).
 
     :param bodiless: the answer has no body whatever its headers say (a HEAD answer, 204,
         304); llhttp knows no HEAD.
@@ -155,26 +156,36 @@ def answer_framing(
     :returns: the ``Connection`` tokens; the body's length (0 when bodiless, else the
         ``Content-Length`` or ``UNKNOWN_LENGTH``); whether the body runs to the close; whether
         the connection may carry another exchange afterwards.
+    :raises BadResponse: for a body in a transfer coding other than chunked alone, which
+        this client never offers (it sends no ``TE``).
     """
     tokens: set[bytes] = set()
     length: int | str = UNKNOWN_LENGTH
-    coding = b""
+    codings: list[bytes] | None = None
     for name, value in fields:
         lowered = name.lower()
         if lowered == b"connection":
             tokens |= connection_tokens((value,))
         elif lowered == b"content-length":
-            length = int(value)  # llhttp accepted it: digits, one value
+            length = int(value)
         elif lowered == b"transfer-encoding":
-            coding = value
+            if codings is None:
+                codings = []
+            codings += (c.strip().lower() for c in value.split(b",") if c.strip())
     to_close = False
     if bodiless:
         length = 0
-    elif coding:
-        length = UNKNOWN_LENGTH
-        # Chunked only when it is the final coding; else the body runs to the close.
-        to_close = coding.rsplit(b",", 1)[-1].strip().lower() != b"chunked"
+    elif codings is not None:
+        if codings != [b"chunked"]:
+            # Passed on, the body would reach the client still coded and with nothing saying
+            # so (the coding belongs to this hop); nor could chunked be told from its content.
+            shown = b", ".join(codings).decode("latin-1")
+            raise BadResponse(f"transfer coding {shown!r} was not offered")
     elif length == UNKNOWN_LENGTH:
         to_close = True
-    keep_alive = not to_close and (b"keep-alive" in tokens if http10 else b"close" not in tokens)
+    # An HTTP/1.0 answer with Transfer-Encoding has faulty framing: read, then closed
+    # (RFC 9112 §6.1).
+    keep_alive = not to_close and (
+        b"keep-alive" in tokens and codings is None if http10 else b"close" not in tokens
+    )
     return tokens, length, to_close, keep_alive
