@@ -39,10 +39,6 @@ from nvpair.wire import send
 _READY, _IDLE, _WAITING_HEAD, _READING_BODY, _BODY_DONE, _CLOSING, _CLOSED = tuple(Phase)
 
 
-class _Stop(Exception):
-    """Raised in a parser callback to stop llhttp; the reason is kept on the connection."""
-
-
 class Owner(TypingProtocol):
     """Where a connection goes between exchanges (the pool), and who dials again for it."""
 
@@ -239,7 +235,8 @@ class UpstreamConnection(Protocol):
             self._after_feed(problem)
         finally:
             flow.feeding = False
-        flow.settle(self._response is not None)
+        if flow.want_pause:
+            flow.settle(self._response is not None)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         was = self.phase
@@ -300,8 +297,9 @@ class UpstreamConnection(Protocol):
                 BodyTransport(self, self._flow),
             )
         except BadResponse as refused:
+            # llhttp stops, and raises its own error: the reason is kept here.
             self._failure = refused
-            raise _Stop() from None
+            raise
         self._pending = pending
         # Nothing follows a head with no body (a HEAD answer, 204, 304, Content-Length: 0).
         self.phase = _BODY_DONE if pending.length == 0 else _READING_BODY
@@ -377,7 +375,9 @@ class UpstreamConnection(Protocol):
         self._parser = None
         owner = self.owner
         if owner is not None and response.keep_alive and not (self._extra or self._stopped):
-            self._flow.resume()
+            if self._flow.paused:
+                # An idle connection must read, or a server's close would go unnoticed.
+                self._flow.resume()
             self.phase = _READY
             owner.put(self)
         else:

@@ -116,64 +116,55 @@ def _name_kind(name: bytes) -> _Name:
     return kind
 
 
-def response_headers(
-    fields: list[tuple[bytes, bytes]], keep_length: bool, named: set[bytes] | None = None
-) -> Headers:
-    """The headers a response exposes, from its raw fields in order.
-
-    Twisted's client removes its connection-control headers; the proxy's client also removed
-    the headers ``Connection`` names (RFC 9110 §7.6.1), which nobody downstream could tell
-    apart once ``Connection`` itself is gone.
-
-    :param keep_length: keep ``Content-Length``: a HEAD answer's describes the body a GET
-        would get. Not a 204's or 304's, which have none and must not say so (RFC 9110 §8.6).
-    :param named: the ``Connection`` tokens, when the caller has them already.
-    """
-    if named is None:
-        named = connection_tokens(v for n, v in fields if n.lower() == b"connection")
-    headers = Headers()
-    for name, value in fields:
-        lowered = name.lower()
-        if lowered in named:
-            continue
-        if lowered in _CONNECTION_CONTROL and not (keep_length and lowered == b"content-length"):
-            continue
-        # llhttp strips the leading whitespace of a value but keeps the trailing.
-        headers.addRawHeader(lowered, value.rstrip(b" \t"))
-    return headers
+#: ``Connection`` tokens that name no header this answer could carry past the removal above.
+_OPTIONS = frozenset({b"close", b"keep-alive"})
 
 
-def answer_framing(
-    fields: list[tuple[bytes, bytes]], bodiless: bool, http10: bool
-) -> tuple[set[bytes], int | str, bool, bool]:
-    """What a final answer's head says about its body and its connection (RFC 9112 §6.3,
-    §9.3), from the fields llhttp accepted (it refuses ``Content-Length`` with
-    ``Transfer-Encoding``, and a ``Content-Length`` that is not one number).
+def answer_head(
+    fields: list[tuple[bytes, bytes]], head: bool, nothing: bool, http10: bool
+) -> tuple[Headers, int | str, bool, bool]:
+    """What a final answer's head says, from the fields llhttp accepted (it refuses
+    ``Content-Length`` with ``Transfer-Encoding``, and a ``Content-Length`` that is not one
+    number), read in one pass (RFC 9112 §6.3, §9.3).
 
-    :param bodiless: the answer has no body whatever its headers say (a HEAD answer, 204,
-        304); llhttp knows no HEAD.
-    :param http10: the answer is HTTP/1.0 (keep-alive only when it asks for it).
-    :returns: the ``Connection`` tokens; the body's length (0 when bodiless, else the
+    The headers exposed lose what Twisted's client removes (its connection-control headers,
+    ``Content-Length`` becoming the length) and what ``Connection`` names (RFC 9110 §7.6.1),
+    which nobody downstream could tell apart once ``Connection`` itself is gone.
+
+    :param head: it answers a HEAD: no body, whatever its headers say (llhttp knows no HEAD),
+        and its ``Content-Length``, the body a GET would get, is kept.
+    :param nothing: a 204 or 304: no body, and no ``Content-Length`` (RFC 9110 §8.6).
+    :param http10: it is HTTP/1.0 (keep-alive only when it asks for it).
+    :returns: the headers it exposes; its body's length (0 without a body, else the
         ``Content-Length`` or ``UNKNOWN_LENGTH``); whether the body runs to the close; whether
         the connection may carry another exchange afterwards.
     :raises BadResponse: for a body in a transfer coding other than chunked alone, which
         this client never offers (it sends no ``TE``).
     """
+    headers = Headers()
     tokens: set[bytes] = set()
     length: int | str = UNKNOWN_LENGTH
     codings: list[bytes] | None = None
     for name, value in fields:
         lowered = name.lower()
-        if lowered == b"connection":
+        if lowered not in _CONNECTION_CONTROL:
+            # llhttp strips the leading whitespace of a value but keeps the trailing.
+            headers.addRawHeader(lowered, value.rstrip(b" \t"))
+        elif lowered == b"connection":
             tokens |= connection_tokens((value,))
         elif lowered == b"content-length":
             length = int(value)
+            if head and not nothing:
+                headers.addRawHeader(lowered, value.rstrip(b" \t"))
         elif lowered == b"transfer-encoding":
             if codings is None:
                 codings = []
             codings += (c.strip().lower() for c in value.split(b",") if c.strip())
+    for token in tokens:
+        if token not in _OPTIONS:
+            headers.removeHeader(token)
     to_close = False
-    if bodiless:
+    if head or nothing:
         length = 0
     elif codings is not None:
         if codings != [b"chunked"]:
@@ -188,4 +179,4 @@ def answer_framing(
     keep_alive = not to_close and (
         b"keep-alive" in tokens and codings is None if http10 else b"close" not in tokens
     )
-    return tokens, length, to_close, keep_alive
+    return headers, length, to_close, keep_alive

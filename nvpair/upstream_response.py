@@ -22,7 +22,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
-from nvpair.upstream_framing import BadResponse, answer_framing, response_headers
+from nvpair.upstream_framing import BadResponse, answer_head
 from nvpair.upstream_types import BodySource, Wire
 
 
@@ -34,41 +34,43 @@ class ReadFlow:
     close would go unnoticed. One per connection, for all its exchanges.
 
     :ivar feeding: a read is being handled now.
+    :ivar paused: the socket is not being read.
+    :ivar want_pause: a pause was asked for during this read.
     """
 
-    __slots__ = ("_paused", "_want_pause", "_wire", "feeding")
+    __slots__ = ("_wire", "feeding", "paused", "want_pause")
 
     def __init__(self, wire: Wire) -> None:
         self._wire = wire
         self.feeding = False
-        self._want_pause = False
-        self._paused = False
+        self.want_pause = False
+        self.paused = False
 
     def pause(self) -> None:
         if self.feeding:
-            self._want_pause = True
-        elif not self._paused:
-            self._paused = True
+            self.want_pause = True
+        elif not self.paused:
+            self.paused = True
             self._wire.pauseProducing()
 
     def resume(self) -> None:
-        self._want_pause = False
-        if self._paused:
-            self._paused = False
+        self.want_pause = False
+        if self.paused:
+            self.paused = False
             self._wire.resumeProducing()
 
     def settle(self, body_open: bool) -> None:
         """A read has been handled: apply the pause asked for during it, if a body is still
         being read."""
-        if self._want_pause:
-            self._want_pause = False
-            if body_open and not self._paused:
-                self._paused = True
+        if self.want_pause:
+            self.want_pause = False
+            if body_open and not self.paused:
+                self.paused = True
                 self._wire.pauseProducing()
 
     def hold(self) -> None:
         """Nobody reads the body yet: pause once this read is handled (as Twisted does)."""
-        self._want_pause = True
+        self.want_pause = True
 
 
 @implementer(IPushProducer)
@@ -266,8 +268,8 @@ class UpstreamResponse:
             self._state = _Body.DEFERRED_CLOSE
 
 
+_HTTP11 = (b"HTTP", 1, 1)
 _HTTP10 = (b"HTTP", 1, 0)
-_VERSIONS = {"1.1": (b"HTTP", 1, 1), "1.0": _HTTP10}
 
 
 def final_answer(
@@ -287,14 +289,15 @@ def final_answer(
     """
     if code == 101 or not 200 <= code <= 599:
         raise BadResponse(f"status {code} is not supported")
-    version = _VERSIONS.get(http)
-    if version is None:
+    if http == "1.1":
+        version = _HTTP11
+    elif http == "1.0":
+        version = _HTTP10
+    else:
         raise BadResponse(f"HTTP/{http} is not supported")
-    nothing = code in (204, 304)
-    tokens, length, to_close, keep_alive = answer_framing(
-        fields, head or nothing, version is _HTTP10
+    headers, length, to_close, keep_alive = answer_head(
+        fields, head, code == 204 or code == 304, version is _HTTP10
     )
-    headers = response_headers(fields, head and not nothing, tokens)
     response = UpstreamResponse(version, code, phrase, headers, length, transport)
     response.to_close = to_close
     response.keep_alive = keep_alive
