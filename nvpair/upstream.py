@@ -333,11 +333,11 @@ class Upstream:
             )
         dial = _Dial(pool, key, head, data, None, deferred)
         try:
-            endpoint = self._endpoints.endpoint(key)
+            # Trust may have been withdrawn since (a peer): failing here fails the request.
+            dial.start(self._endpoints.endpoint(key), self._factory)
         except Exception:
-            deferred.errback()
-        else:
-            dial.start(endpoint, self._factory)
+            if not deferred.called:
+                deferred.errback()
         return dial.cancel
 
     def _target(self, base_url: str) -> Target:

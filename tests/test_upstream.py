@@ -213,6 +213,24 @@ def test_a_resent_request_that_cannot_be_dialled_fails_as_the_dial_does() -> Non
     failure_of(d, ConnectionRefusedError)
 
 
+def test_a_resend_that_cannot_start_fails_the_request() -> None:
+    """No usable endpoint any more (a peer whose pin was withdrawn meanwhile): the request
+    fails as a start failure would, and nothing raises out of the connection's loss."""
+    clock = MemoryReactorClock()
+    upstream = Upstream(clock, 5.0)
+    first = get(upstream)
+    protocol, _ = dialled(clock)
+    answered(protocol, first)
+    d = get(upstream)
+
+    def withdrawn(key: object) -> Any:
+        raise SchemeNotSupported("no trust for this peer any more")
+
+    upstream._endpoints.endpoint = withdrawn  # type: ignore[method-assign]
+    protocol.connectionLost(Failure(ConnectionDone()))
+    failure_of(d, SchemeNotSupported)
+
+
 @pytest.mark.parametrize("level", [LogLevel.info, LogLevel.debug])
 def test_a_resend_is_logged_at_debug_only(level: LogLevel) -> None:
     """It is neither an attempt nor a node failure: an operator sees it only at debug."""
