@@ -140,6 +140,9 @@ class Outgoing:
     uri: bytes
     headers: Headers
     body: bytes
+    #: Whether the client may send it twice should a kept-alive connection go before any
+    #: answer byte (an inference request, which the loop would dispatch again anyway).
+    resend: bool = False
 
 
 class Attempts:
@@ -234,12 +237,13 @@ class Attempts:
 
         relay = BodyRelay()
         response.deliverBody(relay)
-        # The first-body gate is scoped to inference 2xx answers; an answer that is not
-        # retried commits at once (docs/request-path.md#the-commit-point).
-        if verdict is Verdict.COMMIT and outgoing.route is RouteClass.INFERENCE:
-            failed = await self._first_byte(response, relay, state, cancelled)
-            if failed is not None:
-                return failed
+        # Every answer commits at its first body byte (or its empty body's end): one whose
+        # engine died before it has relayed nothing, and fails as transport. Only an inference
+        # 2xx waits under the first-body cap (docs/request-path.md#the-commit-point).
+        timed = verdict is Verdict.COMMIT and outgoing.route is RouteClass.INFERENCE
+        failed = await self._first_byte(response, relay, state, cancelled, timed)
+        if failed is not None:
+            return failed
         if not state.claim_commit():
             # A committed first byte wins the claim, so this is the watcher having won before
             # any byte: retry rather than serve a stream the proxy would truncate itself.
@@ -266,7 +270,13 @@ class Attempts:
         try:
             base = self._address(outgoing.engine, node)
             sent = self._upstream.request(
-                base, outgoing.method, outgoing.uri, outgoing.headers, outgoing.body, connected
+                base,
+                outgoing.method,
+                outgoing.uri,
+                outgoing.headers,
+                outgoing.body,
+                connected,
+                outgoing.resend,
             )
         except Exception as error:
             return Failed(Fault.TRANSPORT, detail=str(error) or type(error).__name__)
@@ -279,15 +289,20 @@ class Attempts:
         relay: BodyRelay,
         state: AttemptState,
         cancelled: Callable[[], bool],
+        timed: bool,
     ) -> Failed | None:
-        """Wait for the first body byte: the commit point. None once it (or EOF) came."""
+        """Wait for the first body byte: the commit point. None once it (or EOF) came.
+
+        :param timed: under the first-body cap (an inference 2xx); else without a bound of
+            its own, as the body after it would be.
+        """
         gate = relay.first
         if gate.called and not isinstance(gate.result, Failure):
             # The first byte (or a clean end) came with the headers — a whole answer in one
             # read, as most non-streamed ones are: nothing to wait for, no timer armed and
             # disarmed for it. A failure goes the long way, to be classified.
             return None
-        if self._timeout:
+        if timed and self._timeout:
             gate.addTimeout(self._timeout, self._clock)
         state.waiting = gate
         try:

@@ -6,7 +6,7 @@ that stalls after its headers, or sends without end, holds the reader and its co
 ever. Every read here ends: with the body, with a failure once a bound is passed, or on
 cancellation. In the last two cases the upstream connection is closed, never left open: the
 transport ``deliverBody`` hands a body protocol is a push producer over the connection
-(:class:`nvpair.upstream_conn.BodyTransport`, as Twisted's ``TransportProxyProducer``), and
+(:class:`nvpair.upstream_response.BodyTransport`, as Twisted's ``TransportProxyProducer``), and
 stopping it closes the connection. Before ``deliverBody``, cancelling the request's Deferred is
 what closes it; :func:`fetch` bounds both phases as one.
 """

@@ -48,7 +48,8 @@ async def ask(
     """One node's whole answer, bounded as a whole: dial, headers and body within
     ``timeout`` and ``max_bytes``. Past either bound, or cancelled, the upstream connection is
     closed in whichever phase the exchange is; the failure says why."""
-    sent = upstream.request(base, method, uri, headers, None)
+    # A poll or a model list may be asked twice: a stale kept-alive connection is retried.
+    sent = upstream.request(base, method, uri, headers, None, resend=True)
     whole = await fetch(sent, clock, timeout, max_bytes)
     response = whole.response
     raw = {name.lower(): list(values) for name, values in response.headers.getAllRawHeaders()}

@@ -24,6 +24,7 @@ from nvpair.budget import RetryBudget
 from nvpair.candidates import Candidates
 from nvpair.config import Config
 from nvpair.control import ControlState
+from nvpair.engines import RouteClass
 from nvpair.headers import end_to_end
 from nvpair.http_facade import Admitted
 from nvpair.inferstats import Stats
@@ -105,7 +106,17 @@ class Job:
             admitted.uri,
             headers,
             admitted.body,
+            resend=_inference(admitted),
         )
+
+
+def _inference(admitted: Admitted) -> bool:
+    """An inference request, also when a peer forwards it: sending it twice costs what the
+    failover loop's next dispatch would (docs/robustness.md#engine-answers)."""
+    route = admitted.route
+    if route is RouteClass.PEER:
+        route = admitted.engine.classify(admitted.method, admitted.path)
+    return route is RouteClass.INFERENCE
 
 
 @frozen

@@ -171,7 +171,7 @@ class BodyRelay(Protocol):
 
     def makeConnection(self, transport: ITransport) -> None:
         # deliverBody hands us a transport that is a push producer over the upstream
-        # connection (nvpair.upstream_conn.BodyTransport); adapted once here rather than on
+        # connection (nvpair.upstream_response.BodyTransport); adapted once here rather than on
         # every pause, resume and stop.
         self._producer = IPushProducer(transport, None)
         super().makeConnection(transport)  # type: ignore[no-untyped-call]

@@ -4,7 +4,8 @@ Agent, its pool and its parser were a fifth of a proxied request's CPU (issue 11
 ``_newclient`` 10 %, the pool 4 %, ``Headers`` 4 %, with the Deferreds between them). A
 reverse proxy needs little of what they offer, so this client keeps their contract (the same
 ``IResponse``, the same failures, the same keep-alive rules) on a connection of its own
-(:mod:`nvpair.upstream_conn`) and a pool that is a list per ``(scheme, host, port)``.
+(:mod:`nvpair.upstream_conn`) and a pool that is a list per ``(scheme, host, port)``
+(:mod:`nvpair.upstream_pool`).
 """
 
 from __future__ import annotations
@@ -24,27 +25,28 @@ from twisted.internet.endpoints import (
     wrapClientTLS,
 )
 from twisted.internet.interfaces import (
-    IDelayedCall,
     IReactorTCP,
     IReactorTime,
     IStreamClientEndpoint,
 )
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import URI
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS, IResponse
 
-from nvpair.upstream_conn import ConnectionFactory, Key, UpstreamConnection, request_head
-
-#: Idle connections kept per upstream. Twisted's default of 2 limits the idle cache, not
-#: concurrency, and halved throughput in a measurement.
-MAX_PERSISTENT_PER_HOST = 64
-
-#: Seconds an idle connection is kept (Twisted's ``cachedConnectionTimeout``).
-IDLE_TIMEOUT = 240.0
+from nvpair.logs import debug_enabled
+from nvpair.upstream_conn import UpstreamConnection
+from nvpair.upstream_framing import request_head
+from nvpair.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
+from nvpair.upstream_types import Key, Resent
 
 _BODILESS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE", b"TRACE"})
+
+#: Methods a request of which may be sent twice (RFC 9110 §9.2.2).
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
 #: Methods whose request states an empty body as ``Content-Length: 0`` (Agent's rule,
 #: RFC 9110 §8.6).
@@ -54,6 +56,8 @@ _REPARSED = re.compile(rb"[#;]|\?\Z")
 
 #: Base URLs whose parse is kept; a fleet has a few dozen, so past this the cache restarts.
 _MAX_TARGETS = 1024
+
+log = Logger(namespace="nvpair.upstream")
 
 
 @frozen
@@ -123,18 +127,17 @@ class _Endpoints:
         self._tls = tls
         self._plain: dict[tuple[bytes, int], IStreamClientEndpoint] = {}
 
-    def endpoint(self, target: Target) -> IStreamClientEndpoint:
-        key = (target.host, target.port)
-        if target.scheme == b"http":
-            endpoint = self._plain.get(key)
+    def endpoint(self, key: Key) -> IStreamClientEndpoint:
+        scheme, host, port = key
+        if scheme == b"http":
+            endpoint = self._plain.get((host, port))
             if endpoint is None:
-                endpoint = self._tcp(target.host, target.port)
-                self._plain[key] = endpoint
+                endpoint = self._plain[(host, port)] = self._tcp(host, port)
             return endpoint
-        if target.scheme == b"https" and self._tls is not None:
-            creator = self._tls.creatorForNetloc(target.host, target.port)
-            return wrapClientTLS(creator, self._tcp(target.host, target.port))
-        raise SchemeNotSupported(f"unsupported scheme: {target.scheme!r}")
+        if scheme == b"https" and self._tls is not None:
+            creator = self._tls.creatorForNetloc(host, port)
+            return wrapClientTLS(creator, self._tcp(host, port))
+        raise SchemeNotSupported(f"unsupported scheme: {scheme!r}")
 
     def _tcp(self, host: bytes, port: int) -> IStreamClientEndpoint:
         """A plain TCP endpoint; an IP literal skips the resolver.
@@ -153,101 +156,14 @@ class _Endpoints:
         return TCP6ClientEndpoint(self._reactor, text, port, self._timeout)
 
 
-class Pool:
-    """Idle connections per ``(scheme, host, port)``: the newest is used first, at most
-    :data:`MAX_PERSISTENT_PER_HOST` are kept, and one idle for :data:`IDLE_TIMEOUT` closes.
+class ConnectionFactory(Factory):
+    """Builds :class:`~nvpair.upstream_conn.UpstreamConnection`s for the endpoints."""
 
-    It limits the idle set, not concurrency: a request that finds none dials a new one. One
-    timer sweeps the whole pool, armed only while something is idle.
+    # One dial per connection: at Twisted's default every one would log "Starting factory".
+    noisy = False
 
-    :ivar retired: connections coming back are closed instead of kept.
-    """
-
-    def __init__(self, clock: IReactorTime, max_idle: int, idle_timeout: float) -> None:
-        self._clock = clock
-        self._max = max_idle
-        self._timeout = idle_timeout
-        self._idle: dict[Key, list[UpstreamConnection]] = {}
-        self._timer: IDelayedCall | None = None
-        self.retired = False
-
-    def adopt(self, connection: UpstreamConnection, key: Key) -> None:
-        """A freshly dialled connection joins this pool (it is busy)."""
-        connection.owner = self
-        connection.key = key
-
-    def take(self, key: Key) -> UpstreamConnection | None:
-        idle = self._idle.get(key)
-        while idle:
-            connection = idle.pop()
-            connection.idle = False
-            if connection.usable:
-                return connection
-        return None
-
-    def put(self, connection: UpstreamConnection) -> None:
-        if self.retired:
-            connection.close()
-            return
-        idle = self._idle.get(connection.key)
-        if idle is None:
-            idle = self._idle[connection.key] = []
-        elif len(idle) >= self._max:
-            oldest = idle.pop(0)
-            oldest.idle = False
-            oldest.close()
-        connection.idle = True
-        connection.idle_since = self._clock.seconds()
-        idle.append(connection)
-        if self._timer is None:
-            self._timer = self._clock.callLater(self._timeout, self._sweep)
-
-    def drop(self, connection: UpstreamConnection) -> None:
-        if not connection.idle:
-            return
-        connection.idle = False
-        idle = self._idle.get(connection.key)
-        if idle is not None and connection in idle:
-            idle.remove(connection)
-            if not idle:
-                del self._idle[connection.key]
-
-    def _sweep(self) -> None:
-        self._timer = None
-        cutoff = self._clock.seconds() - self._timeout
-        next_due: float | None = None
-        for key, idle in list(self._idle.items()):
-            # Oldest first: each list is in the order its connections went idle.
-            while idle and idle[0].idle_since <= cutoff:
-                stale = idle.pop(0)
-                stale.idle = False
-                stale.close()
-            if not idle:
-                del self._idle[key]
-            elif next_due is None or idle[0].idle_since < next_due:
-                next_due = idle[0].idle_since
-        if next_due is not None:
-            delay = max(next_due + self._timeout - self._clock.seconds(), 0.0)
-            self._timer = self._clock.callLater(delay, self._sweep)
-
-    def close_idle(self) -> Deferred[None]:
-        """Close every idle connection; fires once all are closed."""
-        if self._timer is not None:
-            if self._timer.active():
-                self._timer.cancel()
-            self._timer = None
-        closing = []
-        idle, self._idle = self._idle, {}
-        for connections in idle.values():
-            for connection in connections:
-                connection.idle = False
-                closing.append(connection.close())
-        return defer.gatherResults(closing).addCallback(lambda _: None)
-
-    def retire(self) -> Deferred[None]:
-        """Close the idle connections now and every busy one once its exchange ends."""
-        self.retired = True
-        return self.close_idle()
+    def buildProtocol(self, addr: object) -> UpstreamConnection:
+        return UpstreamConnection()
 
 
 class _Dial:
@@ -261,18 +177,21 @@ class _Dial:
         self,
         pool: Pool,
         key: Key,
-        method: bytes,
+        head: bool,
         data: bytes,
         connected: Callable[[], None] | None,
+        result: Deferred[IResponse] | None = None,
     ) -> None:
+        """:param result: the Deferred to fire, when the request has one already (it is
+        sent again, and that Deferred's canceller reaches :meth:`cancel`)."""
         self._pool = pool
         self._key = key
-        self._method = method
+        self._head = head
         self._data = data
         self._connected = connected
         self._dialling: Deferred[UpstreamConnection] | None = None
         self._connection: UpstreamConnection | None = None
-        self.result: Deferred[IResponse] = Deferred(self._cancel)
+        self.result: Deferred[IResponse] = Deferred(self.cancel) if result is None else result
 
     def start(self, endpoint: IStreamClientEndpoint, factory: ConnectionFactory) -> None:
         dialling: Deferred[UpstreamConnection] = endpoint.connect(factory)  # type: ignore[assignment]
@@ -291,14 +210,14 @@ class _Dial:
             connection.close()
             self.result.errback()
             return
-        connection.send(self._method, self._data, self.result)
+        connection.send(self._head, self._data, self.result)
 
     def _failed(self, failure: Failure) -> None:
         self._dialling = None
         if not self.result.called:
             self.result.errback(failure)
 
-    def _cancel(self, result: Deferred[IResponse]) -> None:
+    def cancel(self, result: Deferred[IResponse]) -> None:
         if self._dialling is not None:
             self._dialling.cancel()
         elif self._connection is not None:
@@ -310,8 +229,9 @@ class Upstream:
 
     Plain engines share one pool. Pinned peers (``https://``) get a pool of their own that is
     retired whenever trust changes (:meth:`trust_changed`): a connection verified against a
-    pin is never reused once that pin, or this node's membership, is gone. Neither pool ever
-    retries a request: what is retried is the failover loop's decision.
+    pin is never reused once that pin, or this node's membership, is gone. A request is sent
+    twice only when a kept-alive connection went before any byte of its answer (see
+    :meth:`request`); any other retry is the failover loop's decision.
 
     :param reactor: provides IReactorTCP, IReactorTime (and IReactorSSL for https peers).
     :param dial_timeout: seconds to connect (``--dial-timeout``).
@@ -329,7 +249,7 @@ class Upstream:
         self._peer_pool = self._new_pool()
 
     def _new_pool(self) -> Pool:
-        return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT)
+        return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT, self._redial)
 
     def trust_changed(self) -> None:
         """Membership or a pin changed: no peer connection made before now is used again.
@@ -348,6 +268,7 @@ class Upstream:
         headers: Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
+        resend: bool = False,
     ) -> Deferred[IResponse]:
         """Dispatch; fires with the response once its headers arrive.
 
@@ -355,11 +276,17 @@ class Upstream:
         fails while starting (no usable TLS trust, a bad URL, a header that cannot be sent)
         fails the Deferred: it never raises.
 
+        A request sent on a pooled connection that goes before any byte of the answer (the
+        engine closed it as idle just then) is sent once more on a fresh connection, when its
+        method is idempotent or ``resend`` says it may be
+        (docs/robustness.md#engine-answers); a fresh connection's request never is.
+
         :param base_url: ``http://host:port`` of the engine (no trailing slash).
         :param uri: the path and query (origin form, as admission normalized it).
         :param connected: called once the connection is up: at once for a pooled one,
             else when the dial completes (the header budget starts there,
-            docs/retry-budget.md#per-attempt-budgets).
+            docs/retry-budget.md#per-attempt-budgets). Not again for a resend.
+        :param resend: the caller may have this request sent twice.
         """
         try:
             target = self._targets.get(base_url)
@@ -375,20 +302,43 @@ class Upstream:
                 data = request_head(method, path, target.host_header, headers, len(body)) + body
             pool = self._peer_pool if target.tls else self._pool
             connection = pool.take(target.key)
-            endpoint = None if connection is not None else self._endpoints.endpoint(target)
+            endpoint = None if connection is not None else self._endpoints.endpoint(target.key)
         except Exception:
             return defer.fail()
         if connection is not None:
             sent: Deferred[IResponse] = Deferred(connection.cancel)
-            connection.send(method, data, sent)
+            connection.send(method == b"HEAD", data, sent, resend or method in _IDEMPOTENT)
             if connected is not None:
                 # No dial: the header budget starts now.
                 connected()
             return sent
         assert endpoint is not None
-        dial = _Dial(pool, target.key, method, data, connected)
+        dial = _Dial(pool, target.key, method == b"HEAD", data, connected)
         dial.start(endpoint, self._factory)
         return dial.result
+
+    def _redial(
+        self, pool: Pool, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]
+    ) -> Resent:
+        """A pooled connection went before answering: the same request on a fresh one.
+
+        Neither an attempt nor a failure of the node: only a debug line says it happened.
+        """
+        if debug_enabled():
+            log.debug(
+                "a kept-alive connection to {host}:{port} closed before answering: "
+                "sending again on a new one",
+                host=key[1].decode("ascii", "replace"),
+                port=key[2],
+            )
+        dial = _Dial(pool, key, head, data, None, deferred)
+        try:
+            # Trust may have been withdrawn since (a peer): failing here fails the request.
+            dial.start(self._endpoints.endpoint(key), self._factory)
+        except Exception:
+            if not deferred.called:
+                deferred.errback()
+        return dial.cancel
 
     def _target(self, base_url: str) -> Target:
         target = parse_target(base_url)

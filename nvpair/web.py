@@ -70,5 +70,6 @@ class UpstreamClient(Protocol):
         headers: Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
+        resend: bool = False,
     ) -> Deferred[IResponse]:
         """See :meth:`nvpair.upstream.Upstream.request`."""

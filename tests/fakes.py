@@ -219,6 +219,8 @@ class Call:
     cancelled: bool = False
     #: Reports the connection up (when the upstream was told to hold dials).
     connected: Callable[[], None] = lambda: None
+    #: The caller let the client send it twice (a stale kept-alive connection).
+    resend: bool = False
 
     def answer(self, response: Response) -> Response:
         self.deferred.callback(response)
@@ -250,6 +252,7 @@ class ScriptedUpstream:
         headers: Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
+        resend: bool = False,
     ) -> Deferred[IResponse]:
         def cancel(d: Deferred[IResponse]) -> None:
             # By default as Agent did: a cancelled request fails with ResponseNeverReceived.
@@ -257,7 +260,16 @@ class ScriptedUpstream:
             d.errback(self.cancel_error)
 
         d: Deferred[IResponse] = Deferred(cancel)
-        call = Call(base_url, method, uri, headers, body, d, connected=connected or (lambda: None))
+        call = Call(
+            base_url,
+            method,
+            uri,
+            headers,
+            body,
+            d,
+            connected=connected or (lambda: None),
+            resend=resend,
+        )
         self.calls.append(call)
         if self.connect_at_once:
             call.connected()

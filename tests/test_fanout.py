@@ -38,6 +38,7 @@ class Scripted:
         headers: Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
+        resend: bool = False,
     ) -> Deferred[IResponse]:
         sent = Sent()
         self.sent[base_url] = sent
@@ -157,6 +158,7 @@ class Watched:
         headers: Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
+        resend: bool = False,
     ) -> Deferred[IResponse]:
         def arrived(response: IResponse) -> IResponse:
             self.headers += 1

@@ -52,6 +52,7 @@ class AgentClient:
         headers: Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
+        resend: bool = False,
     ) -> Deferred[IResponse]:
         self.requests += 1
         d: Deferred[IResponse] = self.agent.request(
@@ -399,7 +400,10 @@ class Counting:
         headers: Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
+        resend: bool = False,
     ) -> Deferred[IResponse]:
         self.requests += 1
-        d: Deferred[IResponse] = self.inner.request(base_url, method, uri, headers, body, connected)
+        d: Deferred[IResponse] = self.inner.request(
+            base_url, method, uri, headers, body, connected, resend
+        )
         return d

@@ -9,8 +9,8 @@ shows the exact bytes the client sent and when it closed a connection.
 
 from __future__ import annotations
 
+import io
 import socket
-import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,11 +21,16 @@ from hypothesis import strategies as st
 from twisted.internet import reactor as _reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.error import ConnectingCancelledError, ConnectionLost, ConnectionRefusedError
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.error import (
+    ConnectingCancelledError,
+    ConnectionDone,
+    ConnectionLost,
+    ConnectionRefusedError,
+)
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
+from twisted.logger import ILogObserver, LogEvent, LogLevel, capturedLogs, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.web.client import URI, Agent, ResponseFailed, ResponseNeverReceived
 from twisted.web.error import SchemeNotSupported
@@ -34,8 +39,11 @@ from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from nvpair.bodies import BodyTimeout, discard_body, read_body
-from nvpair.upstream import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool, Upstream, parse_target
+from nvpair.logs import JsonLineObserver
+from nvpair.upstream import Upstream, parse_target
 from nvpair.upstream_conn import UpstreamConnection
+from nvpair.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
+from tests.rawengine import OK, Engine, Peer, listening, stale_after_first
 from tests.test_bodies import failure_of, result_of
 
 #: The global reactor, untyped: its listen*/connect* generics reject plain factories.
@@ -106,7 +114,6 @@ def dialled(clock: MemoryReactorClock, index: int = -1) -> tuple[Any, StringTran
     return protocol, transport
 
 
-OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 BASE = "http://127.0.0.1:8000"
 
 
@@ -153,6 +160,88 @@ def test_cancelling_a_dial_cancels_the_connect() -> None:
     d.cancel()
     failure_of(d, ConnectingCancelledError)
     assert clock.connectors[0].stoppedConnecting and calls == []
+
+
+def pooled_then_lost(
+    clock: MemoryReactorClock, connected: Callable[[], None] | None = None
+) -> tuple[Deferred[IResponse], Upstream]:
+    """A GET sent on a pooled connection that then closes before any byte of its answer."""
+    upstream = Upstream(clock, 5.0)
+    first = get(upstream)
+    protocol, _ = dialled(clock)
+    answered(protocol, first)
+    d = get(upstream, connected)
+    protocol.connectionLost(Failure(ConnectionDone()))
+    return d, upstream
+
+
+def test_a_resend_is_dialled_anew_and_the_header_budget_is_not_restarted() -> None:
+    """The resend's dial happens inside the header budget that began when the pooled
+    connection was taken (docs/retry-budget.md#per-attempt-budgets): ``connected`` once."""
+    clock, calls = MemoryReactorClock(), []
+    d, _ = pooled_then_lost(clock, lambda: calls.append("connected"))
+    assert len(clock.tcpClients) == 2 and not fired(d)
+    fresh, wire = dialled(clock)
+    assert wire.value() == b"GET /x HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n\r\n"
+    assert answered(fresh, d).code == 200
+    assert calls == ["connected"]
+
+
+def test_cancelling_during_the_resends_dial_cancels_the_dial() -> None:
+    clock = MemoryReactorClock()
+    d, _ = pooled_then_lost(clock)
+    d.cancel()
+    failure_of(d, ConnectingCancelledError)
+    assert clock.connectors[1].stoppedConnecting
+
+
+def test_cancelling_once_the_resend_is_sent_aborts_its_connection() -> None:
+    clock = MemoryReactorClock()
+    d, _ = pooled_then_lost(clock)
+    _, wire = dialled(clock)
+    d.cancel()
+    failure_of(d, CancelledError)
+    assert wire.disconnected
+
+
+def test_a_resent_request_that_cannot_be_dialled_fails_as_the_dial_does() -> None:
+    clock = MemoryReactorClock()
+    d, _ = pooled_then_lost(clock)
+    connector = clock.connectors[1]
+    _, _, factory, _, _ = clock.tcpClients[1]
+    factory.clientConnectionFailed(connector, Failure(ConnectionRefusedError()))
+    failure_of(d, ConnectionRefusedError)
+
+
+def test_a_resend_that_cannot_start_fails_the_request() -> None:
+    """No usable endpoint any more (a peer whose pin was withdrawn meanwhile): the request
+    fails as a start failure would, and nothing raises out of the connection's loss."""
+    clock = MemoryReactorClock()
+    upstream = Upstream(clock, 5.0)
+    first = get(upstream)
+    protocol, _ = dialled(clock)
+    answered(protocol, first)
+    d = get(upstream)
+
+    def withdrawn(key: object) -> Any:
+        raise SchemeNotSupported("no trust for this peer any more")
+
+    upstream._endpoints.endpoint = withdrawn  # type: ignore[method-assign]
+    protocol.connectionLost(Failure(ConnectionDone()))
+    failure_of(d, SchemeNotSupported)
+
+
+@pytest.mark.parametrize("level", [LogLevel.info, LogLevel.debug])
+def test_a_resend_is_logged_at_debug_only(level: LogLevel) -> None:
+    """It is neither an attempt nor a node failure: an operator sees it only at debug."""
+    observer = JsonLineObserver(io.StringIO(), level)
+    try:
+        with capturedLogs() as events:
+            pooled_then_lost(MemoryReactorClock())
+    finally:
+        observer.set_level(LogLevel.info)  # the debug gate is process-wide
+    said = [e for e in events if e.get("log_namespace") == "nvpair.upstream"]
+    assert [e["log_level"] for e in said] == ([LogLevel.debug] if level is LogLevel.debug else [])
 
 
 @pytest.mark.parametrize(
@@ -280,6 +369,10 @@ def test_close_closes_the_idle_connections_and_waits_for_them() -> None:
     assert not clock.getDelayedCalls()  # the idle sweep is gone too
 
 
+def never_redialled(*args: object) -> Any:
+    raise AssertionError("nothing here is sent again")
+
+
 def connection(owner: Pool) -> tuple[UpstreamConnection, StringTransport]:
     connection = UpstreamConnection()
     transport = StringTransport()
@@ -291,7 +384,7 @@ def connection(owner: Pool) -> tuple[UpstreamConnection, StringTransport]:
 def test_a_retired_pool_closes_idle_connections_now_and_busy_ones_when_done() -> None:
     """``trust_changed`` retires the peer pool: nothing verified under the old trust is used
     again."""
-    pool = Pool(Clock(), 4, IDLE_TIMEOUT)
+    pool = Pool(Clock(), 4, IDLE_TIMEOUT, never_redialled)
     idle, idle_transport = connection(pool)
     busy, busy_transport = connection(pool)
     pool.put(idle)
@@ -304,117 +397,10 @@ def test_a_retired_pool_closes_idle_connections_now_and_busy_ones_when_done() ->
 
 # -- a scripted engine on loopback -------------------------------------------------------------
 
-#: What the engine does with a request: bytes to send, or its own doing.
-Answer = bytes | Callable[["Peer"], None]
-
-
-class Peer(Protocol):
-    """The engine's side of one connection: reads whole requests, answers in turn."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.buffer = b""
-        self.skip = 0
-        self.closed = False
-
-    @property
-    def wire(self) -> Any:
-        """The TCP transport (typed loosely: Twisted's is ``ITransport | None``)."""
-        return self.transport
-
-    def connectionMade(self) -> None:
-        self.engine.peers.append(self)
-        self.engine.changed()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-        while self.buffer:
-            if self.skip:
-                taken = min(self.skip, len(self.buffer))
-                self.buffer, self.skip = self.buffer[taken:], self.skip - taken
-                continue
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buffer[: end + 4]
-            length = 0
-            for line in head.split(b"\r\n"):
-                name, _, value = line.partition(b":")
-                if name.lower() == b"content-length":
-                    length = int(value)
-            if not self.engine.early and len(self.buffer) < end + 4 + length:
-                return
-            have = self.buffer[end + 4 : end + 4 + length]
-            self.buffer = self.buffer[end + 4 + len(have) :]
-            # Answering early: the rest of the body is read afterwards, and dropped.
-            self.skip = length - len(have)
-            self.engine.requests.append(head + have)
-            answer = self.engine.answers.pop(0) if self.engine.answers else self.engine.default
-            if callable(answer):
-                answer(self)
-            else:
-                self.wire.write(answer)
-            self.engine.changed()
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.closed = True
-        self.engine.changed()
-
-    def reset(self) -> None:
-        """Close with an RST, as a crashing engine's kernel does."""
-        handle = self.wire.getHandle()
-        handle.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.wire.abortConnection()
-
-
-class Engine(Factory):
-    """A raw HTTP/1.1 engine on loopback that answers from a script.
-
-    :ivar early: answer once a request's head is in, before its body (which is then read
-        and dropped).
-    """
-
-    noisy = False
-
-    def __init__(self) -> None:
-        self.answers: list[Answer] = []
-        self.default: Answer = OK
-        self.early = False
-        self.requests: list[bytes] = []
-        self.peers: list[Peer] = []
-        self._waiting: list[tuple[Callable[[], bool], Deferred[None]]] = []
-        self.url = ""
-
-    def buildProtocol(self, addr: object) -> Peer:
-        return Peer(self)
-
-    def until(self, condition: Callable[[], bool]) -> Deferred[None]:
-        # The real-time bound only stops a hang; no assertion relies on it.
-        d: Deferred[None] = Deferred()
-        self._waiting.append((condition, d))
-        self.changed()
-        return d.addTimeout(5.0, reactor)
-
-    def lost(self, index: int) -> Deferred[None]:
-        """Fires once this engine has seen its ``index``th connection close."""
-        return self.until(lambda: self.peers[index].closed)
-
-    def changed(self) -> None:
-        for condition, d in list(self._waiting):
-            if condition():
-                self._waiting.remove((condition, d))
-                d.callback(None)
-
 
 @pytest.fixture
 def engine() -> Iterator[Engine]:
-    engine = Engine()
-    port = reactor.listenTCP(0, engine, interface="127.0.0.1")
-    engine.url = f"http://127.0.0.1:{port.getHost().port}"
-    yield engine
-    for peer in engine.peers:
-        peer.wire.abortConnection()
-    pytest_twisted.blockon(port.stopListening())
+    yield from listening()
 
 
 @pytest.fixture
@@ -645,3 +631,57 @@ async def test_connections_log_nothing(engine: Engine, upstream: Upstream, event
     assert await fetch(upstream, engine) == b"{}"
     factory_lines = [e for e in events.seen if "factory" in str(e.get("log_format", "")).lower()]
     assert factory_lines == []
+
+
+# -- a kept-alive connection the engine closes as the next request arrives -----------------------
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "reset"])
+@pytest.mark.parametrize(("method", "resend"), [(b"GET", False), (b"POST", True)])
+@pytest_twisted.ensureDeferred
+async def test_a_request_on_a_stale_kept_alive_connection_is_sent_again_once(
+    engine: Engine, upstream: Upstream, method: bytes, resend: bool, reset: bool
+) -> None:
+    """The engine closes (or resets) each connection when its second request arrives: that
+    request is sent once more on a fresh connection to the same engine and answered there."""
+    engine.default = stale_after_first(reset=reset)
+    for _ in range(3):
+        response = await upstream.request(engine.url, method, b"/x", Headers(), b"{}", None, resend)
+        assert response.code == 200 and await read_body(response, reactor, 5.0, 100) == b"{}"
+    # 1st: a fresh connection; 2nd: its reuse closed, sent again on a 2nd connection; 3rd the same.
+    assert [peer.count for peer in engine.peers] == [2, 2, 1]
+    assert len({bytes(r) for r in engine.requests}) == 1 and len(engine.requests) == 5
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_post_the_caller_did_not_mark_resendable_is_not_sent_again(
+    engine: Engine, upstream: Upstream
+) -> None:
+    engine.default = stale_after_first()
+    assert await fetch(upstream, engine, b"POST") == b"{}"
+    with pytest.raises(ResponseNeverReceived):
+        await fetch(upstream, engine, b"POST")
+    assert len(engine.requests) == 2 and len(engine.peers) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_fresh_connection_that_closes_is_never_resent(
+    engine: Engine, upstream: Upstream
+) -> None:
+    engine.default = lambda peer: peer.wire.loseConnection()
+    with pytest.raises(ResponseNeverReceived):
+        await fetch(upstream, engine)
+    assert len(engine.requests) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_resend_whose_fresh_connection_closes_too_fails(
+    engine: Engine, upstream: Upstream
+) -> None:
+    """Sent again once, never twice: the engine closing the fresh connection ends it."""
+    engine.answers = [OK]
+    engine.default = lambda peer: peer.wire.loseConnection()
+    assert await fetch(upstream, engine) == b"{}"
+    with pytest.raises(ResponseNeverReceived):
+        await fetch(upstream, engine)
+    assert [peer.count for peer in engine.peers] == [2, 1]

@@ -1,6 +1,7 @@
 # -*- test-case-name: tests.test_upstream_conn -*-
-"""One upstream connection (:mod:`nvpair.upstream_conn`), in memory: the request bytes, the
-response's head and body, and when the connection may carry another exchange.
+"""One upstream connection (:mod:`nvpair.upstream_conn`, with its framing and response
+modules), in memory: the request bytes, the response's head and body, and when the connection
+may carry another exchange.
 
 Each test drives an :class:`UpstreamConnection` over a ``StringTransport`` byte by byte, so
 what happens at a segment boundary is exact. The same behaviours over real sockets, through
@@ -9,6 +10,8 @@ what happens at a segment boundary is exact. The same behaviours over real socke
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,13 +28,9 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
-from nvpair.upstream_conn import (
-    MAX_HEAD,
-    BadResponse,
-    UpstreamConnection,
-    request_head,
-    response_headers,
-)
+from nvpair.upstream_conn import UpstreamConnection
+from nvpair.upstream_framing import MAX_HEAD, BadResponse, answer_head, request_head
+from nvpair.upstream_types import Key, Phase
 from tests.test_bodies import failure_of, result_of
 
 # -- request heads (pure) -----------------------------------------------------------------------
@@ -127,7 +126,11 @@ def test_a_head_is_well_formed_or_refused(fields: dict[bytes, list[bytes]]) -> N
     assert len(lines) == 2 + 2 + len(sent)  # request line, Host, fields, blank line
 
 
-# -- response headers (pure) --------------------------------------------------------------------
+# -- response heads (pure) ---------------------------------------------------------------------
+
+
+def exposed(fields: list[tuple[bytes, bytes]], head: bool = False) -> Headers:
+    return answer_head(fields, head, False, False)[0]
 
 
 def test_response_headers_lose_what_twisteds_client_removes() -> None:
@@ -136,7 +139,6 @@ def test_response_headers_lose_what_twisteds_client_removes() -> None:
         (b"Content-Length", b"20"),
         (b"Connection", b"x-hop, keep-alive"),
         (b"Keep-Alive", b"timeout=5"),
-        (b"Transfer-Encoding", b"chunked"),
         (b"TE", b"trailers"),
         (b"Trailers", b"x"),
         (b"Upgrade", b"h2c"),
@@ -144,24 +146,39 @@ def test_response_headers_lose_what_twisteds_client_removes() -> None:
         (b"X-Hop", b"named by Connection"),
         (b"X-End", b"kept  "),
     ]
-    headers = response_headers(fields, head=False)
-    assert dict(headers.getAllRawHeaders()) == {
+    assert dict(exposed(fields).getAllRawHeaders()) == {
         b"Content-Type": [b"application/json"],
         b"X-End": [b"kept"],
     }
 
 
+def test_a_header_named_by_connection_goes_wherever_it_stands() -> None:
+    fields = [(b"X-Hop", b"before"), (b"Connection", b"x-hop"), (b"X-Hop", b"after")]
+    assert not exposed(fields).hasHeader(b"x-hop")
+
+
 def test_a_head_answer_keeps_its_content_length() -> None:
-    headers = response_headers([(b"Content-Length", b"20")], head=True)
+    headers = exposed([(b"Content-Length", b"20")], head=True)
     assert headers.getRawHeaders(b"content-length") == [b"20"]
 
 
 def test_repeated_response_headers_keep_their_order() -> None:
-    headers = response_headers([(b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")], head=False)
+    headers = exposed([(b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")])
     assert headers.getRawHeaders(b"set-cookie") == [b"a=1", b"b=2"]
 
 
 # -- one connection, in memory ------------------------------------------------------------------
+
+
+class Resend:
+    """A request the owner was asked to send again."""
+
+    def __init__(self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]) -> None:
+        self.key, self.head, self.data, self.deferred = key, head, data, deferred
+        self.cancelled: list[Deferred[IResponse]] = []
+
+    def cancel(self, deferred: Deferred[IResponse]) -> None:
+        self.cancelled.append(deferred)
 
 
 class Owner:
@@ -170,14 +187,20 @@ class Owner:
     def __init__(self) -> None:
         self.put_back: list[UpstreamConnection] = []
         self.dropped: list[UpstreamConnection] = []
+        self.resent: list[Resend] = []
+
+    def resend(
+        self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]
+    ) -> Callable[[Deferred[IResponse]], None]:
+        self.resent.append(again := Resend(key, head, data, deferred))
+        return again.cancel
 
     def put(self, connection: UpstreamConnection) -> None:
         self.put_back.append(connection)
-        connection.idle = True
+        connection.park(0.0)
 
     def drop(self, connection: UpstreamConnection) -> None:
         self.dropped.append(connection)
-        connection.idle = False
 
 
 class Writes(StringTransport):
@@ -235,9 +258,12 @@ class Rig:
         self.connection.owner = self.owner
         self.connection.makeConnection(self.transport)
 
-    def send(self, method: bytes = b"GET", data: bytes | None = None) -> Deferred[IResponse]:
+    def send(
+        self, method: bytes = b"GET", data: bytes | None = None, resend: bool = False
+    ) -> Deferred[IResponse]:
         d: Deferred[IResponse] = Deferred(self.connection.cancel)
-        self.connection.send(method, data or method + b" / HTTP/1.1\r\nHost: h\r\n\r\n", d)
+        data = data or method + b" / HTTP/1.1\r\nHost: h\r\n\r\n"
+        self.connection.send(method == b"HEAD", data, d, resend)
         return d
 
     def feed(self, *segments: bytes) -> None:
@@ -596,6 +622,49 @@ def test_whitespace_after_a_value_cannot_grow_the_head_past_the_cap() -> None:
     failure_of(d, ResponseNeverReceived)
 
 
+def interim_then_final(total: int) -> bytes:
+    """Ten interim answers (long reason phrases and fields), then a final head, ``total``
+    bytes of head in all, then a 5-byte body."""
+    interim = b"HTTP/1.1 103 " + b"E" * 3000 + b"\r\nLink: </" + b"a" * 2000 + b">\r\n\r\n"
+    heads = interim * 10 + b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Fill: "
+    end = b"\r\n\r\n"
+    return heads + b"f" * (total - len(heads) - len(end)) + end + b"hello"
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    edges = [0, *sorted(set(cuts)), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(edges) if b > a]
+
+
+def head_cap_verdict(segments: list[bytes]) -> bool:
+    """Whether the answer in ``segments`` was taken (else refused at the head cap)."""
+    rig = Rig()
+    d = rig.send()
+    rig.feed(*segments)
+    got = result_of(d)
+    if isinstance(got, Failure):
+        assert got.check(ResponseNeverReceived) and reasons(got)[0].check(BadResponse)
+        assert rig.closing
+        return False
+    assert read(got).body == b"hello"
+    return True
+
+
+@given(st.lists(st.integers(1, MAX_HEAD + 5), max_size=6))
+def test_the_head_cap_counts_interim_answers_wherever_the_reads_split(cuts: list[int]) -> None:
+    """64 KiB counts the status lines and fields of 1xx answers with the final head, in one
+    read, in many, or with the final head in the read that brought the 1xx answers."""
+    assert head_cap_verdict(split(interim_then_final(MAX_HEAD), cuts))
+    assert not head_cap_verdict(split(interim_then_final(MAX_HEAD + 1), cuts))
+
+
+@pytest.mark.parametrize("total", [MAX_HEAD, MAX_HEAD + 1])
+def test_the_head_cap_holds_byte_by_byte(total: int) -> None:
+    data = interim_then_final(total)
+    taken = head_cap_verdict([data[i : i + 1] for i in range(len(data))])
+    assert taken is (total == MAX_HEAD)
+
+
 def test_lost_before_the_head_is_never_received() -> None:
     rig = Rig()
     d = rig.send()
@@ -656,6 +725,17 @@ def test_204_and_304_have_no_body(status: bytes) -> None:
     assert read(response).body == b"" and rig.reused
 
 
+@pytest.mark.parametrize("status", [b"204 No Content", b"304 Not Modified"])
+def test_204_and_304_to_a_head_have_no_content_length_either(status: bytes) -> None:
+    """Only a HEAD answer that would have a body keeps its Content-Length (RFC 9110 §8.6)."""
+    rig = Rig()
+    d = rig.send(b"HEAD")
+    rig.feed(b"HTTP/1.1 " + status + b"\r\nContent-Length: 5\r\n\r\n")
+    response = result_of(d)
+    assert response.length == 0 and not response.headers.hasHeader(b"content-length")
+    assert read(response).body == b"" and rig.reused
+
+
 def test_a_204_with_a_body_is_not_reused() -> None:
     rig = Rig()
     d = rig.send()
@@ -709,7 +789,7 @@ def test_bytes_on_an_idle_connection_close_it() -> None:
     assert rig.reused
     rig.feed(b"HTTP/1.1 200 OK\r\n")
     assert rig.closing and rig.connection in rig.owner.dropped
-    assert not rig.connection.usable
+    assert rig.connection.phase is Phase.CLOSING and not rig.connection.unpark()
 
 
 def test_an_idle_connection_the_server_closes_is_dropped() -> None:
@@ -718,7 +798,8 @@ def test_an_idle_connection_the_server_closes_is_dropped() -> None:
     rig.feed(OK_20 + BODY_20)
     read(result_of(d))
     rig.lose()
-    assert rig.connection in rig.owner.dropped and not rig.connection.usable
+    assert rig.connection in rig.owner.dropped and rig.connection.phase is Phase.CLOSED
+    assert not rig.connection.unpark()
 
 
 def test_a_dead_pooled_connection_fails_the_next_request_as_never_received() -> None:
@@ -729,6 +810,57 @@ def test_a_dead_pooled_connection_fails_the_next_request_as_never_received() -> 
     second = rig.send()
     rig.lose(ConnectionLost())
     failure_of(second, ResponseNeverReceived)
+
+
+@pytest.mark.parametrize("reason", [ConnectionDone(), ConnectionLost()])
+def test_a_resendable_request_lost_before_any_byte_goes_to_the_owner(
+    reason: BaseException,
+) -> None:
+    """Closed or reset before any byte of the answer: the owner sends the very bytes again
+    and fires the same Deferred; the request's caller sees nothing yet."""
+    rig = Rig()
+    request = b"POST /api/chat HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}"
+    d = rig.send(b"POST", request, resend=True)
+    rig.lose(reason)
+    [again] = rig.owner.resent
+    assert (again.data, again.deferred, again.head) == (request, d, False)
+    assert not d.called
+
+
+def test_cancelling_a_resent_request_cancels_it_where_it_went() -> None:
+    rig = Rig()
+    d = rig.send(resend=True)
+    rig.lose()
+    d.cancel()
+    assert rig.owner.resent[0].cancelled == [d]
+    failure_of(d, CancelledError)
+
+
+@pytest.mark.parametrize("arrived", [b"H", b"HTTP/1.1 200 OK\r\n"])
+def test_a_request_whose_answer_had_begun_is_never_resent(arrived: bytes) -> None:
+    rig = Rig()
+    d = rig.send(resend=True)
+    rig.feed(arrived)
+    rig.lose(ConnectionLost())
+    failure_of(d, ResponseNeverReceived)
+    assert rig.owner.resent == []
+
+
+def test_a_request_not_marked_resendable_fails_when_lost() -> None:
+    rig = Rig()
+    d = rig.send(b"POST")
+    rig.lose()
+    failure_of(d, ResponseNeverReceived)
+    assert rig.owner.resent == []
+
+
+def test_a_cancelled_request_is_never_resent() -> None:
+    rig = Rig()
+    d = rig.send(resend=True)
+    d.cancel()
+    rig.lose()
+    failure_of(d, CancelledError)
+    assert rig.owner.resent == []
 
 
 def test_an_exchange_after_another_starts_clean() -> None:
@@ -756,6 +888,47 @@ def test_a_reader_that_raises_ends_the_exchange() -> None:
     rig.feed(BODY_20)
     assert reader.ended_with(ResponseFailed)
     assert rig.closing and not rig.reused
+
+
+def test_the_phase_follows_each_exchange() -> None:
+    """One named phase says where the connection is, read after every step: waiting for a
+    head (through a 1xx), reading a body, kept by its pool, closing, gone."""
+    rig = Rig()
+    connection = rig.connection
+    seen = [connection.phase]
+    d = rig.send()
+    seen.append(connection.phase)
+    rig.feed(b"HTTP/1.1 100 Continue\r\n\r\n")
+    seen.append(connection.phase)
+    rig.feed(OK_20)
+    seen.append(connection.phase)
+    reader = read(result_of(d))
+    rig.feed(BODY_20)
+    seen.append(connection.phase)
+    assert connection.unpark()
+    seen.append(connection.phase)
+    rig.send()
+    rig.lose()
+    seen.append(connection.phase)
+    assert reader.ended_with(ResponseDone)
+    assert seen == [
+        Phase.READY,
+        Phase.WAITING_HEAD,
+        Phase.WAITING_HEAD,
+        Phase.READING_BODY,
+        Phase.IDLE,
+        Phase.READY,
+        Phase.CLOSED,
+    ]
+
+
+def test_a_stopped_reader_leaves_the_connection_closing() -> None:
+    rig = Rig()
+    d = rig.send()
+    rig.feed(OK_20)
+    read(result_of(d)).producer().stopProducing()
+    assert rig.connection.phase is Phase.CLOSING and rig.closing
+    assert not rig.connection.unpark()
 
 
 def test_close_waits_for_the_connection_to_go() -> None:

@@ -1,0 +1,39 @@
+"""The upstream client's modules import one way: each may use only those below it, so the
+pure framing rules never reach for a connection and the connection never for the pool that
+keeps it (docs/README.md#module-map)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import nvpair
+
+#: Lowest first: a module may import the ones before it, never one after it.
+LAYERS = [
+    "nvpair.upstream_types",
+    "nvpair.upstream_framing",
+    "nvpair.upstream_response",
+    "nvpair.upstream_conn",
+    "nvpair.upstream_pool",
+    "nvpair.upstream",
+]
+
+
+def imported(module: str) -> set[str]:
+    path = Path(nvpair.__file__).parent / (module.split(".")[-1] + ".py")
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found & set(LAYERS)
+
+
+@pytest.mark.parametrize("module", LAYERS)
+def test_an_upstream_module_imports_only_the_ones_below_it(module: str) -> None:
+    below = set(LAYERS[: LAYERS.index(module)])
+    assert imported(module) <= below
