@@ -1,0 +1,184 @@
+# -*- test-case-name: tests.test_outlet -*-
+"""A connection's way out: writes sent now when nothing is queued ahead, and the backpressure
+of what is queued (docs/performance.md#writes-go-out-at-once).
+
+A Twisted TCP transport never writes in ``write()``: it appends to a buffer and asks the
+reactor for write interest, and the reactor sends at its next turn, then drops the interest
+again. For a proxy that is two ``epoll_ctl`` calls and one extra reactor turn per write, and a
+request is two writes (the request upstream, the answer to the client). :meth:`Outlet.send`
+sends at once when nothing is queued ahead, the way asyncio's transports do, and leaves what
+the kernel did not take to the transport's own buffer.
+
+Whether anything is queued ahead is this outlet's own account, kept through public interfaces
+only: on a TCP transport it registers as a *pull* producer, which the transport asks for more
+(``resumeProducing``) each time its buffer has drained, so "queued" is "bytes handed to
+``write`` since the last drain". The same count gives the streaming backpressure Twisted gives a
+push producer (pause past :data:`HIGH_WATER` bytes, resume once drained), passed on to the
+connection's own producer. Any other transport (TLS, in-memory, a test's) is written to as usual
+and its push-producer backpressure passed on unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+from typing import Protocol, cast
+
+from twisted.internet import tcp
+from twisted.internet.interfaces import IPushProducer, ISystemHandle, ITransport
+from zope.interface import implementer
+
+#: Bytes queued past which the connection's producer is paused: Twisted's own
+#: ``FileDescriptor.bufferSize`` for the same decision.
+HIGH_WATER = 64 * 1024
+
+
+class Producer(Protocol):
+    """Whoever feeds the connection and slows down when it is full (a push producer)."""
+
+    def pauseProducing(self) -> None: ...
+
+    def resumeProducing(self) -> None: ...
+
+    def stopProducing(self) -> None: ...
+
+
+class _Transport(Protocol):
+    """What an outlet uses of its transport."""
+
+    disconnecting: bool | int
+
+    def write(self, data: bytes) -> None: ...
+
+    def loseConnection(self) -> None: ...
+
+    def registerProducer(self, producer: object, streaming: bool) -> None: ...
+
+    def unregisterProducer(self) -> None: ...
+
+
+class _Mode(enum.Enum):
+    #: A plain TCP connection with nothing queued: a send goes to the kernel now.
+    DIRECT = "direct"
+    #: Bytes are queued ahead (or the transport is not plain TCP): writes go behind them.
+    QUEUED = "queued"
+    #: The connection is gone or closing: writes are the transport's business.
+    DONE = "done"
+
+
+@implementer(IPushProducer)
+class Outlet:
+    """Writes for one connection (see the module docstring).
+
+    Registers itself as the transport's producer (on TCP always, elsewhere when it has a
+    producer to pass backpressure on to): the connection must not register another, and closes
+    through :meth:`close`.
+
+    :param transport: the connection's transport.
+    :param producer: told to pause while the client is not reading, and to resume.
+    """
+
+    __slots__ = (
+        "_direct",
+        "_mode",
+        "_paused",
+        "_producer",
+        "_queued",
+        "_registered",
+        "_socket",
+        "_transport",
+    )
+
+    def __init__(self, transport: ITransport, producer: Producer | None = None) -> None:
+        self._transport = cast(_Transport, transport)
+        self._producer = producer
+        self._queued = 0
+        self._paused = False
+        # Only Twisted's own TCP connection is known to send what ``write`` queued in order
+        # after what the kernel already took; TLS runs its own buffer (docs/performance.md).
+        self._direct = isinstance(transport, tcp.Connection)
+        self._socket = (
+            cast(socket.socket, ISystemHandle(transport).getHandle()) if self._direct else None
+        )
+        self._mode = _Mode.DIRECT if self._direct else _Mode.QUEUED
+        # A pull producer is asked for more at every drain; a push producer only after a pause.
+        self._registered = self._direct or producer is not None
+        if self._registered:
+            self._transport.registerProducer(self, not self._direct)
+
+    def send(self, data: bytes) -> None:
+        """Write ``data``: to the kernel now when nothing is queued ahead, else behind."""
+        if self._mode is _Mode.DIRECT and not self._transport.disconnecting:
+            assert self._socket is not None
+            try:
+                sent = self._socket.send(data)
+            except OSError:
+                # Would block, or the connection is failing: queued as usual, and the
+                # transport's next write attempt meets the same error and closes its own way.
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
+        self.queue(data)
+
+    def queue(self, data: bytes) -> None:
+        """Write ``data`` at the reactor's next write turn, with whatever else is queued: the
+        pieces written within one turn leave in one send."""
+        if not data:
+            return
+        self._transport.write(data)
+        if self._direct:
+            if self._mode is _Mode.DIRECT:
+                self._mode = _Mode.QUEUED
+            self._queued += len(data)
+            if self._queued > HIGH_WATER and not self._paused:
+                self.pauseProducing()
+
+    def close(self) -> None:
+        """Close the connection once what was written has gone out.
+
+        A transport holds its close while a producer is registered (TLS waits for it to
+        unregister), so the outlet lets go first.
+        """
+        self._mode = _Mode.DONE
+        if self._registered:
+            self._registered = False
+            self._transport.unregisterProducer()
+        self._transport.loseConnection()
+
+    # -- the transport's side ------------------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        """The client is not reading (a push transport's call, or past :data:`HIGH_WATER`)."""
+        self._paused = True
+        if self._producer is not None:
+            self._producer.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        """Everything written has gone out (a TCP transport calls this at each drain)."""
+        self._queued = 0
+        if self._direct:
+            if self._transport.disconnecting:
+                # A pull producer holds a closing TCP connection open: letting go lets the
+                # transport finish its close once the buffer is empty.
+                self._mode = _Mode.DONE
+                self._registered = False
+                self._transport.unregisterProducer()
+                return
+            if self._mode is _Mode.QUEUED:
+                self._mode = _Mode.DIRECT
+        if self._paused:
+            self._paused = False
+            if self._producer is not None:
+                self._producer.resumeProducing()
+
+    def stopProducing(self) -> None:
+        """The connection is gone."""
+        self._mode = _Mode.DONE
+        if self._producer is not None:
+            self._producer.stopProducing()
+
+    @property
+    def paused(self) -> bool:
+        """Whether the client is behind (writes pile up in this process)."""
+        return self._paused
