@@ -355,7 +355,7 @@ def proxy_reads_response(method: bytes, segments: Sequence[bytes]) -> Answer | N
 
     sent: Deferred[IResponse] = Deferred(connection.cancel)
     sent.addCallbacks(got, lambda _: None)
-    connection.send(method, method + b" / HTTP/1.1\r\nHost: engine\r\n\r\n", sent)
+    connection.send(method == b"HEAD", method + b" / HTTP/1.1\r\nHost: engine\r\n\r\n", sent)
     for segment in segments:
         if transport.disconnecting or transport.producerState != "producing":
             break
@@ -522,7 +522,6 @@ DELIBERATE_RESPONSES: dict[str, Difference] = {
     "http-version": _d("version", "none", _ANSWERED),
     "status-range": _d("status-range", "none", _ANSWERED),
     "head-limit": _d("huge-head interim-flood", "none", _ANSWERED + ",none"),
-    "coding-other-than-chunked": _d("te-not-chunked te-chunked-twice", _ANSWERED, "none"),
 }
 
 #: Reuse after a clean answer: the proxy keeps an HTTP/1.0 keep-alive connection (as Twisted's
@@ -546,9 +545,6 @@ KNOWN_TODAY = frozenset(
         "trailers-merged",
         # Every 400 blames the target form, whatever was wrong.
         "message-blames-target",
-        # The 64 KiB response-head bound misses interim answers that arrive in one read with
-        # the final head.
-        "interim-cap-one-read",
         # Found here: a request field's trailing whitespace is forwarded as part of its value
         # (RFC 9112 §5 excludes it from the value).
         "trailing-whitespace-kept",
@@ -566,9 +562,7 @@ WHILE_KNOWN_REQUESTS: dict[str, Difference] = {
     "extension-method-400": _d("extension-method", "refused 400", _READ),
     "head-limit-first-read": _d("huge-head", "waiting", "refused 431"),
 }
-WHILE_KNOWN_RESPONSES: dict[str, Difference] = {
-    "interim-cap-one-read": _d("interim-flood", _ANSWERED, _ANSWERED),
-}
+WHILE_KNOWN_RESPONSES: dict[str, Difference] = {}
 
 
 def _excused(
@@ -1135,7 +1129,6 @@ SHOWN_RESPONSES: dict[str, bytes] = {
     "http-version": b"HTTP/1.2 200 OK\r\nContent-Length: 0\r\n\r\n",
     "status-range": b"HTTP/1.1 600 Beyond\r\nContent-Length: 0\r\n\r\n",
     "head-limit": _OK + b"X-A: " + b"v" * 70_000 + b"\r\nContent-Length: 0\r\n\r\n",
-    "coding-other-than-chunked": _OK + b"Transfer-Encoding: gzip\r\n\r\n\x1f\x8b\x08\x00",
 }
 
 #: One answer showing each deliberate difference in reuse after a clean answer.
