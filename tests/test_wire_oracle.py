@@ -51,6 +51,7 @@ from nvpair.facade_server import FacadeSite
 from nvpair.headers import HOP_BY_HOP, end_to_end
 from nvpair.http_facade import Admitted, Facade, RequestHandler
 from nvpair.upstream_conn import UpstreamConnection
+from nvpair.upstream_types import Key, Resent
 from nvpair.web import ProxiedRequest
 from tests.httpwire import read_stream
 
@@ -318,6 +319,9 @@ class Pool:
 
     def drop(self, connection: UpstreamConnection) -> None:
         self.holds = False
+
+    def resend(self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]) -> Resent:
+        raise AssertionError("no request here is sent with resend=True")
 
 
 class BodyReader(Protocol):
