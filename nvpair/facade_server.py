@@ -6,10 +6,12 @@ message and answers through layers a reverse proxy does not use; at the request 
 fleet sees, that machinery cost more than everything nvpair does per request (docs/performance.md).
 This connection does only what a facade needs, and does it at the request head:
 
-- Refusals the head decides (``forbidden``, ``forbidden-host``, ``bad-request``, a declared
-  ``body-too-large``) are answered as soon as the head is parsed; the body is never read and
-  the connection is closed (docs/robustness.md#refusals-at-the-request-head). So is a head the
-  parser rejects, one over 16 KiB, or a chunked body that crosses the cap.
+- HTTP's own rules are checked here (version, ``Host``, target form, the body cap); what a
+  facade decides about the client (the loopback gate, Ollama's ``Host`` guard) is asked of its
+  :class:`Gate`, the one thing this module knows of a facade. A refusal is answered as soon as
+  the head is parsed; the body is never read and the connection is closed
+  (docs/robustness.md#refusals-at-the-request-head). So is a head the parser rejects, one over
+  16 KiB, or a chunked body that crosses the cap.
 - A request head must be complete within ``head_timeout`` of its first byte, and a connection
   with no request in flight is closed after ``idle_timeout`` without a byte.
 - Requests are answered one at a time, in order. A pipelined request waits, parsed, while the
@@ -23,8 +25,10 @@ from __future__ import annotations
 
 import time
 from email.utils import formatdate
-from typing import TYPE_CHECKING
+from typing import Protocol as TypingProtocol
+from urllib.parse import urlsplit
 
+from attrs import frozen
 from httptools.parser.errors import HttpParserError, HttpParserUpgrade
 from httptools.parser.parser import HttpRequestParser
 from twisted.internet.defer import Deferred
@@ -42,18 +46,75 @@ from twisted.web.http import RESPONSES
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from nvpair.admission import origin_form
-from nvpair.proxy_answers import head_refusal
 from nvpair.wire import send
-
-if TYPE_CHECKING:
-    from nvpair.http_facade import Facade
 
 #: Request line plus headers, as twisted.web bounds them: past this a head is 400.
 MAX_HEAD_BYTES = 16 * 1024
 
 #: Statuses whose answers have no body, whatever the headers say (RFC 9110 §6.4.1).
 _BODILESS_STATUS = frozenset({204, 304})
+
+
+@frozen
+class Refusal:
+    """Why a request is not served: the proxy's reason and, when the reason's own message
+    would not say it, what was wrong (fixed text, never request content)."""
+
+    reason: str
+    message: str | None = None
+
+
+BAD_REQUEST = Refusal("bad-request")
+TOO_LARGE = Refusal("body-too-large")
+
+
+def origin_form(target: bytes) -> bytes | None:
+    """The request target as ``/path?query``, or None when it is neither form a proxy accepts.
+
+    Origin form (``/api/chat``) is returned as it is. Absolute form
+    (``http://127.0.0.1:11435/api/chat?x=1``, RFC 9112 §3.2.2) is reduced to its path and
+    query: the upstream URL is always a node's base URL plus these, never client bytes
+    appended to a host. Asterisk and authority forms, and anything else, are None.
+    """
+    if target.startswith(b"/"):
+        return target
+    if not target[:8].lower().startswith((b"http://", b"https://")):
+        return None
+    try:
+        parts = urlsplit(target.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not parts.netloc or parts.fragment:
+        return None
+    path = parts.path or "/"
+    if not path.startswith("/"):
+        return None
+    return (path + ("?" + parts.query if parts.query else "")).encode("ascii")
+
+
+class Gate(TypingProtocol):
+    """What the wire asks of the facade it serves: everything engine-specific is behind this."""
+
+    def refusal_at_head(
+        self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
+    ) -> Refusal | None:
+        """The facade's reason to refuse a request from its head alone, or None to read on.
+
+        Asked once HTTP's own rules hold: the target is in origin or absolute form, and there
+        is at most one ``Host``.
+
+        :param target: the request target as sent.
+        """
+
+    def refusal_answer(self, refusal: Refusal, target: bytes, *, head_only: bool) -> bytes:
+        """A whole answer to ``refusal``, in the facade's dialect, saying the connection closes.
+
+        :param target: the request target as sent (``b"/"`` when no request line was read).
+        :param head_only: the request was ``HEAD``: no body after the head.
+        """
+
+    def serve(self, request: FacadeRequest) -> None:
+        """Answer a whole request (head and body) that passed every check at its head."""
 
 
 class _Refused(Exception):
@@ -128,7 +189,7 @@ class FacadeRequest:
         self.code_message = b"OK"
         self.keep_alive = True
         #: Answered at the head (or mid-body) with this reason; never handed to the facade.
-        self.refused: str | None = None
+        self.refused: Refusal | None = None
         self.expects_continue = False
         self.complete = False
         self.dispatched = False
@@ -337,7 +398,7 @@ class FacadeChannel(Protocol):
         #: Stop parsing: a request behind the one being answered was refused.
         self._halted = False
         #: A refusal owed once the answer in progress is out, for bytes that began no request.
-        self._pending_refusal: str | None = None
+        self._pending_refusal: Refusal | None = None
         self._reading_paused = False
         self.write_paused = False
         self._head_timer: IDelayedCall | None = None
@@ -380,14 +441,14 @@ class FacadeChannel(Protocol):
             self._pause_reading()
             return
         except HttpParserError:
-            self._refuse_parsing("bad-request")
+            self._refuse_parsing(BAD_REQUEST)
             return
         if in_head and parsing is self._parsing and parsing is not None and parsing.method == b"":
             # Still in the same head: llhttp keeps partial names and values itself, so the
             # bound is checked on the bytes fed as well as on what the callbacks saw.
             parsing.head_fed += len(data)
             if parsing.head_fed > MAX_HEAD_BYTES:
-                self._refuse_parsing("bad-request")
+                self._refuse_parsing(BAD_REQUEST)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._closing = True
@@ -431,7 +492,7 @@ class FacadeChannel(Protocol):
         assert request is not None
         request.uri += url
         if len(request.uri) > MAX_HEAD_BYTES:
-            self._refuse_parsing("bad-request")
+            self._refuse_parsing(BAD_REQUEST)
             raise _Refused()
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -439,7 +500,7 @@ class FacadeChannel(Protocol):
         assert request is not None
         request.head_bytes += len(name) + len(value) + 4
         if request.head_bytes + len(request.uri) > MAX_HEAD_BYTES:
-            self._refuse_parsing("bad-request")
+            self._refuse_parsing(BAD_REQUEST)
             raise _Refused()
         request.requestHeaders.addRawHeader(name, value)
 
@@ -451,21 +512,12 @@ class FacadeChannel(Protocol):
         version = parser.get_http_version()
         if version not in ("1.1", "1.0"):
             # llhttp reads any single-digit version; a facade speaks HTTP/1.x only.
-            self._refuse_parsing("bad-request")
+            self._refuse_parsing(BAD_REQUEST)
             raise _Refused()
         request.clientproto = b"HTTP/" + version.encode("ascii")
         # HTTP/1.0 connections are not kept alive, as twisted.web did before: one answer each.
         request.keep_alive = parser.should_keep_alive() and request.clientproto == b"HTTP/1.1"
-        headers = request.requestHeaders
-        length = None
-        declared = headers.getRawHeaders(b"content-length")
-        if declared and not headers.hasHeader(b"transfer-encoding"):
-            # llhttp has already refused a malformed or conflicting length.
-            length = int(declared[0])
-        assert self.transport is not None
-        reason = self.site.facade.refusal_at_head(
-            self.transport.getPeer(), request.uri, headers, length
-        )
+        reason = self._head_refusal(request)
         if reason is not None:
             request.refused = reason
             if request is self._requests[0]:
@@ -480,19 +532,39 @@ class FacadeChannel(Protocol):
         assert target is not None
         request.uri = target
         request.path = target.split(b"?", 1)[0]
-        expect = headers.getRawHeaders(b"expect")
+        expect = request.requestHeaders.getRawHeaders(b"expect")
         if expect and request.clientproto == b"HTTP/1.1" and b"100-continue" in expect[0].lower():
             request.expects_continue = True
-            if request is self._requests[0]:
+            if request is self._requests[0] and self.transport is not None:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _head_refusal(self, request: FacadeRequest) -> Refusal | None:
+        """HTTP's own reasons to refuse a head, then the gate's, then the body cap."""
+        headers = request.requestHeaders
+        if origin_form(request.uri) is None:
+            return BAD_REQUEST
+        hosts = headers.getRawHeaders(b"host")
+        if hosts is not None and len(hosts) > 1:
+            # RFC 9112 §3.2: a request with more than one Host is answered 400.
+            return BAD_REQUEST
+        refusal = self.site.gate.refusal_at_head(
+            self._address, request.uri, headers, request.method
+        )
+        if refusal is not None:
+            return refusal
+        declared = headers.getRawHeaders(b"content-length")
+        # llhttp has already refused a malformed or conflicting length.
+        if declared and int(declared[0]) > self.site.max_request_body:
+            return TOO_LARGE
+        return None
 
     def on_body(self, data: bytes) -> None:
         request = self._parsing
         assert request is not None
         if not request.take_body(data, self.site.max_request_body):
-            request.refused = "body-too-large"
+            request.refused = TOO_LARGE
             if request is self._requests[0]:
-                self._answer_and_close("body-too-large", request)
+                self._answer_and_close(TOO_LARGE, request)
             else:
                 self._halted = True
             raise _Refused()
@@ -509,7 +581,7 @@ class FacadeChannel(Protocol):
 
     def _dispatch(self, request: FacadeRequest) -> None:
         request.dispatched = True
-        self.site.facade.serve(request)
+        self.site.gate.serve(request)
 
     def answered(self, request: FacadeRequest) -> None:
         """``request``'s answer is complete: close, or move on to the next one."""
@@ -552,7 +624,7 @@ class FacadeChannel(Protocol):
             self._abort_timer = self.site.clock.callLater(self.abortTimeout, self._abort)
         self.transport.loseConnection()
 
-    def _refuse_parsing(self, reason: str) -> None:
+    def _refuse_parsing(self, reason: Refusal) -> None:
         """The head or body cannot be read: answer ``reason`` now if nothing is being answered,
         else right after the answer in progress; nothing more is parsed either way."""
         if self._closing or self._halted:
@@ -570,17 +642,14 @@ class FacadeChannel(Protocol):
             return
         self._answer_and_close(reason, self._parsing)
 
-    def _answer_and_close(self, reason: str, request: FacadeRequest | None) -> None:
+    def _answer_and_close(self, reason: Refusal, request: FacadeRequest | None) -> None:
         if self._closing:
             return
         self._disarm_head_timer()
-        target = request.uri if request is not None else b"/"
-        path = (origin_form(target) or b"/").split(b"?", 1)[0].decode("latin-1")
+        target = request.uri if request is not None and request.uri else b"/"
         head_only = request is not None and request.method == b"HEAD"
         assert self.transport is not None
-        self.transport.write(
-            head_refusal(self.site.facade.engine, path, reason, head_only=head_only)
-        )
+        self.transport.write(self.site.gate.refusal_answer(reason, target, head_only=head_only))
         self.close()
 
     # -- reading and timers ------------------------------------------------------------------
@@ -648,7 +717,8 @@ class FacadeChannel(Protocol):
 class FacadeSite(ServerFactory):
     """The factory every facade listener serves.
 
-    :param facade: what admitted requests are handed to.
+    :param gate: the facade: what it refuses at the head, how it words a refusal, and what
+        serves the requests it admits.
     :param max_request_body: the body cap (``--max-request-body``).
     :param head_timeout: seconds a request head may take from its first byte (0: no bound).
     :param idle_timeout: seconds a kept-alive connection may wait for its next request
@@ -659,7 +729,7 @@ class FacadeSite(ServerFactory):
 
     def __init__(
         self,
-        facade: Facade,
+        gate: Gate,
         max_request_body: int,
         *,
         head_timeout: float = 30.0,
@@ -670,8 +740,7 @@ class FacadeSite(ServerFactory):
             from twisted.internet import reactor
 
             clock = IReactorTime(reactor)
-        self.facade = facade
-        facade.site_max_body = max_request_body
+        self.gate = gate
         self.max_request_body = max_request_body
         self.head_timeout = head_timeout
         self.idle_timeout = idle_timeout

@@ -65,13 +65,15 @@ def error_answer(
     return status, engine.error_body(path, message or default_message, reason)
 
 
-def head_refusal(engine: Engine, path: str, reason: str, *, head_only: bool) -> bytes:
+def head_refusal(
+    engine: Engine, path: str, reason: str, message: str | None = None, *, head_only: bool
+) -> bytes:
     """A whole HTTP/1.1 answer for a request refused at its head, closing the connection.
 
     Written straight to the transport before the body is read (docs/robustness.md, refusals at the
     request head), so it is framed here rather than through ``twisted.web``'s Request.
     """
-    status, body = error_answer(engine, path, reason)
+    status, body = error_answer(engine, path, reason, message)
     phrase = RESPONSES.get(status, b"Error")
     head = (
         b"HTTP/1.1 %d %s\r\n"
