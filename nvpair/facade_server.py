@@ -145,7 +145,8 @@ class FacadeRequest:
     This is the :class:`nvpair.web.ProxiedRequest` the request path answers through. Writing
     frames the answer the way the client's HTTP version and the request allow: the engine's
     ``Content-Length`` when it gave one, chunked otherwise (HTTP/1.1), or delimited by the close
-    (HTTP/1.0); nothing after the head for ``HEAD``, 1xx, 204 and 304.
+    (HTTP/1.0); nothing after the head for ``HEAD``, 1xx, 204 and 304, and no
+    ``Content-Length`` on 1xx, 204 and 304.
     """
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
@@ -330,10 +331,14 @@ class FacadeRequest:
         self.startedWriting = True
         code = self.code
         headers = self.responseHeaders
-        self._no_body = code < 200 or code in _BODILESS_STATUS or self.method == b"HEAD"
+        bodiless = code < 200 or code in _BODILESS_STATUS
+        if bodiless and headers.hasHeader(b"content-length"):
+            # RFC 9110 §8.6: none on 1xx and 204; on 304 it could only repeat the engine's
+            # length of another answer, which a HEAD's 204 showed can be wrong.
+            headers.removeHeader(b"content-length")
+        self._no_body = bodiless or self.method == b"HEAD"
         lines = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
-        has_length = headers.hasHeader(b"content-length")
-        if not self._no_body and not has_length:
+        if not self._no_body and not headers.hasHeader(b"content-length"):
             if self.clientproto == b"HTTP/1.1":
                 self._chunked = True
                 lines.append(b"Transfer-Encoding: chunked\r\n")

@@ -14,9 +14,7 @@ from twisted.internet import defer
 from twisted.internet import reactor as _reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
@@ -25,7 +23,7 @@ from zope.interface import implementer
 from nvpair.engines import LLAMACPP
 from nvpair.facade_server import MAX_HEAD_BYTES, FacadeChannel, FacadeRequest, FacadeSite
 from nvpair.http_facade import Admitted, Facade, RequestHandler
-from tests.httpwire import read_stream
+from tests.httpwire import read_stream, talk
 
 LOOPBACK = IPv4Address("TCP", "127.0.0.1", 40000)
 reactor: Any = _reactor
@@ -259,18 +257,6 @@ def test_an_upgrade_request_is_answered_plainly_and_the_connection_ends() -> Non
     assert response.status == 200 and conn.closed()
 
 
-class Raw(Protocol):
-    def __init__(self) -> None:
-        self.data = b""
-        self.done: Deferred[bytes] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data += data
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.done.callback(self.data)
-
-
 class Echo(RequestHandler):
     def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
         answer(request, admitted.path.encode() + b":" + admitted.body)
@@ -282,16 +268,13 @@ async def test_pipelined_requests_over_a_real_socket_are_answered_in_order() -> 
     site = FacadeSite(Facade(LLAMACPP, Echo()), 1 << 20)
     port = reactor.listenTCP(0, site, interface="127.0.0.1")
     try:
-        raw = Raw()
-        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port)
-        await connectProtocol(endpoint, raw)
-        assert raw.transport is not None
-        raw.transport.write(
+        data = await talk(
+            reactor,
+            port.getHost().port,
             post("/tokenize", b"{}")
             + post("/detokenize", b"[1]")
-            + get("/health", extra="Connection: close\r\n")
+            + get("/health", extra="Connection: close\r\n"),
         )
-        data = await raw.done
     finally:
         await port.stopListening()
     responses = read_stream(data, [b"POST", b"POST", b"GET"], closed=True)

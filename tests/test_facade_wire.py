@@ -1,0 +1,257 @@
+"""HTTP/1.1 at the facade's client hop, through a real listener and real clients (issue 19).
+
+Each rule of "HTTP/1.1 on both hops" that the facade server owns is driven here over loopback
+sockets: a raw Twisted client where the exact bytes matter, Python's ``http.client`` and
+``ssl`` (in a thread: they block), and curl. The request path is a stand-in that answers by
+path, except where the rule is about what reaches an engine: there the real request path and
+upstream client run in front of a small twisted.web engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest_twisted
+from twisted.internet import defer
+from twisted.internet import reactor as _reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import ServerFactory
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
+
+from nvpair.activity import NodeActivity
+from nvpair.cluster import Membership, load_membership
+from nvpair.config import Config
+from nvpair.control import ControlState, Node
+from nvpair.engines import LLAMACPP
+from nvpair.facade_server import FacadeSite
+from nvpair.http_facade import Admitted, Facade, RequestHandler
+from nvpair.requestpath import RequestPath
+from nvpair.reservations import Reservations
+from nvpair.sniffing import SniffingFactory
+from nvpair.upstream import Upstream
+from nvpair.workload import Workloads
+from tests import httpwire
+from tests.certs import NodeIdentity, make_identity, write_cluster_dir
+from tests.httpwire import WireResponse, read_stream
+
+#: The global reactor, untyped: its listen*/connect* generics reject our factories.
+reactor: Any = _reactor
+
+#: How long a client here waits for the server to close before the test fails.
+PATIENCE = 10.0
+
+CAP = 1024
+
+
+class Served(RequestHandler):
+    """The request path's stand-in: answers by path, and keeps what each request carried."""
+
+    def __init__(self) -> None:
+        self.admitted: list[Admitted] = []
+        self.headers: list[list[tuple[bytes, list[bytes]]]] = []
+
+    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+        self.admitted.append(admitted)
+        self.headers.append(list(request.requestHeaders.getAllRawHeaders()))
+        if admitted.path in ("/nothing", "/cached"):
+            # An engine's length on a bodiless status (a HEAD relayed with its 204, say).
+            request.setResponseCode(204 if admitted.path == "/nothing" else 304)
+            request.setHeader(b"content-length", b"20")
+        elif admitted.path == "/stream":
+            request.setResponseCode(200)
+            request.write(b"streamed ")
+            request.write(b"without a length")
+        else:
+            body = b"%s %s %s" % (admitted.method, admitted.path.encode(), admitted.body)
+            request.setResponseCode(200)
+            request.setHeader(b"content-length", b"%d" % len(body))
+            request.write(body)
+        request.finish()
+        return defer.succeed(None)
+
+
+@contextlib.asynccontextmanager
+async def listening(factory: ServerFactory) -> AsyncIterator[int]:
+    port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+    try:
+        yield port.getHost().port
+    finally:
+        await port.stopListening()
+
+
+def site(handler: RequestHandler, cap: int = CAP) -> FacadeSite:
+    return FacadeSite(Facade(LLAMACPP, handler), cap, clock=reactor)
+
+
+async def talk(port: int, data: bytes) -> bytes:
+    """:func:`tests.httpwire.talk`, as patient as every client here."""
+    return await httpwire.talk(reactor, port, data, PATIENCE)
+
+
+def request(method: str, path: str, *lines: str, body: bytes = b"", version: str = "1.1") -> bytes:
+    head = f"{method} {path} HTTP/{version}\r\n" + "".join(f"{line}\r\n" for line in lines)
+    return head.encode() + b"\r\n" + body
+
+
+def post(path: str, body: bytes, *lines: str) -> bytes:
+    return request(
+        "POST", path, "Host: localhost", f"Content-Length: {len(body)}", *lines, body=body
+    )
+
+
+def error_of(response: WireResponse) -> tuple[str | None, str]:
+    """The reason and the message of a proxy-generated answer (llama.cpp's dialect)."""
+    reason = response.value(b"x-nvpair-error")
+    document = json.loads(response.body)
+    return None if reason is None else reason.decode(), document["error"]["message"]
+
+
+# -- closing after the answer, on both personalities -------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def cluster_port(tmp_path: Path, handler: RequestHandler) -> AsyncIterator[int]:
+    """A facade port whose TLS personality serves pinned peers: this node is alice, and bob
+    is pinned."""
+    directory = write_cluster_dir(tmp_path / "alice", ALICE, [BOB])
+    membership = load_membership(directory)
+    assert membership is not None
+
+    def member() -> Membership | None:
+        return membership
+
+    factory = SniffingFactory(
+        reactor,
+        site(handler),
+        FacadeSite(Facade(LLAMACPP, handler, peer=member), CAP, clock=reactor),
+        member,
+    )
+    async with listening(factory) as port:
+        yield port
+
+
+ALICE, BOB = make_identity("alice"), make_identity("bob")
+
+
+def tls_talk(port: int, me: NodeIdentity, directory: Path, data: bytes) -> tuple[bytes, bool]:
+    """As a pinned peer: write ``data``, read until the server closes or PATIENCE passes.
+
+    :returns: what was read, and whether the server closed.
+    """
+    (directory / "peer.crt").write_bytes(me.cert_pem)
+    (directory / "peer.key").write_bytes(me.key_pem)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    # Pins, not chains, identify a member (docs/cluster.md); the server's pin is not the point.
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.load_cert_chain(directory / "peer.crt", directory / "peer.key")
+    received = b""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=PATIENCE) as plain,
+        context.wrap_socket(plain) as tls,
+    ):
+        tls.sendall(data)
+        try:
+            while chunk := tls.recv(65536):
+                received += chunk
+        except TimeoutError:
+            return received, False
+    return received, True
+
+
+# -- methods ---------------------------------------------------------------------------------
+
+
+class Engine(Resource):
+    """A twisted.web engine that notes every request: method, path and connection."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[bytes, bytes]] = []
+        self.held: list[Any] = []
+        self.first: Deferred[None] = Deferred()
+        self.cancelled: Deferred[None] = Deferred()
+
+    def render(self, request: Any) -> bytes | int:
+        self.seen.append((request.method, request.path))
+        if request.path == b"/completion":
+            # A slow engine: the answer never comes; the proxy dropping the attempt is seen.
+            self.held.append(request)
+            request.notifyFinish().addErrback(lambda _: self.cancelled.callback(None))
+            if not self.first.called:
+                self.first.callback(None)
+            return NOT_DONE_YET
+        return b"{}"
+
+
+@contextlib.asynccontextmanager
+async def proxied(tmp_path: Path, engine: Engine) -> AsyncIterator[int]:
+    """The real request path and upstream client, in front of ``engine``."""
+    engine_port = reactor.listenTCP(0, Site(engine), interface="127.0.0.1")
+    control = ControlState()
+    url = f"http://127.0.0.1:{engine_port.getHost().port}"
+    control.set_discovery("llamacpp", [Node("gpu-1", False, url, ("m",), frozenset({"m"}))])
+    upstream = Upstream(reactor, 5.0)
+    path = RequestPath(
+        reactor,
+        control,
+        upstream,
+        Config(state_dir=tmp_path),
+        Reservations(),
+        Workloads(lambda m, p: None, lambda: 0),
+        NodeActivity(reactor, lambda m, p: None),
+    )
+    try:
+        async with listening(site(path)) as port:
+            yield port
+    finally:
+        await upstream.close()
+        await engine_port.stopListening()
+
+
+# -- upgrade offers, trailers, bodies ------------------------------------------------------
+
+
+def post_over_the_cap(port: int, size: int) -> tuple[int, str | None, bytes]:
+    """What Python's http.client does: write the whole body, then read the answer."""
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=PATIENCE)
+    try:
+        client.connect()
+        assert client.sock is not None
+        # A small send buffer keeps the client writing until the proxy has read the body: with
+        # loopback's large buffers it could otherwise be done before a close arrived.
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+        client.request("POST", "/completion", body=b"x" * size)
+        response = client.getresponse()
+        return response.status, response.getheader("X-Nvpair-Error"), response.read()
+    finally:
+        client.close()
+
+
+# -- a client that leaves, and answers without a body ----------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_204_and_304_carry_no_content_length_to_head_or_get() -> None:
+    """RFC 9110 §8.6: a 204 to HEAD kept the engine's Content-Length."""
+    async with listening(site(Served())) as port:
+        answer = await talk(
+            port,
+            request("HEAD", "/nothing", "Host: x")
+            + request("GET", "/nothing", "Host: x")
+            + request("HEAD", "/cached", "Host: x")
+            + request("GET", "/cached", "Host: x", "Connection: close"),
+        )
+    responses = read_stream(answer, [b"HEAD", b"GET", b"HEAD", b"GET"], closed=True)
+    assert [r.status for r in responses] == [204, 204, 304, 304]
+    assert [r.values(b"content-length") for r in responses] == [[], [], [], []]
