@@ -627,6 +627,8 @@ class FacadeChannel(Protocol):
             return
         if self._abort_timer is None:
             self._abort_timer = self.site.clock.callLater(self.abortTimeout, self._abort)
+        # A TLS transport holds its close while a producer is registered with it.
+        IConsumer(self.transport).unregisterProducer()
         self.transport.loseConnection()
 
     def _refuse_parsing(self, reason: Refusal) -> None:

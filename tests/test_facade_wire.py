@@ -23,6 +23,7 @@ from twisted.internet import defer
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ServerFactory
+from twisted.internet.threads import deferToThread
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
@@ -117,6 +118,21 @@ def error_of(response: WireResponse) -> tuple[str | None, str]:
 # -- closing after the answer, on both personalities -------------------------------------
 
 
+@pytest_twisted.ensureDeferred
+async def test_connection_close_and_http_1_0_get_their_answer_then_the_close() -> None:
+    """RFC 9112 §9.6 and §9.3; HTTP/1.0 never gets chunked framing (it has none)."""
+    handler = Served()
+    async with listening(site(handler)) as port:
+        closing = await talk(port, request("GET", "/a", "Host: x", "Connection: close"))
+        old = await talk(port, request("GET", "/stream", version="1.0"))
+    (response,) = read_stream(closing, [b"GET"], closed=True)
+    assert response.value(b"connection") == b"close" and response.body == b"GET /a "
+    (response,) = read_stream(old, [b"GET"], closed=True)
+    assert response.version == b"HTTP/1.0" and response.close_delimited
+    assert response.values(b"transfer-encoding") == []
+    assert response.body == b"streamed without a length"
+
+
 @contextlib.asynccontextmanager
 async def cluster_port(tmp_path: Path, handler: RequestHandler) -> AsyncIterator[int]:
     """A facade port whose TLS personality serves pinned peers: this node is alice, and bob
@@ -165,6 +181,29 @@ def tls_talk(port: int, me: NodeIdentity, directory: Path, data: bytes) -> tuple
         except TimeoutError:
             return received, False
     return received, True
+
+
+@pytest_twisted.ensureDeferred
+async def test_over_pinned_tls_connection_close_and_http_1_0_close_after_the_answer(
+    tmp_path: Path,
+) -> None:
+    """Finding 6: over TLS the connection stayed open after the answer to ``Connection:
+    close`` (a TLS transport holds its close while a producer is registered with it)."""
+    handler = Served()
+    async with cluster_port(tmp_path, handler) as port:
+        closing, closed = await deferToThread(
+            tls_talk, port, BOB, tmp_path, request("GET", "/a", "Host: x", "Connection: close")
+        )
+        assert closed, "the answer came, but the connection stayed open"
+        old, old_closed = await deferToThread(
+            tls_talk, port, BOB, tmp_path, request("GET", "/stream", version="1.0")
+        )
+    (response,) = read_stream(closing, [b"GET"], closed=True)
+    assert response.status == 200 and response.value(b"connection") == b"close"
+    assert old_closed
+    (response,) = read_stream(old, [b"GET"], closed=True)
+    assert response.close_delimited and response.values(b"transfer-encoding") == []
+    assert [a.route.value for a in handler.admitted] == ["peer", "peer"]
 
 
 # -- methods ---------------------------------------------------------------------------------
