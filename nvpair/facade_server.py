@@ -151,7 +151,7 @@ class FacadeRequest:
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
-        "_body_parts",
+        "_body",
         "_chunked",
         "_finish_waiters",
         "_no_body",
@@ -198,7 +198,9 @@ class FacadeRequest:
         self.startedWriting = False
         self._chunked = False
         self._no_body = False
-        self._body_parts: list[bytes] = []
+        #: The first piece of body as it came; a bytearray once a second piece joins it, so a
+        #: body of many small chunks costs its bytes, not an object per chunk.
+        self._body: bytes | bytearray = b""
         self._received = 0
         #: Head bytes seen by the callbacks, and raw bytes fed while the head was incomplete.
         self.head_bytes = 0
@@ -210,12 +212,10 @@ class FacadeRequest:
 
     def body(self) -> bytes:
         """The whole request body, as received (within the cap)."""
-        parts = self._body_parts
-        if len(parts) == 1:
-            return parts[0]
-        joined = b"".join(parts)
-        self._body_parts = [joined]
-        return joined
+        body = self._body
+        if isinstance(body, bytearray):
+            body = self._body = bytes(body)
+        return body
 
     @property
     def connected(self) -> bool:
@@ -311,11 +311,18 @@ class FacadeRequest:
 
     def take_body(self, data: bytes, cap: int) -> bool:
         """Keep a piece of body; False once the body is past ``cap`` (nothing more is kept)."""
-        self._received += len(data)
-        if self._received > cap:
-            self._body_parts = []
+        received = self._received + len(data)
+        self._received = received
+        if received > cap:
+            self._body = b""
             return False
-        self._body_parts.append(data)
+        body = self._body
+        if not body:
+            self._body = data
+        elif isinstance(body, bytes):
+            self._body = bytearray(body) + data
+        else:
+            body += data
         return True
 
     def lost(self, reason: Failure) -> None:

@@ -7,6 +7,7 @@ timeouts are in tests/test_facade_head.py; arbitrary input in tests/test_http_fu
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import pytest_twisted
@@ -290,3 +291,23 @@ def test_every_attribute_of_a_connection_and_its_request_is_a_slot() -> None:
     answer(request, b"A")
     assert vars(conn.protocol) == {}
     assert not hasattr(request, "__dict__")
+
+
+def test_a_chunked_body_costs_memory_in_proportion_to_its_bytes_not_its_chunks() -> None:
+    """Finding 3: a 15 MiB body in 2-byte chunks raised RSS by 437 MiB, an object per chunk."""
+    size = 1 << 20
+    conn = Conn(max_body=2 * size)
+    conn.send(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    wire = b"1\r\nx\r\n" * size + b"0\r\n\r\n"
+    reads = [wire[at : at + 65536] for at in range(0, len(wire), 65536)]
+    tracemalloc.start()
+    try:
+        for data in reads:
+            conn.send(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    (admitted,) = conn.handler.admitted
+    assert admitted.body == b"x" * size
+    # The body kept as it grows, and once as the bytes handed on: about twice, never more.
+    assert peak < 2.5 * size
