@@ -48,7 +48,8 @@ from zope.interface import implementer
 
 from nvpair.wire import send
 
-#: Request line plus headers, as twisted.web bounds them: past this a head is 400.
+#: Request line plus headers, as twisted.web bounds them: past this a head is 400. A chunked
+#: body's trailer fields get the same bound.
 MAX_HEAD_BYTES = 16 * 1024
 
 #: Statuses whose answers have no body, whatever the headers say (RFC 9110 §6.4.1).
@@ -511,6 +512,12 @@ class FacadeChannel(Protocol):
         request = self._parsing
         assert request is not None
         request.head_bytes += len(name) + len(value) + 4
+        if request.method:
+            # A trailer field: dropped, never merged into the headers sent on.
+            if request.head_bytes > MAX_HEAD_BYTES:
+                self._refuse_parsing(BAD_REQUEST)
+                raise _Refused()
+            return
         if request.head_bytes + len(request.uri) > MAX_HEAD_BYTES:
             self._refuse_parsing(BAD_REQUEST)
             raise _Refused()
@@ -521,6 +528,8 @@ class FacadeChannel(Protocol):
         assert request is not None
         parser = self._parser
         request.method = parser.get_method()
+        # Trailer fields, if any, get a bound of their own.
+        request.head_bytes = 0
         version = parser.get_http_version()
         if version not in ("1.1", "1.0"):
             # llhttp reads any single-digit version; a facade speaks HTTP/1.x only.

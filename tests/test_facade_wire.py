@@ -261,6 +261,23 @@ async def proxied(tmp_path: Path, engine: Engine) -> AsyncIterator[int]:
 # -- upgrade offers, trailers, bodies ------------------------------------------------------
 
 
+@pytest_twisted.ensureDeferred
+async def test_trailer_fields_of_a_chunked_request_are_dropped() -> None:
+    handler = Served()
+    body = b'7\r\n{"a":1}\r\n0\r\nX-Checksum: abc\r\nHost: evil.example\r\n\r\n'
+    async with listening(site(handler)) as port:
+        answer = await talk(
+            port,
+            request("POST", "/a", "Host: x", "Transfer-Encoding: chunked", "Connection: close")
+            + body,
+        )
+    (response,) = read_stream(answer, [b"POST"], closed=True)
+    assert response.body == b'POST /a {"a":1}'
+    (headers,) = handler.headers
+    assert [name.lower() for name, _ in headers] == [b"host", b"transfer-encoding", b"connection"]
+    assert dict(headers)[b"Host"] == [b"x"]
+
+
 def post_over_the_cap(port: int, size: int) -> tuple[int, str | None, bytes]:
     """What Python's http.client does: write the whole body, then read the answer."""
     client = http.client.HTTPConnection("127.0.0.1", port, timeout=PATIENCE)
