@@ -6,12 +6,12 @@ message and answers through layers a reverse proxy does not use; at the request 
 fleet sees, that machinery cost more than everything nvpair does per request (docs/performance.md).
 This connection does only what a facade needs, and does it at the request head:
 
-- HTTP's own rules are checked here (version, ``Host``, target form, the body cap); what a
-  facade decides about the client (the loopback gate, Ollama's ``Host`` guard) is asked of its
-  :class:`Gate`, the one thing this module knows of a facade. A refusal is answered as soon as
-  the head is parsed; the body is never read and the connection is closed
-  (docs/robustness.md#refusals-at-the-request-head). So is a head the parser rejects, one over
-  16 KiB, or a chunked body that crosses the cap.
+- HTTP's own rules are checked here (version, ``Host``, transfer coding, method, target form,
+  the body cap); what a facade decides about the client (the loopback gate, Ollama's ``Host``
+  guard) is asked of its :class:`Gate`, the one thing this module knows of a facade. A refusal
+  is answered as soon as the head is parsed, naming what was wrong; the body is never read and
+  the connection is closed (docs/robustness.md#refusals-at-the-request-head). So is a head the
+  parser rejects, one over 16 KiB, or a chunked body that crosses the cap.
 - A request head must be complete within ``head_timeout`` of its first byte, and a connection
   with no request in flight is closed after ``idle_timeout`` without a byte.
 - Requests are answered one at a time, in order. A pipelined request waits, parsed, while the
@@ -29,7 +29,12 @@ from typing import Protocol as TypingProtocol
 from urllib.parse import urlsplit
 
 from attrs import frozen
-from httptools.parser.errors import HttpParserError, HttpParserUpgrade
+from httptools.parser.errors import (
+    HttpParserCallbackError,
+    HttpParserError,
+    HttpParserInvalidMethodError,
+    HttpParserUpgrade,
+)
 from httptools.parser.parser import HttpRequestParser
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
@@ -41,6 +46,7 @@ from twisted.internet.interfaces import (
     ITransport,
 )
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 from twisted.web.http_headers import Headers
@@ -65,8 +71,37 @@ class Refusal:
     message: str | None = None
 
 
-BAD_REQUEST = Refusal("bad-request")
+HEAD_TOO_LARGE = Refusal("bad-request", "the request line and headers are over 16 KiB")
+FRAMING_TOO_LARGE = Refusal(
+    "bad-request", "the chunked body's framing or trailer fields are over 16 KiB"
+)
+BAD_VERSION = Refusal("bad-request", "only HTTP/1.0 and HTTP/1.1 are served")
+NO_HOST = Refusal("bad-request", "an HTTP/1.1 request must carry a Host header")
+SEVERAL_HOSTS = Refusal("bad-request", "a request must carry one Host header, not several")
+BAD_TARGET = Refusal(
+    "bad-request", "a target must be in origin form (/path) or absolute form (http://host/path)"
+)
+NOT_CHUNKED = Refusal("not-implemented", "the only request transfer coding implemented is chunked")
+UNKNOWN_METHOD = Refusal("not-implemented", "the request method is not one this proxy can carry")
+NO_TUNNEL = Refusal("not-implemented", "CONNECT is not served: this is no forward proxy")
 TOO_LARGE = Refusal("body-too-large")
+INTERNAL = Refusal("internal")
+
+#: llhttp's reasons for a transfer coding it will not frame (RFC 9112 §6.3: chunked not last).
+_CODING_ERRORS = frozenset(
+    {"Invalid `Transfer-Encoding` header value", "Request has invalid `Transfer-Encoding`"}
+)
+
+
+def parse_refusal(error: HttpParserError) -> Refusal:
+    """The refusal for bytes llhttp rejected, naming what it found wrong (its reasons are
+    fixed text)."""
+    if isinstance(error, HttpParserInvalidMethodError):
+        return UNKNOWN_METHOD
+    reason = str(error)
+    if reason in _CODING_ERRORS:
+        return NOT_CHUNKED
+    return Refusal("bad-request", f"malformed request: {reason}")
 
 
 def origin_form(target: bytes) -> bytes | None:
@@ -395,6 +430,8 @@ class FacadeChannel(Protocol):
     #: Seconds a client being closed on may take to read what it was sent (as twisted.web).
     abortTimeout = 15.0
 
+    log = Logger()
+
     def __init__(self, site: FacadeSite, address: IAddress | None) -> None:
         # Slots, where the Protocol base has class defaults.
         self.transport: ITransport | None = None
@@ -442,7 +479,10 @@ class FacadeChannel(Protocol):
         in_head = parsing is not None and parsing.method == b""
         try:
             self._parser.feed_data(data)
-        except _Refused:
+        except HttpParserCallbackError as error:
+            if not isinstance(error.__context__, _Refused):
+                self.log.failure("reading a request failed", Failure(error.__context__ or error))
+                self._refuse_parsing(INTERNAL)
             return
         except HttpParserUpgrade:
             # An Upgrade (or CONNECT) is served as an ordinary request (no facade speaks
@@ -453,15 +493,15 @@ class FacadeChannel(Protocol):
                 self._requests[-1].keep_alive = False
             self._pause_reading()
             return
-        except HttpParserError:
-            self._refuse_parsing(BAD_REQUEST)
+        except HttpParserError as error:
+            self._refuse_parsing(parse_refusal(error))
             return
         if in_head and parsing is self._parsing and parsing is not None and parsing.method == b"":
             # Still in the same head: llhttp keeps partial names and values itself, so the
             # bound is checked on the bytes fed as well as on what the callbacks saw.
             parsing.head_fed += len(data)
             if parsing.head_fed > MAX_HEAD_BYTES:
-                self._refuse_parsing(BAD_REQUEST)
+                self._refuse_parsing(HEAD_TOO_LARGE)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._closing = True
@@ -505,7 +545,7 @@ class FacadeChannel(Protocol):
         assert request is not None
         request.uri += url
         if len(request.uri) > MAX_HEAD_BYTES:
-            self._refuse_parsing(BAD_REQUEST)
+            self._refuse_parsing(HEAD_TOO_LARGE)
             raise _Refused()
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -515,11 +555,11 @@ class FacadeChannel(Protocol):
         if request.method:
             # A trailer field: dropped, never merged into the headers sent on.
             if request.head_bytes > MAX_HEAD_BYTES:
-                self._refuse_parsing(BAD_REQUEST)
+                self._refuse_parsing(FRAMING_TOO_LARGE)
                 raise _Refused()
             return
         if request.head_bytes + len(request.uri) > MAX_HEAD_BYTES:
-            self._refuse_parsing(BAD_REQUEST)
+            self._refuse_parsing(HEAD_TOO_LARGE)
             raise _Refused()
         request.requestHeaders.addRawHeader(name, value)
 
@@ -533,7 +573,7 @@ class FacadeChannel(Protocol):
         version = parser.get_http_version()
         if version not in ("1.1", "1.0"):
             # llhttp reads any single-digit version; a facade speaks HTTP/1.x only.
-            self._refuse_parsing(BAD_REQUEST)
+            self._refuse_parsing(BAD_VERSION)
             raise _Refused()
         request.clientproto = b"HTTP/" + version.encode("ascii")
         # HTTP/1.0 connections are not kept alive, as twisted.web did before: one answer each.
@@ -562,12 +602,21 @@ class FacadeChannel(Protocol):
     def _head_refusal(self, request: FacadeRequest) -> Refusal | None:
         """HTTP's own reasons to refuse a head, then the gate's, then the body cap."""
         headers = request.requestHeaders
-        if origin_form(request.uri) is None:
-            return BAD_REQUEST
+        codings = headers.getRawHeaders(b"transfer-encoding")
+        # llhttp decodes chunked, and would let another coding before it through as body.
+        if codings is not None and (len(codings) != 1 or codings[0].strip().lower() != b"chunked"):
+            return NOT_CHUNKED
         hosts = headers.getRawHeaders(b"host")
-        if hosts is not None and len(hosts) > 1:
-            # RFC 9112 §3.2: a request with more than one Host is answered 400.
-            return BAD_REQUEST
+        if hosts is None:
+            # RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host.
+            if request.clientproto == b"HTTP/1.1":
+                return NO_HOST
+        elif len(hosts) > 1:
+            return SEVERAL_HOSTS
+        if request.method == b"CONNECT":
+            return NO_TUNNEL
+        if origin_form(request.uri) is None:
+            return BAD_TARGET
         refusal = self.site.gate.refusal_at_head(
             self._address, request.uri, headers, request.method
         )

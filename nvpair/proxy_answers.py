@@ -31,7 +31,8 @@ REASONS: dict[str, tuple[int, str]] = {
     "body-too-large": (413, "the request body is too large"),
     "forbidden": (403, "plaintext access is allowed from loopback only"),
     "forbidden-host": (403, "this Host is not allowed (DNS-rebinding guard)"),
-    "bad-request": (400, "malformed request (a target must be in origin or absolute form)"),
+    "bad-request": (400, "malformed request"),
+    "not-implemented": (501, "not implemented by this proxy"),
     "internal": (500, "internal error in the proxy"),
 }
 

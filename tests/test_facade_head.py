@@ -256,14 +256,12 @@ def test_a_head_line_past_the_line_limit_is_400_bad_request_not_a_silent_close()
     assert conn.closed()
 
 
-def test_a_head_twisted_cannot_parse_says_why() -> None:
+def test_a_head_llhttp_cannot_parse_says_why() -> None:
     conn = Connection(OLLAMA)
     conn.send(b"GET /api/tags HTTP/1.1\r\nHost localhost\r\n\r\n")
     status, headers, body = conn.answer()
     assert status.startswith("HTTP/1.1 400") and headers["x-nvpair-error"] == "bad-request"
-    assert json.loads(body) == {
-        "error": "malformed request (a target must be in origin or absolute form)"
-    }
+    assert json.loads(body) == {"error": "malformed request: Invalid header token"}
 
 
 def test_two_host_headers_are_400_bad_request() -> None:
@@ -293,3 +291,19 @@ def test_an_idle_client_that_reads_nothing_is_aborted_after_the_grace() -> None:
     assert conn.closed() and aborts == []  # graceful first
     conn.clock.advance(conn.protocol.abortTimeout + 1)
     assert aborts == [True]
+
+
+class BrokenGate(Facade):
+    def refusal_at_head(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug in the gate")
+
+
+def test_a_bug_while_reading_a_head_is_500_internal_for_that_connection_only() -> None:
+    clock = Clock()
+    site = FacadeSite(BrokenGate(LLAMACPP, Recorder()), 1000, clock=clock)
+    protocol = site.buildProtocol(LOOPBACK)
+    transport = StringTransport(peerAddress=LOOPBACK)
+    protocol.makeConnection(transport)
+    protocol.dataReceived(head("GET", "/models"))
+    assert transport.value().startswith(b"HTTP/1.1 500 ")
+    assert b"X-Nvpair-Error: internal" in transport.value() and transport.disconnecting

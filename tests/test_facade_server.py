@@ -105,7 +105,7 @@ def test_a_pipelined_request_refused_at_its_head_is_answered_after_the_one_befor
 
 def test_garbage_after_a_request_in_flight_is_400_once_it_is_answered() -> None:
     conn = Conn()
-    conn.send(get("/a") + b"\x00\x01 not http\r\n\r\n")
+    conn.send(get("/a") + b"GET /b HTTP/1.1\r\nno colon here\r\n\r\n")
     answer(conn.handler.requests[0], b"A")
     responses = read_stream(conn.transport.value(), [b"GET", None], closed=True)
     assert [r.status for r in responses] == [200, 400] and conn.closed()

@@ -206,6 +206,75 @@ async def test_over_pinned_tls_connection_close_and_http_1_0_close_after_the_ans
     assert [a.route.value for a in handler.admitted] == ["peer", "peer"]
 
 
+# -- what the head must carry --------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_host_missing_or_repeated_is_400_naming_it_and_http_1_0_needs_none() -> None:
+    """RFC 9112 §3.2."""
+    handler = Served()
+    async with listening(site(handler)) as port:
+        missing = await talk(port, request("GET", "/a", "Connection: close"))
+        twice = await talk(port, request("GET", "/a", "Host: a", "Host: b"))
+        old = await talk(port, request("GET", "/a", version="1.0"))
+    (response,) = read_stream(missing, [b"GET"], closed=True)
+    assert response.status == 400
+    assert error_of(response) == ("bad-request", "an HTTP/1.1 request must carry a Host header")
+    (response,) = read_stream(twice, [b"GET"], closed=True)
+    assert response.status == 400
+    assert error_of(response) == (
+        "bad-request",
+        "a request must carry one Host header, not several",
+    )
+    (response,) = read_stream(old, [b"GET"], closed=True)
+    assert response.status == 200 and [a.path for a in handler.admitted] == ["/a"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_400_says_what_was_wrong() -> None:
+    async with listening(site(Served())) as port:
+        answers = [
+            await talk(port, raw)
+            for raw in [
+                request("GET", "/a", "Host localhost"),
+                request("GET", "/a", "Host: x", "X-Big: " + "b" * 17000),
+                request("GET", "/a", "Host: x", version="2.0"),
+                request("GET", "*", "Host: x"),
+                request("POST", "/a", "Host: x", "Content-Length: 1", "Content-Length: 2"),
+            ]
+        ]
+    messages = [error_of(read_stream(a, [b"GET"], closed=True)[0]) for a in answers]
+    assert messages == [
+        ("bad-request", "malformed request: Invalid header token"),
+        ("bad-request", "the request line and headers are over 16 KiB"),
+        ("bad-request", "only HTTP/1.0 and HTTP/1.1 are served"),
+        (
+            "bad-request",
+            "a target must be in origin form (/path) or absolute form (http://host/path)",
+        ),
+        ("bad-request", "malformed request: Duplicate Content-Length"),
+    ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_transfer_coding_other_than_chunked_is_501_not_implemented() -> None:
+    """RFC 9112 §6.1: ``gzip, chunked`` is framed by llhttp, but its body is still gzip."""
+    handler = Served()
+    async with listening(site(handler)) as port:
+        answers = [
+            await talk(port, request("POST", "/a", "Host: x", f"Transfer-Encoding: {te}"))
+            for te in ["gzip, chunked", "chunked, gzip", "gzip", "identity"]
+        ]
+    for answer in answers:
+        (response,) = read_stream(answer, [b"POST"], closed=True)
+        assert response.status == 501
+        assert error_of(response) == (
+            "not-implemented",
+            "the only request transfer coding implemented is chunked",
+        )
+    assert handler.admitted == []
+
+
 # -- methods ---------------------------------------------------------------------------------
 
 
@@ -256,6 +325,38 @@ async def proxied(tmp_path: Path, engine: Engine) -> AsyncIterator[int]:
     finally:
         await upstream.close()
         await engine_port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_extension_method_is_forwarded_and_one_llhttp_cannot_carry_is_501(
+    tmp_path: Path,
+) -> None:
+    """RFC 9110 §9.1: never 400 for a method."""
+    engine = Engine()
+    async with proxied(tmp_path, engine) as port:
+        carried = [
+            await talk(port, request(method, "/props", "Host: x", "Connection: close"))
+            for method in ["PROPFIND", "PURGE", "REPORT"]
+        ]
+        unknown = await talk(port, request("FOO", "/props", "Host: x"))
+    assert [read_stream(a, [b"X"], closed=True)[0].status for a in carried] == [200] * 3
+    assert engine.seen == [(b"PROPFIND", b"/props"), (b"PURGE", b"/props"), (b"REPORT", b"/props")]
+    (response,) = read_stream(unknown, [b"FOO"], closed=True)
+    assert response.status == 501
+    assert error_of(response) == (
+        "not-implemented",
+        "the request method is not one this proxy can carry",
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_connect_is_501_not_a_tunnel() -> None:
+    handler = Served()
+    async with listening(site(handler)) as port:
+        answer = await talk(port, request("CONNECT", "example.com:443", "Host: example.com:443"))
+    (response,) = read_stream(answer, [b"CONNECT"], closed=True)
+    assert response.status == 501 and error_of(response)[0] == "not-implemented"
+    assert handler.admitted == []
 
 
 # -- upgrade offers, trailers, bodies ------------------------------------------------------

@@ -79,15 +79,26 @@ CONTRACT_STATUS: dict[str, int] = {
     "forbidden": 403,
     "forbidden-host": 403,
     "bad-request": 400,
+    "not-implemented": 501,
     "internal": 500,
 }
 #: The reasons admission alone can produce. With a request path that never fails, anything
 #: else (``internal`` above all) means the facade itself went wrong.
 ADMISSION_REASONS = frozenset(
-    {"model-missing", "bad-json", "body-too-large", "forbidden", "forbidden-host", "bad-request"}
+    {
+        "model-missing",
+        "bad-json",
+        "body-too-large",
+        "forbidden",
+        "forbidden-host",
+        "bad-request",
+        "not-implemented",
+    }
 )
 #: Refusals the contract decides at the request head: answered before the body, then closed.
-HEAD_REASONS = frozenset({"forbidden", "forbidden-host", "bad-request", "body-too-large"})
+HEAD_REASONS = frozenset(
+    {"forbidden", "forbidden-host", "bad-request", "body-too-large", "not-implemented"}
+)
 
 #: RFC 9112 §3's request line, with the target limited to visible ASCII.
 STRICT_REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ [\x21-\x7e]+ HTTP/1\.[01]")
@@ -481,7 +492,7 @@ def check_proxy_error(engine: Engine, response: WireResponse, target: bytes | No
         and error["code"] == reason
     )
     path = None if target is None else origin_path(target)
-    if path is None or reason == "bad-request":
+    if path is None or reason in ("bad-request", "not-implemented"):
         # A request line that does not parse has no route to take a dialect from.
         assert plain or openai, document
     elif engine is OLLAMA and not path.startswith("/v1/"):
@@ -1216,7 +1227,10 @@ def test_ollama_refuses_a_foreign_host_and_no_other_facade_does(
         lines.append(b"Host: " + host)
     raw = request_bytes(b"POST", target, b"HTTP/1.1", lines, body)
     connection, finals = exchange(engine, [Message(raw, b"POST", target)], peer=peer)
-    if engine is OLLAMA and host in FOREIGN_HOSTS:
+    if header is None and absolute:
+        # RFC 9112 §3.2: an HTTP/1.1 request without Host is 400, absolute target or not.
+        assert reasons(finals) == ["bad-request"]
+    elif engine is OLLAMA and host in FOREIGN_HOSTS:
         assert reasons(finals) == ["forbidden-host"]
         assert connection.closed and connection.stack.handler.seen == []
     else:
