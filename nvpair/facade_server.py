@@ -6,23 +6,25 @@ message and answers through layers a reverse proxy does not use; at the request 
 fleet sees, that machinery cost more than everything nvpair does per request (docs/performance.md).
 This connection does only what a facade needs, and does it at the request head:
 
-- HTTP's own rules are checked here (version, ``Host``, transfer coding, method, target form,
+- HTTP's own rules are checked here (version, ``Host``, transfer coding, target form, method,
   the body cap); what a facade decides about the client (the loopback gate, Ollama's ``Host``
   guard) is asked of its :class:`Gate`, the one thing this module knows of a facade. A refusal
-  is answered as soon as the head is parsed, naming what was wrong; the body is never read and
-  the connection is closed (docs/robustness.md#refusals-at-the-request-head). So is a head the
-  parser rejects, one over 16 KiB, or a chunked body that crosses the cap.
+  is answered as soon as the head is parsed, then the refused body is read and dropped before
+  the close (docs/robustness.md#refusals-at-the-request-head).
 - A request head must be complete within ``head_timeout`` of its first byte, and a connection
   with no request in flight is closed after ``idle_timeout`` without a byte.
-- Requests are answered one at a time, in order. A pipelined request waits, parsed, while the
-  one before it is answered, and reading stops until then: a client cannot queue work faster
-  than it is answered.
+- Requests are answered one at a time, in order. Requests pipelined behind an answer in
+  progress are parsed and wait; reading goes on (so a client that leaves is noticed at once)
+  until :data:`HELD_BYTES` have arrived, and pauses past that.
 - The response's producer (the upstream connection) is paused while the client's socket is
   full, so a slow reader slows the engine rather than growing this process.
+
+Each connection is in one :class:`Phase`; the module never reads a transport's private state.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from email.utils import formatdate
 from typing import Protocol as TypingProtocol
@@ -54,12 +56,24 @@ from zope.interface import implementer
 
 from nvpair.wire import send
 
-#: Request line plus headers, as twisted.web bounds them: past this a head is 400. A chunked
-#: body's trailer fields get the same bound.
+#: Request line plus headers, as twisted.web bounds them: past this a head is 400. Trailer
+#: fields, and chunk framing that carries no body byte, get the same bound.
 MAX_HEAD_BYTES = 16 * 1024
+
+#: Bytes read while an answer is in progress (pipelined requests, or bytes dropped) before
+#: reading pauses until the answer is out.
+HELD_BYTES = 64 * 1024
+
+#: After a refusal, the refused body is read and dropped for at most this many bytes and
+#: seconds before the close (docs/robustness.md#refusals-at-the-request-head).
+LINGER_BYTES = 4 * 1024 * 1024
+LINGER_SECONDS = 5.0
 
 #: Statuses whose answers have no body, whatever the headers say (RFC 9110 §6.4.1).
 _BODILESS_STATUS = frozenset({204, 304})
+
+#: ``FacadeRequest.declared`` for a chunked body.
+CHUNKED = -1
 
 
 @frozen
@@ -153,8 +167,39 @@ class Gate(TypingProtocol):
         """Answer a whole request (head and body) that passed every check at its head."""
 
 
-class _Refused(Exception):
-    """Raised inside a parser callback to stop parsing: the connection is answered and closing."""
+class Phase(enum.Enum):
+    """What a connection is doing; each decides what becomes of the bytes it reads."""
+
+    #: No request begun: waiting for a head, under the idle bound.
+    IDLE = "idle"
+    #: The request at the front is arriving (head or body); nothing is in flight.
+    READING = "reading"
+    #: The front request is being answered; what follows is parsed and waits its turn.
+    ANSWERING = "answering"
+    #: Answering what was parsed; nothing new is parsed, and the connection closes after it
+    #: (a refusal may be owed once the answers before it are out).
+    FINISHING = "finishing"
+    #: A refusal was written; the refused body is read and dropped before the close.
+    LINGERING = "lingering"
+    #: The close was asked for; nothing more is read.
+    CLOSING = "closing"
+    #: The connection is gone.
+    CLOSED = "closed"
+
+
+# Module names for the phases: an Enum member looked up on its class costs a Python call, and
+# the phase is checked on every read.
+_IDLE = Phase.IDLE
+_READING = Phase.READING
+_ANSWERING = Phase.ANSWERING
+_FINISHING = Phase.FINISHING
+_LINGERING = Phase.LINGERING
+_CLOSING = Phase.CLOSING
+_CLOSED = Phase.CLOSED
+
+
+class _Stop(Exception):
+    """Raised inside a parser callback to stop parsing: what follows is not read as HTTP."""
 
 
 class _HttpDate:
@@ -174,6 +219,8 @@ class _HttpDate:
 
 _DATE = _HttpDate()
 
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
 
 class FacadeRequest:
     """One request on a facade connection: its head, its body (in memory, capped) and its answer.
@@ -192,23 +239,24 @@ class FacadeRequest:
         "_finish_waiters",
         "_no_body",
         "_producer",
-        "_received",
         "channel",
         "clientproto",
         "code",
         "code_message",
         "complete",
+        "declared",
         "dispatched",
         "expects_continue",
         "finished",
         "head_bytes",
-        "head_fed",
         "keep_alive",
         "method",
         "path",
+        "received",
         "refused",
         "requestHeaders",
         "responseHeaders",
+        "stalled",
         "startedWriting",
         "uri",
     )
@@ -225,7 +273,9 @@ class FacadeRequest:
         self.code = 200
         self.code_message = b"OK"
         self.keep_alive = True
-        #: Answered at the head (or mid-body) with this reason; never handed to the facade.
+        #: The declared ``Content-Length``, or :data:`CHUNKED`.
+        self.declared = 0
+        #: Answered with this instead of being served; its body is read and dropped.
         self.refused: Refusal | None = None
         self.expects_continue = False
         self.complete = False
@@ -237,10 +287,12 @@ class FacadeRequest:
         #: The first piece of body as it came; a bytearray once a second piece joins it, so a
         #: body of many small chunks costs its bytes, not an object per chunk.
         self._body: bytes | bytearray = b""
-        self._received = 0
-        #: Head bytes seen by the callbacks, and raw bytes fed while the head was incomplete.
+        #: Body bytes received (of a refused body: dropped since the refusal).
+        self.received = 0
+        #: Head (then trailer) bytes seen by the callbacks, and bytes fed since the last body
+        #: byte: llhttp keeps partial names and values itself, so both are bounded.
         self.head_bytes = 0
-        self.head_fed = 0
+        self.stalled = 0
         self._producer: IPushProducer | None = None
         self._finish_waiters: list[Deferred[None]] = []
 
@@ -347,8 +399,8 @@ class FacadeRequest:
 
     def take_body(self, data: bytes, cap: int) -> bool:
         """Keep a piece of body; False once the body is past ``cap`` (nothing more is kept)."""
-        received = self._received + len(data)
-        self._received = received
+        received = self.received + len(data)
+        self.received = received
         if received > cap:
             self._body = b""
             return False
@@ -360,6 +412,12 @@ class FacadeRequest:
         else:
             body += data
         return True
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` instead: what was kept of the body goes, what follows is counted."""
+        self.refused = refusal
+        self._body = b""
+        self.received = 0
 
     def lost(self, reason: Failure) -> None:
         self.channel = None
@@ -411,14 +469,15 @@ class FacadeChannel(Protocol):
     __slots__ = (
         "_abort_timer",
         "_address",
-        "_closing",
-        "_halted",
         "_head_timer",
+        "_held",
         "_idle_timer",
         "_last_data",
+        "_linger_timer",
         "_parser",
         "_parsing",
         "_pending_refusal",
+        "_phase",
         "_reading_paused",
         "_requests",
         "connected",
@@ -439,22 +498,39 @@ class FacadeChannel(Protocol):
         self.site = site
         self._address = address
         self._parser = HttpRequestParser(self)
-        #: Requests in order: [0] is being answered (or parsed); the rest wait, parsed. A list:
+        self._phase = _IDLE
+        #: Requests in order: [0] is being answered (or read); the rest wait, parsed. A list:
         #: rarely more than one, where an empty deque is a 600-byte block.
         self._requests: list[FacadeRequest] = []
+        #: The request llhttp is in the middle of (None: between requests, or none will be).
         self._parsing: FacadeRequest | None = None
-        #: A refusal was written, or the connection is closing: nothing more is read.
-        self._closing = False
-        #: Stop parsing: a request behind the one being answered was refused.
-        self._halted = False
-        #: A refusal owed once the answer in progress is out, for bytes that began no request.
+        #: A refusal owed once the answers in progress are out, for bytes that began no request.
         self._pending_refusal: Refusal | None = None
+        #: Bytes read since an answer began while others wait (see HELD_BYTES).
+        self._held = 0
+        #: Reading was paused on the transport: a mirror of its producer state, not a phase.
         self._reading_paused = False
         self.write_paused = False
         self._head_timer: IDelayedCall | None = None
         self._idle_timer: IDelayedCall | None = None
+        self._linger_timer: IDelayedCall | None = None
         self._abort_timer: IDelayedCall | None = None
         self._last_data = 0.0
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def _ended(self) -> bool:
+        """Nothing more is read: closing or closed."""
+        phase = self._phase
+        return phase is _CLOSING or phase is _CLOSED
+
+    @property
+    def _in_flight(self) -> bool:
+        phase = self._phase
+        return phase is _ANSWERING or phase is _FINISHING
 
     # -- the connection ------------------------------------------------------------------------
 
@@ -469,46 +545,59 @@ class FacadeChannel(Protocol):
         self._arm_idle()
 
     def dataReceived(self, data: bytes) -> None:
-        if self._closing or self._halted:
-            # Answered and closing: nothing more is read (a real socket has stopped reading).
+        phase = self._phase
+        if phase is _IDLE:
+            self._phase = _READING
+            self._arm_head_timer()
+        elif phase is _ANSWERING or phase is _FINISHING:
+            self._hold(len(data))
+        elif phase is _CLOSING or phase is _CLOSED:
             return
         self._last_data = self.site.clock.seconds()
-        if not self._requests and self._head_timer is None:
-            self._arm_head_timer()
         parsing = self._parsing
-        in_head = parsing is not None and parsing.method == b""
-        try:
-            self._parser.feed_data(data)
-        except HttpParserCallbackError as error:
-            if not isinstance(error.__context__, _Refused):
-                self.log.failure("reading a request failed", Failure(error.__context__ or error))
-                self._refuse_parsing(INTERNAL)
+        if parsing is None and (phase is _FINISHING or phase is _LINGERING):
+            # Nothing more is parsed: the bytes are read (so a close is seen) and dropped.
             return
-        except HttpParserUpgrade:
-            # An Upgrade (or CONNECT) is served as an ordinary request (no facade speaks
-            # anything but HTTP/1.1) and the connection ends after it: what follows the head
-            # is not HTTP/1.1 any more.
-            self._halted = True
-            if self._requests:
-                self._requests[-1].keep_alive = False
-            self._pause_reading()
-            return
-        except HttpParserError as error:
-            self._refuse_parsing(parse_refusal(error))
-            return
-        if in_head and parsing is self._parsing and parsing is not None and parsing.method == b"":
-            # Still in the same head: llhttp keeps partial names and values itself, so the
-            # bound is checked on the bytes fed as well as on what the callbacks saw.
-            parsing.head_fed += len(data)
-            if parsing.head_fed > MAX_HEAD_BYTES:
-                self._refuse_parsing(HEAD_TOO_LARGE)
+        received = parsing.received if parsing is not None else 0
+        self._feed(data)
+        if parsing is not None and parsing is self._parsing and not self._ended:
+            if parsing.received != received:
+                parsing.stalled = 0
+                return
+            # llhttp keeps a partial name or value itself, across reads: bound what it holds.
+            parsing.stalled += len(data)
+            if parsing.stalled > MAX_HEAD_BYTES:
+                self._unparsable(FRAMING_TOO_LARGE if parsing.method else HEAD_TOO_LARGE)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._closing = True
+        self._phase = _CLOSED
+        self._parsing = None
         self._cancel_timers()
         requests, self._requests = self._requests, []
         for request in requests:
             request.lost(reason)
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except HttpParserUpgrade:
+            # An Upgrade is served as an ordinary request (no facade speaks anything but
+            # HTTP/1.1) and the connection ends after it: what follows the head is not HTTP/1.1
+            # any more.
+            if self._ended:
+                return
+            self._parsing = None
+            if self._requests:
+                self._requests[-1].keep_alive = False
+                self._phase = _FINISHING
+            else:
+                self.close()
+        except HttpParserCallbackError as error:
+            if not isinstance(error.__context__, _Stop):
+                self.log.failure("reading a request failed", Failure(error.__context__ or error))
+                self._unparsable(INTERNAL)
+        except HttpParserError as error:
+            self._unparsable(parse_refusal(error))
 
     # -- IPushProducer, for the transport's write buffer -----------------------------------
 
@@ -535,18 +624,14 @@ class FacadeChannel(Protocol):
         request = FacadeRequest(self)
         self._parsing = request
         self._requests.append(request)
-        if len(self._requests) > 1:
-            # Pipelined behind an answer in progress: parsed, then nothing more is read
-            # until its turn.
-            self._pause_reading()
 
     def on_url(self, url: bytes) -> None:
         request = self._parsing
         assert request is not None
         request.uri += url
         if len(request.uri) > MAX_HEAD_BYTES:
-            self._refuse_parsing(HEAD_TOO_LARGE)
-            raise _Refused()
+            self._unparsable(HEAD_TOO_LARGE)
+            raise _Stop()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self._parsing
@@ -555,40 +640,26 @@ class FacadeChannel(Protocol):
         if request.method:
             # A trailer field: dropped, never merged into the headers sent on.
             if request.head_bytes > MAX_HEAD_BYTES:
-                self._refuse_parsing(FRAMING_TOO_LARGE)
-                raise _Refused()
+                self._unparsable(FRAMING_TOO_LARGE)
+                raise _Stop()
             return
         if request.head_bytes + len(request.uri) > MAX_HEAD_BYTES:
-            self._refuse_parsing(HEAD_TOO_LARGE)
-            raise _Refused()
+            self._unparsable(HEAD_TOO_LARGE)
+            raise _Stop()
         request.requestHeaders.addRawHeader(name, value)
 
     def on_headers_complete(self) -> None:
         request = self._parsing
         assert request is not None
-        parser = self._parser
-        request.method = parser.get_method()
-        # Trailer fields, if any, get a bound of their own.
+        request.method = self._parser.get_method()
         request.head_bytes = 0
-        version = parser.get_http_version()
-        if version not in ("1.1", "1.0"):
-            # llhttp reads any single-digit version; a facade speaks HTTP/1.x only.
-            self._refuse_parsing(BAD_VERSION)
-            raise _Refused()
-        request.clientproto = b"HTTP/" + version.encode("ascii")
-        # HTTP/1.0 connections are not kept alive, as twisted.web did before: one answer each.
-        request.keep_alive = parser.should_keep_alive() and request.clientproto == b"HTTP/1.1"
-        reason = self._head_refusal(request)
-        if reason is not None:
-            request.refused = reason
-            if request is self._requests[0]:
-                self._disarm_head_timer()
-                self._answer_and_close(reason, request)
-            else:
-                self._halted = True
-            raise _Refused()
-        if request is self._requests[0]:
+        front = request is self._requests[0]
+        if front:
             self._disarm_head_timer()
+        refusal = self._head_refusal(request)
+        if refusal is not None:
+            self._refuse(request, refusal)
+            return
         target = origin_form(request.uri)
         assert target is not None
         request.uri = target
@@ -596,20 +667,72 @@ class FacadeChannel(Protocol):
         expect = request.requestHeaders.getRawHeaders(b"expect")
         if expect and request.clientproto == b"HTTP/1.1" and b"100-continue" in expect[0].lower():
             request.expects_continue = True
-            if request is self._requests[0] and self.transport is not None:
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if front and self.transport is not None:
+                self.transport.write(_CONTINUE)
+
+    def on_body(self, data: bytes) -> None:
+        request = self._parsing
+        assert request is not None
+        if request.refused is not None:
+            request.received += len(data)
+            if self._phase is _LINGERING and request.received > LINGER_BYTES:
+                self.close()
+                raise _Stop()
+            return
+        if not request.take_body(data, self.site.max_request_body):
+            self._refuse(request, TOO_LARGE)
+
+    def on_message_complete(self) -> None:
+        request = self._parsing
+        assert request is not None
+        self._parsing = None
+        request.complete = True
+        if request.refused is not None:
+            if self._phase is _LINGERING:
+                # The refused body is all read: the close leaves nothing unread behind.
+                self.close()
+            # Nothing after a refused request is parsed; a queued one is answered in its turn.
+            raise _Stop()
+        last = not request.keep_alive
+        if request is self._requests[0]:
+            self._phase = _FINISHING if last else _ANSWERING
+            self._dispatch(request)
+            if self._ended:
+                raise _Stop()
+        elif last:
+            self._phase = _FINISHING
+        if last:
+            # RFC 9112 §9.6: nothing after a request that closes the connection is processed.
+            raise _Stop()
+
+    # -- the head ----------------------------------------------------------------------------
 
     def _head_refusal(self, request: FacadeRequest) -> Refusal | None:
         """HTTP's own reasons to refuse a head, then the gate's, then the body cap."""
+        parser = self._parser
+        version = parser.get_http_version()
+        if version == "1.0":
+            request.clientproto = b"HTTP/1.0"
+        elif version != "1.1":
+            # llhttp reads any single-digit version; a facade speaks HTTP/1.x only.
+            return BAD_VERSION
+        # HTTP/1.0 connections are not kept alive, as twisted.web did before: one answer each.
+        request.keep_alive = version == "1.1" and parser.should_keep_alive()
         headers = request.requestHeaders
         codings = headers.getRawHeaders(b"transfer-encoding")
-        # llhttp decodes chunked, and would let another coding before it through as body.
-        if codings is not None and (len(codings) != 1 or codings[0].strip().lower() != b"chunked"):
-            return NOT_CHUNKED
+        if codings is not None:
+            # llhttp decodes chunked, and would let another coding before it through as body.
+            if len(codings) != 1 or codings[0].strip().lower() != b"chunked":
+                return NOT_CHUNKED
+            request.declared = CHUNKED
+        else:
+            lengths = headers.getRawHeaders(b"content-length")
+            if lengths:
+                # llhttp has already refused a malformed or conflicting length.
+                request.declared = int(lengths[0])
         hosts = headers.getRawHeaders(b"host")
         if hosts is None:
-            # RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host.
-            if request.clientproto == b"HTTP/1.1":
+            if version == "1.1":
                 return NO_HOST
         elif len(hosts) > 1:
             return SEVERAL_HOSTS
@@ -622,30 +745,9 @@ class FacadeChannel(Protocol):
         )
         if refusal is not None:
             return refusal
-        declared = headers.getRawHeaders(b"content-length")
-        # llhttp has already refused a malformed or conflicting length.
-        if declared and int(declared[0]) > self.site.max_request_body:
+        if request.declared > self.site.max_request_body:
             return TOO_LARGE
         return None
-
-    def on_body(self, data: bytes) -> None:
-        request = self._parsing
-        assert request is not None
-        if not request.take_body(data, self.site.max_request_body):
-            request.refused = TOO_LARGE
-            if request is self._requests[0]:
-                self._answer_and_close(TOO_LARGE, request)
-            else:
-                self._halted = True
-            raise _Refused()
-
-    def on_message_complete(self) -> None:
-        request = self._parsing
-        assert request is not None
-        self._parsing = None
-        request.complete = True
-        if request is self._requests[0]:
-            self._dispatch(request)
 
     # -- answering ---------------------------------------------------------------------------
 
@@ -655,86 +757,117 @@ class FacadeChannel(Protocol):
 
     def answered(self, request: FacadeRequest) -> None:
         """``request``'s answer is complete: close, or move on to the next one."""
-        if not self._requests or self._requests[0] is not request:
+        requests = self._requests
+        if not requests or requests[0] is not request:
             return
-        self._requests.pop(0)
+        requests.pop(0)
         if not request.keep_alive:
             self.close()
             return
         # The idle bound counts from the last byte or the last answer, whichever is later.
         self._last_data = self.site.clock.seconds()
         self._arm_idle()
-        if not self._requests:
+        if len(requests) <= 1:
+            self._held = 0
+            self._resume_reading()
+        if not requests:
             if self._pending_refusal is not None:
-                self._answer_and_close(self._pending_refusal, None)
-                return
-            self._resume_reading()
+                self._answer_refusal(self._pending_refusal, None)
+            else:
+                self._phase = _IDLE
             return
-        following = self._requests[0]
+        following = requests[0]
         if following.refused is not None:
-            self._answer_and_close(following.refused, following)
-            return
-        if len(self._requests) == 1:
-            self._resume_reading()
-        if following.complete:
+            self._answer_refusal(following.refused, following)
+        elif following.complete:
             self._dispatch(following)
-            return
-        if following.method == b"":
-            # Its head is still coming: its time starts now (the previous answer is out).
-            self._arm_head_timer()
-        elif following.expects_continue and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        else:
+            self._phase = _READING
+            if not following.method:
+                # Its head is still coming: its time starts now (the previous answer is out).
+                self._arm_head_timer()
+            elif following.expects_continue and self.transport is not None:
+                self.transport.write(_CONTINUE)
 
     def close(self) -> None:
         """Close once what was written has gone out; a client that never reads it is aborted."""
-        self._closing = True
-        if self.transport is None:
+        if self._ended:
             return
+        self._phase = _CLOSING
+        self._parsing = None
+        transport = self.transport
+        if transport is None:
+            return
+        self._disarm_head_timer()
         if self._abort_timer is None:
             self._abort_timer = self.site.clock.callLater(self.abortTimeout, self._abort)
         # A TLS transport holds its close while a producer is registered with it.
-        IConsumer(self.transport).unregisterProducer()
-        self.transport.loseConnection()
+        IConsumer(transport).unregisterProducer()
+        transport.loseConnection()
 
-    def _refuse_parsing(self, reason: Refusal) -> None:
-        """The head or body cannot be read: answer ``reason`` now if nothing is being answered,
-        else right after the answer in progress; nothing more is parsed either way."""
-        if self._closing or self._halted:
+    def _refuse(self, request: FacadeRequest, refusal: Refusal) -> None:
+        """Refuse the request being parsed: now if it is at the front, else in its turn."""
+        request.refuse(refusal)
+        if request is self._requests[0]:
+            self._answer_refusal(refusal, request)
+        else:
+            self._phase = _FINISHING
+
+    def _unparsable(self, refusal: Refusal) -> None:
+        """The bytes cannot be read as HTTP/1.1: nothing more is parsed, and ``refusal`` is
+        answered now if nothing is in flight, else once the answers before it are out."""
+        request = self._parsing
+        self._parsing = None
+        if self._ended or self._phase is _LINGERING:
+            # Already refused: the body being dropped cannot be framed any more.
+            self.close()
             return
-        front = self._requests[0] if self._requests else None
-        if front is not None and front.dispatched:
-            # Behind an answer in progress (pipelined): refused when its turn comes.
-            behind = self._parsing
-            if behind is not None and behind is not front:
-                behind.refused = reason
+        if request is None:
+            if self._requests:
+                self._pending_refusal = refusal
+                self._phase = _FINISHING
             else:
-                self._pending_refusal = reason
-            self._halted = True
-            self._pause_reading()
+                self._answer_refusal(refusal, None)
             return
-        self._answer_and_close(reason, self._parsing)
+        if request.refused is None:
+            request.refuse(refusal)
+        if request is self._requests[0]:
+            self._answer_refusal(refusal, request)
+        else:
+            self._phase = _FINISHING
 
-    def _answer_and_close(self, reason: Refusal, request: FacadeRequest | None) -> None:
-        if self._closing:
+    def _answer_refusal(self, refusal: Refusal, request: FacadeRequest | None) -> None:
+        """Write the refusal, then linger while its body arrives, or close."""
+        transport = self.transport
+        if transport is None or self._ended:
             return
         self._disarm_head_timer()
         target = request.uri if request is not None and request.uri else b"/"
         head_only = request is not None and request.method == b"HEAD"
-        assert self.transport is not None
-        self.transport.write(self.site.gate.refusal_answer(reason, target, head_only=head_only))
-        self.close()
+        transport.write(self.site.gate.refusal_answer(refusal, target, head_only=head_only))
+        if request is None or request is not self._parsing:
+            self.close()
+            return
+        # Closing now, with the body still arriving, would reset the connection and lose the
+        # answer at a client that writes its whole body before reading.
+        self._phase = _LINGERING
+        self._resume_reading()
+        self._linger_timer = self.site.clock.callLater(LINGER_SECONDS, self.close)
 
     # -- reading and timers ------------------------------------------------------------------
 
+    def _hold(self, size: int) -> None:
+        self._held += size
+        if self._held > HELD_BYTES:
+            self._pause_reading()
+
     def _pause_reading(self) -> None:
-        # A connection already closing reads nothing more anyway; its transport may refuse a
-        # pause once it is disconnecting (a CONNECT answered and closed within the same read).
-        if not self._reading_paused and self.transport is not None and not self._closing:
+        if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
             self.transport.pauseProducing()  # type: ignore[attr-defined]
 
     def _resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None and not self._halted:
+        if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
@@ -754,12 +887,12 @@ class FacadeChannel(Protocol):
 
     def _arm_idle(self) -> None:
         timeout = self.site.idle_timeout
-        if timeout > 0 and self._idle_timer is None and not self._closing:
+        if timeout > 0 and self._idle_timer is None and not self._ended:
             self._idle_timer = self.site.clock.callLater(timeout, self._idle)
 
     def _idle(self) -> None:
         self._idle_timer = None
-        if self._requests and self._requests[0].dispatched:
+        if self._in_flight:
             # A request in flight is never cut by the idle bound; its answer re-arms it.
             return
         # Every byte counts as activity (a body being uploaded slowly is not idle).
@@ -775,10 +908,10 @@ class FacadeChannel(Protocol):
             self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._idle_timer, self._abort_timer):
+        for timer in (self._head_timer, self._idle_timer, self._linger_timer, self._abort_timer):
             if timer is not None:
                 self._cancel(timer)
-        self._head_timer = self._idle_timer = self._abort_timer = None
+        self._head_timer = self._idle_timer = self._linger_timer = self._abort_timer = None
 
     @staticmethod
     def _cancel(timer: IDelayedCall) -> None:

@@ -7,6 +7,7 @@ timeouts are in tests/test_facade_head.py; arbitrary input in tests/test_http_fu
 
 from __future__ import annotations
 
+import json
 import tracemalloc
 from typing import Any
 
@@ -22,7 +23,17 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair.engines import LLAMACPP
-from nvpair.facade_server import MAX_HEAD_BYTES, FacadeChannel, FacadeRequest, FacadeSite
+from nvpair.facade_server import (
+    FRAMING_TOO_LARGE,
+    HELD_BYTES,
+    LINGER_BYTES,
+    LINGER_SECONDS,
+    MAX_HEAD_BYTES,
+    FacadeChannel,
+    FacadeRequest,
+    FacadeSite,
+    Phase,
+)
 from nvpair.http_facade import Admitted, Facade, RequestHandler
 from tests.httpwire import read_stream, talk
 
@@ -77,19 +88,25 @@ def post(path: str, body: bytes, extra: str = "") -> bytes:
     return head.encode() + body
 
 
-def test_pipelined_requests_wait_their_turn_and_reading_stops_meanwhile() -> None:
+def test_pipelined_requests_wait_their_turn_while_reading_goes_on_up_to_a_bound() -> None:
     conn = Conn()
     conn.send(get("/a") + get("/b") + get("/c"))
-    # Only the first is handed on; the rest are parsed and wait, and the socket is not read.
+    # Only the first is handed on; the rest are parsed and wait, and the socket is still read
+    # (a client that leaves is seen) until more than HELD_BYTES have come in.
     assert [a.path for a in conn.handler.admitted] == ["/a"]
+    assert conn.transport.producerState == "producing"
+    conn.send(post("/d", b"p" * HELD_BYTES))
     assert conn.transport.producerState == "paused"
     answer(conn.handler.requests[0], b"A")
     assert [a.path for a in conn.handler.admitted] == ["/a", "/b"]
     answer(conn.handler.requests[1], b"B")
     answer(conn.handler.requests[2], b"C")
-    responses = read_stream(conn.transport.value(), [b"GET"] * 3, closed=False)
-    assert [r.body for r in responses] == [b"A", b"B", b"C"]
-    assert conn.transport.producerState == "producing" and not conn.closed()
+    # Only /d is left: what was held is all parsed, and reading goes on.
+    assert conn.transport.producerState == "producing"
+    answer(conn.handler.requests[3], b"D")
+    responses = read_stream(conn.transport.value(), [b"GET"] * 3 + [b"POST"], closed=False)
+    assert [r.body for r in responses] == [b"A", b"B", b"C", b"D"]
+    assert not conn.closed()
 
 
 def test_a_pipelined_request_refused_at_its_head_is_answered_after_the_one_before() -> None:
@@ -311,3 +328,72 @@ def test_a_chunked_body_costs_memory_in_proportion_to_its_bytes_not_its_chunks()
     assert admitted.body == b"x" * size
     # The body kept as it grows, and once as the bytes handed on: about twice, never more.
     assert peak < 2.5 * size
+
+
+def test_the_refused_body_is_dropped_for_at_most_the_lingering_seconds() -> None:
+    conn = Conn(max_body=10)
+    conn.send(post("/completion", b"x" * 1000)[:-900])
+    assert conn.transport.value().startswith(b"HTTP/1.1 413 ") and not conn.closed()
+    conn.clock.advance(LINGER_SECONDS - 0.1)
+    conn.send(b"x" * 800)
+    assert not conn.closed()
+    conn.clock.advance(0.1)
+    assert conn.closed()
+
+
+def test_the_refused_body_is_dropped_for_at_most_the_lingering_bytes() -> None:
+    conn = Conn(max_body=10)
+    conn.send(post("/completion", b"x" * (LINGER_BYTES + 1000))[: -(LINGER_BYTES + 1000)])
+    for _ in range(LINGER_BYTES // 65536):
+        conn.send(b"x" * 65536)
+    assert not conn.closed()
+    conn.send(b"x")
+    assert conn.closed() and conn.handler.admitted == []
+
+
+def test_trailer_fields_trickled_past_16_kib_are_400_naming_them() -> None:
+    """llhttp holds a partial trailer field itself, across reads: the bytes fed are bounded."""
+    conn = Conn()
+    conn.send(
+        b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"1\r\nx\r\n0\r\nX-Long: "
+    )
+    for _ in range(MAX_HEAD_BYTES // 1000 + 1):
+        conn.send(b"v" * 1000)
+    data = conn.transport.value()
+    assert data.startswith(b"HTTP/1.1 400 ") and conn.closed()
+    body = data.partition(b"\r\n\r\n")[2]
+    assert json.loads(body)["error"]["message"] == FRAMING_TOO_LARGE.message
+    assert conn.handler.admitted == []
+
+
+def test_a_connection_is_in_one_named_phase_at_a_time() -> None:
+    conn = Conn(max_body=10)
+    phases = [conn.protocol.phase]
+    for data in [
+        b"GET /a HT",
+        b"TP/1.1\r\nHost: x\r\n\r\n",
+        # The last request the connection will carry: once it is parsed, nothing new will be.
+        get("/b", extra="Connection: close\r\n"),
+    ]:
+        conn.send(data)
+        phases.append(conn.protocol.phase)
+    for request in conn.handler.requests:
+        answer(request)
+        phases.append(conn.protocol.phase)
+    conn.protocol.connectionLost(Failure(ConnectionError("closed")))
+    phases.append(conn.protocol.phase)
+    assert phases == [
+        Phase.IDLE,
+        Phase.READING,
+        Phase.ANSWERING,
+        Phase.FINISHING,
+        Phase.FINISHING,
+        Phase.CLOSING,
+        Phase.CLOSED,
+    ]
+    refused = Conn(max_body=10)
+    refused.send(post("/completion", b"x" * 11)[:-11])
+    lingering = refused.protocol.phase
+    refused.send(b"x" * 11)
+    assert (lingering, refused.protocol.phase) == (Phase.LINGERING, Phase.CLOSING)

@@ -22,8 +22,10 @@ import pytest_twisted
 from twisted.internet import defer
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import ServerFactory
 from twisted.internet.threads import deferToThread
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
@@ -41,7 +43,7 @@ from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
 from tests import httpwire
 from tests.certs import NodeIdentity, make_identity, write_cluster_dir
-from tests.httpwire import WireResponse, read_stream
+from tests.httpwire import Raw, WireResponse, read_stream
 
 #: The global reactor, untyped: its listen*/connect* generics reject our factories.
 reactor: Any = _reactor
@@ -379,6 +381,37 @@ async def test_trailer_fields_of_a_chunked_request_are_dropped() -> None:
     assert dict(headers)[b"Host"] == [b"x"]
 
 
+@pytest_twisted.ensureDeferred
+async def test_expect_100_continue_gets_the_interim_answer_once_admitted_or_the_refusal(
+    tmp_path: Path,
+) -> None:
+    """curl sends ``Expect: 100-continue`` and waits for it before the body."""
+    handler = Served()
+    small, large = tmp_path / "small.json", tmp_path / "large.json"
+    small.write_bytes(b'{"x":"' + b"s" * 500 + b'"}')
+    large.write_bytes(b'{"x":"' + b"l" * 5000 + b'"}')
+    async with listening(site(handler)) as port:
+        url = f"http://127.0.0.1:{port}/completion"
+        results = [
+            await getProcessOutputAndValue(
+                "curl",
+                [
+                    "-sS",
+                    "-v",
+                    *("--max-time", str(PATIENCE), "--expect100-timeout", str(PATIENCE)),
+                    *("-H", "Expect: 100-continue", "--data-binary", f"@{body}", url),
+                ],
+            )
+            for body in (small, large)
+        ]
+    (out, err, code), (large_out, large_err, large_code) = results
+    assert code == 0 and b"< HTTP/1.1 100 Continue" in err and out.endswith(b's"}')
+    assert large_code == 0 and b"100 Continue" not in large_err
+    assert b"< HTTP/1.1 413 " in large_err
+    assert json.loads(large_out)["error"]["code"] == "body-too-large"
+    assert [len(a.body) for a in handler.admitted] == [small.stat().st_size]
+
+
 def post_over_the_cap(port: int, size: int) -> tuple[int, str | None, bytes]:
     """What Python's http.client does: write the whole body, then read the answer."""
     client = http.client.HTTPConnection("127.0.0.1", port, timeout=PATIENCE)
@@ -395,7 +428,42 @@ def post_over_the_cap(port: int, size: int) -> tuple[int, str | None, bytes]:
         client.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_writes_its_whole_body_first_reads_the_413() -> None:
+    """Lingering close: closing at the head, with megabytes still coming, reset the connection
+    and the client never saw the answer."""
+    handler = Served()
+    async with listening(site(handler)) as port:
+        status, reason, body = await deferToThread(post_over_the_cap, port, 3 * 1024 * 1024)
+    assert (status, reason) == (413, "body-too-large")
+    assert json.loads(body)["error"]["code"] == "body-too-large"
+    assert handler.admitted == []
+
+
 # -- a client that leaves, and answers without a body ----------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_leaves_with_requests_queued_is_noticed_and_its_attempt_cancelled(
+    tmp_path: Path,
+) -> None:
+    """Finding 2: reading stopped while a pipelined request waited, so the close went unseen
+    and the engine kept generating for nobody."""
+    engine = Engine()
+    async with proxied(tmp_path, engine) as port:
+        raw = Raw()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), raw)
+        assert raw.transport is not None
+        raw.transport.write(
+            post("/completion", b'{"prompt":"one"}') + post("/completion", b'{"prompt":"two"}')
+        )
+        await engine.first.addTimeout(PATIENCE, reactor)
+        raw.transport.loseConnection()
+        await engine.cancelled.addTimeout(PATIENCE, reactor)
+        # Anything still queued would have gone out before this answer on a new connection.
+        after = await talk(port, request("GET", "/health", "Host: x", "Connection: close"))
+    assert read_stream(after, [b"GET"], closed=True)[0].status == 200
+    assert engine.seen == [(b"POST", b"/completion"), (b"GET", b"/health")]
 
 
 @pytest_twisted.ensureDeferred
