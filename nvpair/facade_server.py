@@ -461,6 +461,13 @@ class FacadeRequest:
         return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+def _reframing_head(request: FacadeRequest) -> bytes:
+    """A head that frames the body of ``request``, for llhttp to read after an upgrade offer."""
+    if request.declared == CHUNKED:
+        return b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return b"POST / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % request.declared
+
+
 @implementer(IPushProducer)
 class FacadeChannel(Protocol):
     """One client connection to a facade (see the module docstring)."""
@@ -578,26 +585,32 @@ class FacadeChannel(Protocol):
             request.lost(reason)
 
     def _feed(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except HttpParserUpgrade:
-            # An Upgrade is served as an ordinary request (no facade speaks anything but
-            # HTTP/1.1) and the connection ends after it: what follows the head is not HTTP/1.1
-            # any more.
-            if self._ended:
+        parser = self._parser
+        while True:
+            try:
+                parser.feed_data(data)
                 return
-            self._parsing = None
-            if self._requests:
-                self._requests[-1].keep_alive = False
-                self._phase = _FINISHING
-            else:
-                self.close()
-        except HttpParserCallbackError as error:
-            if not isinstance(error.__context__, _Stop):
-                self.log.failure("reading a request failed", Failure(error.__context__ or error))
-                self._unparsable(INTERNAL)
-        except HttpParserError as error:
-            self._unparsable(parse_refusal(error))
+            except HttpParserUpgrade as upgrade:
+                # An upgrade offer (h2c, websocket) is ignored, as nginx ignores it: llhttp
+                # stopped where the other protocol would begin, taking the request as bodiless.
+                # Its body, if it has one, is framed by a head made for it; then reading goes on
+                # as HTTP/1.1.
+                data = data[upgrade.args[0] :]
+                if self._ended:
+                    return
+                request = self._parsing
+                if request is not None:
+                    parser.feed_data(_reframing_head(request))
+            except HttpParserCallbackError as error:
+                if not isinstance(error.__context__, _Stop):
+                    self.log.failure(
+                        "reading a request failed", Failure(error.__context__ or error)
+                    )
+                    self._unparsable(INTERNAL)
+                return
+            except HttpParserError as error:
+                self._unparsable(parse_refusal(error))
+                return
 
     # -- IPushProducer, for the transport's write buffer -----------------------------------
 
@@ -621,6 +634,9 @@ class FacadeChannel(Protocol):
     # -- httptools callbacks -----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self._parsing is not None:
+            # The head framing an upgrade offer's body (_feed): the request is the same.
+            return
         request = FacadeRequest(self)
         self._parsing = request
         self._requests.append(request)
@@ -628,6 +644,8 @@ class FacadeChannel(Protocol):
     def on_url(self, url: bytes) -> None:
         request = self._parsing
         assert request is not None
+        if request.method:
+            return
         request.uri += url
         if len(request.uri) > MAX_HEAD_BYTES:
             self._unparsable(HEAD_TOO_LARGE)
@@ -638,7 +656,8 @@ class FacadeChannel(Protocol):
         assert request is not None
         request.head_bytes += len(name) + len(value) + 4
         if request.method:
-            # A trailer field: dropped, never merged into the headers sent on.
+            # A trailer field (or a field of the head framing an upgrade offer's body): dropped,
+            # never merged into the headers sent on.
             if request.head_bytes > MAX_HEAD_BYTES:
                 self._unparsable(FRAMING_TOO_LARGE)
                 raise _Stop()
@@ -651,6 +670,8 @@ class FacadeChannel(Protocol):
     def on_headers_complete(self) -> None:
         request = self._parsing
         assert request is not None
+        if request.method:
+            return
         request.method = self._parser.get_method()
         request.head_bytes = 0
         front = request is self._requests[0]
@@ -685,6 +706,9 @@ class FacadeChannel(Protocol):
     def on_message_complete(self) -> None:
         request = self._parsing
         assert request is not None
+        if request.declared and self._parser.should_upgrade():
+            # An upgrade offer with a body: llhttp took it as bodiless (see _feed).
+            return
         self._parsing = None
         request.complete = True
         if request.refused is not None:

@@ -266,13 +266,31 @@ def test_a_version_other_than_1_x_is_400() -> None:
     assert conn.transport.value().startswith(b"HTTP/1.1 400") and conn.closed()
 
 
-def test_an_upgrade_request_is_answered_plainly_and_the_connection_ends() -> None:
+def test_an_upgrade_offer_is_served_as_http_1_1_body_included_and_the_connection_goes_on() -> None:
+    """What curl --http2 sends on http://: the offer is ignored, as nginx ignores it."""
     conn = Conn()
-    conn.send(get("/a", extra="Connection: upgrade\r\nUpgrade: websocket\r\n") + b"\x81\x05hello")
-    assert len(conn.handler.admitted) == 1
+    offer = "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQ\r\n"
+    conn.send(post("/completion", b'{"prompt":"hi"}', extra=offer) + get("/after"))
+    assert [a.body for a in conn.handler.admitted] == [b'{"prompt":"hi"}']
     answer(conn.handler.requests[0])
-    (response,) = read_stream(conn.transport.value(), [b"GET"], closed=True)
-    assert response.status == 200 and conn.closed()
+    answer(conn.handler.requests[1])
+    responses = read_stream(conn.transport.value(), [b"POST", b"GET"], closed=False)
+    assert [r.status for r in responses] == [200, 200] and not conn.closed()
+    assert [a.path for a in conn.handler.admitted] == ["/completion", "/after"]
+
+
+def test_an_upgrade_offer_with_a_chunked_body_split_anywhere_is_read_whole() -> None:
+    raw = (
+        b"POST /completion HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\n"
+        b'Transfer-Encoding: chunked\r\n\r\n3\r\n{"a\r\n3\r\n":1\r\n1\r\n}\r\n0\r\n\r\n'
+    ) + get("/after")
+    for cut in range(1, len(raw)):
+        conn = Conn()
+        conn.send(raw[:cut])
+        conn.send(raw[cut:])
+        assert [a.body for a in conn.handler.admitted] == [b'{"a":1}'], cut
+        answer(conn.handler.requests[0])
+        assert [a.path for a in conn.handler.admitted] == ["/completion", "/after"], cut
 
 
 class Echo(RequestHandler):

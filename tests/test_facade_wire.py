@@ -365,6 +365,35 @@ async def test_connect_is_501_not_a_tunnel() -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_curl_http2_over_plain_http_is_served_as_http_1_1_body_and_all() -> None:
+    """Finding 4: ``curl --http2 http://`` offers h2c; the offer was taken as the end of
+    HTTP/1.1, the body lost (400 bad-json) and the next request on the connection ignored."""
+    handler = Served()
+    async with listening(site(handler)) as port:
+        url = f"http://127.0.0.1:{port}"
+        out, err, code = await getProcessOutputAndValue(
+            "curl",
+            [
+                "-sS",
+                "--max-time",
+                str(PATIENCE),
+                *("--http2", "-d", '{"prompt":"hi"}', "-w", "\n%{http_code} %{num_connects}\n"),
+                f"{url}/completion",
+                "--next",
+                *("--http2", "-w", "\n%{http_code} %{num_connects}\n", f"{url}/health"),
+            ],
+        )
+    assert code == 0, err
+    assert out.decode().splitlines() == [
+        'POST /completion {"prompt":"hi"}',
+        "200 1",
+        "GET /health ",
+        # The same connection served the second request.
+        "200 0",
+    ]
+
+
+@pytest_twisted.ensureDeferred
 async def test_trailer_fields_of_a_chunked_request_are_dropped() -> None:
     handler = Served()
     body = b'7\r\n{"a":1}\r\n0\r\nX-Checksum: abc\r\nHost: evil.example\r\n\r\n'
