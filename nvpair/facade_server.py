@@ -25,6 +25,7 @@ Each connection is in one :class:`Phase`; the module never reads a transport's p
 from __future__ import annotations
 
 import enum
+import re
 import time
 from email.utils import formatdate
 from typing import Protocol as TypingProtocol
@@ -75,6 +76,10 @@ _BODILESS_STATUS = frozenset({204, 304})
 #: ``FacadeRequest.declared`` for a chunked body.
 CHUNKED = -1
 
+#: RFC 9112 §3.2's Host: uri-host [ ":" port ], an IP literal in brackets or a reg-name (which
+#: covers IPv4 addresses); empty when the target has no authority.
+_HOST = re.compile(rb"(?:\[[0-9A-Za-z:.%~_-]+\]|[0-9A-Za-z!$&'()*+,;=%._~-]*)(?::[0-9]*)?")
+
 
 @frozen
 class Refusal:
@@ -92,6 +97,8 @@ FRAMING_TOO_LARGE = Refusal(
 BAD_VERSION = Refusal("bad-request", "only HTTP/1.0 and HTTP/1.1 are served")
 NO_HOST = Refusal("bad-request", "an HTTP/1.1 request must carry a Host header")
 SEVERAL_HOSTS = Refusal("bad-request", "a request must carry one Host header, not several")
+BAD_HOST = Refusal("bad-request", "the Host header is not a host with an optional port")
+FRAMING_IN_1_0 = Refusal("bad-request", "an HTTP/1.0 request cannot carry Transfer-Encoding")
 BAD_TARGET = Refusal(
     "bad-request", "a target must be in origin form (/path) or absolute form (http://host/path)"
 )
@@ -124,10 +131,10 @@ def origin_form(target: bytes) -> bytes | None:
     Origin form (``/api/chat``) is returned as it is. Absolute form
     (``http://127.0.0.1:11435/api/chat?x=1``, RFC 9112 §3.2.2) is reduced to its path and
     query: the upstream URL is always a node's base URL plus these, never client bytes
-    appended to a host. Asterisk and authority forms, and anything else, are None.
+    appended to a host. Asterisk and authority forms, a fragment, and anything else, are None.
     """
     if target.startswith(b"/"):
-        return target
+        return None if b"#" in target else target
     if not target[:8].lower().startswith((b"http://", b"https://")):
         return None
     try:
@@ -600,7 +607,10 @@ class FacadeChannel(Protocol):
                     return
                 request = self._parsing
                 if request is not None:
-                    parser.feed_data(_reframing_head(request))
+                    # A fresh parser: the one that stopped would refuse anything after an offer
+                    # that also said Connection: close.
+                    parser = self._parser = HttpRequestParser(self)
+                    data = _reframing_head(request) + data
             except HttpParserCallbackError as error:
                 if not isinstance(error.__context__, _Stop):
                     self.log.failure(
@@ -609,8 +619,18 @@ class FacadeChannel(Protocol):
                     self._unparsable(INTERNAL)
                 return
             except HttpParserError as error:
+                self._note_method(error)
                 self._unparsable(parse_refusal(error))
                 return
+
+    def _note_method(self, error: HttpParserError) -> None:
+        """Keep the method of a request line llhttp stopped in: a refusal to a HEAD has no body,
+        and a client would read one as the start of an answer."""
+        request = self._parsing
+        invalid_method = isinstance(error, HttpParserInvalidMethodError)
+        if request is not None and not request.method and not invalid_method:
+            # llhttp stores the method before it reads on.
+            request.method = self._parser.get_method()
 
     # -- IPushProducer, for the transport's write buffer -----------------------------------
 
@@ -745,6 +765,9 @@ class FacadeChannel(Protocol):
         headers = request.requestHeaders
         codings = headers.getRawHeaders(b"transfer-encoding")
         if codings is not None:
+            if version == "1.0":
+                # RFC 9112 §6.1: its framing is to be taken as faulty; nginx refuses it too.
+                return FRAMING_IN_1_0
             # llhttp decodes chunked, and would let another coding before it through as body.
             if len(codings) != 1 or codings[0].strip().lower() != b"chunked":
                 return NOT_CHUNKED
@@ -760,6 +783,8 @@ class FacadeChannel(Protocol):
                 return NO_HOST
         elif len(hosts) > 1:
             return SEVERAL_HOSTS
+        elif _HOST.fullmatch(hosts[0]) is None:
+            return BAD_HOST
         if request.method == b"CONNECT":
             return NO_TUNNEL
         if origin_form(request.uri) is None:

@@ -313,3 +313,12 @@ def test_a_bug_while_reading_a_head_is_500_internal_for_that_connection_only() -
     protocol.dataReceived(head("GET", "/models"))
     assert transport.value().startswith(b"HTTP/1.1 500 ")
     assert b"X-Nvpair-Error: internal" in transport.value() and transport.disconnecting
+
+
+def test_a_head_request_llhttp_stops_in_gets_its_refusal_without_a_body() -> None:
+    """llhttp knows the method before the target it stopped at: a HEAD's answer has no body."""
+    conn = Connection(LLAMACPP)
+    conn.send(b"HEAD ! HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, body = conn.answer()
+    assert status.startswith("HTTP/1.1 400") and int(headers["content-length"]) > 0
+    assert body == b"" and conn.closed()
