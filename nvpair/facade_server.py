@@ -19,7 +19,7 @@ This connection does only what a facade needs, and does it at the request head:
 - The response's producer (the upstream connection) is paused while the client's socket is
   full, so a slow reader slows the engine rather than growing this process.
 
-Each connection is in one :class:`Phase`; the module never reads a transport's private state.
+Each connection is in one :class:`Phase`, which decides what becomes of the bytes it reads.
 """
 
 from __future__ import annotations
