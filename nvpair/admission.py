@@ -1,8 +1,9 @@
 """Pure admission decisions: what a facade can tell from a request alone, without I/O.
 
-The loopback gate, the request target's form, Ollama's DNS-rebinding guard on ``Host``, and the
-model an inference body names. The facade (:mod:`nvpair.http_facade`) applies them; keeping them
-here means each is tested as a plain function (docs/admission.md).
+The loopback gate, Ollama's DNS-rebinding guard on ``Host``, and the model an inference body
+names (the request target's form is HTTP's, in :mod:`nvpair.facade_server`). The facade
+(:mod:`nvpair.http_facade`) applies them; keeping them here means each is tested as a plain
+function (docs/admission.md).
 """
 
 from __future__ import annotations
@@ -45,30 +46,6 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
     return ip
-
-
-def origin_form(target: bytes) -> bytes | None:
-    """The request target as ``/path?query``, or None when it is neither form a proxy accepts.
-
-    Origin form (``/api/chat``) is returned as it is. Absolute form
-    (``http://127.0.0.1:11435/api/chat?x=1``, RFC 9112 §3.2.2) is reduced to its path and
-    query: the upstream URL is always a node's base URL plus these, never client bytes
-    appended to a host. Asterisk and authority forms, and anything else, are None.
-    """
-    if target.startswith(b"/"):
-        return target
-    if not target[:8].lower().startswith((b"http://", b"https://")):
-        return None
-    try:
-        parts = urlsplit(target.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not parts.netloc or parts.fragment:
-        return None
-    path = parts.path or "/"
-    if not path.startswith("/"):
-        return None
-    return (path + ("?" + parts.query if parts.query else "")).encode("ascii")
 
 
 def target_host(target: bytes, host_header: bytes | None) -> str:

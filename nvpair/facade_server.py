@@ -6,26 +6,38 @@ message and answers through layers a reverse proxy does not use; at the request 
 fleet sees, that machinery cost more than everything nvpair does per request (docs/performance.md).
 This connection does only what a facade needs, and does it at the request head:
 
-- Refusals the head decides (``forbidden``, ``forbidden-host``, ``bad-request``, a declared
-  ``body-too-large``) are answered as soon as the head is parsed; the body is never read and
-  the connection is closed (docs/robustness.md#refusals-at-the-request-head). So is a head the
-  parser rejects, one over 16 KiB, or a chunked body that crosses the cap.
+- HTTP's own rules are checked here (version, ``Host``, transfer coding, target form, method,
+  the body cap); what a facade decides about the client (the loopback gate, Ollama's ``Host``
+  guard) is asked of its :class:`Gate`, the one thing this module knows of a facade. A refusal
+  is answered as soon as the head is parsed, then the refused body is read and dropped before
+  the close (docs/robustness.md#refusals-at-the-request-head).
 - A request head must be complete within ``head_timeout`` of its first byte, and a connection
   with no request in flight is closed after ``idle_timeout`` without a byte.
-- Requests are answered one at a time, in order. A pipelined request waits, parsed, while the
-  one before it is answered, and reading stops until then: a client cannot queue work faster
-  than it is answered.
+- Requests are answered one at a time, in order. Requests pipelined behind an answer in
+  progress are parsed and wait; reading goes on (so a client that leaves is noticed at once)
+  until :data:`HELD_BYTES` have arrived, and pauses past that.
 - The response's producer (the upstream connection) is paused while the client's socket is
   full, so a slow reader slows the engine rather than growing this process.
+
+Each connection is in one :class:`Phase`, which decides what becomes of the bytes it reads.
 """
 
 from __future__ import annotations
 
+import enum
+import re
 import time
 from email.utils import formatdate
-from typing import TYPE_CHECKING
+from typing import Protocol as TypingProtocol
+from urllib.parse import urlsplit
 
-from httptools.parser.errors import HttpParserError, HttpParserUpgrade
+from attrs import frozen
+from httptools.parser.errors import (
+    HttpParserCallbackError,
+    HttpParserError,
+    HttpParserInvalidMethodError,
+    HttpParserUpgrade,
+)
 from httptools.parser.parser import HttpRequestParser
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
@@ -37,27 +49,164 @@ from twisted.internet.interfaces import (
     ITransport,
 )
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from nvpair.admission import origin_form
-from nvpair.proxy_answers import head_refusal
 from nvpair.wire import send
 
-if TYPE_CHECKING:
-    from nvpair.http_facade import Facade
-
-#: Request line plus headers, as twisted.web bounds them: past this a head is 400.
+#: Request line plus headers, as twisted.web bounds them: past this a head is 400. Trailer
+#: fields, and chunk framing that carries no body byte, get the same bound.
 MAX_HEAD_BYTES = 16 * 1024
+
+#: Bytes read while an answer is in progress (pipelined requests, or bytes dropped) before
+#: reading pauses until the answer is out.
+HELD_BYTES = 64 * 1024
+
+#: After a refusal, the refused body is read and dropped for at most this many bytes and
+#: seconds before the close (docs/robustness.md#refusals-at-the-request-head).
+LINGER_BYTES = 4 * 1024 * 1024
+LINGER_SECONDS = 5.0
 
 #: Statuses whose answers have no body, whatever the headers say (RFC 9110 §6.4.1).
 _BODILESS_STATUS = frozenset({204, 304})
 
+#: ``FacadeRequest.declared`` for a chunked body.
+CHUNKED = -1
 
-class _Refused(Exception):
-    """Raised inside a parser callback to stop parsing: the connection is answered and closing."""
+#: RFC 9112 §3.2's Host: uri-host [ ":" port ], an IP literal in brackets or a reg-name (which
+#: covers IPv4 addresses); empty when the target has no authority.
+_HOST = re.compile(rb"(?:\[[0-9A-Za-z:.%~_-]+\]|[0-9A-Za-z!$&'()*+,;=%._~-]*)(?::[0-9]*)?")
+
+
+@frozen
+class Refusal:
+    """Why a request is not served: the proxy's reason and, when the reason's own message
+    would not say it, what was wrong (fixed text, never request content)."""
+
+    reason: str
+    message: str | None = None
+
+
+HEAD_TOO_LARGE = Refusal("bad-request", "the request line and headers are over 16 KiB")
+FRAMING_TOO_LARGE = Refusal(
+    "bad-request", "the chunked body's framing or trailer fields are over 16 KiB"
+)
+BAD_VERSION = Refusal("bad-request", "only HTTP/1.0 and HTTP/1.1 are served")
+NO_HOST = Refusal("bad-request", "an HTTP/1.1 request must carry a Host header")
+SEVERAL_HOSTS = Refusal("bad-request", "a request must carry one Host header, not several")
+BAD_HOST = Refusal("bad-request", "the Host header is not a host with an optional port")
+FRAMING_IN_1_0 = Refusal("bad-request", "an HTTP/1.0 request cannot carry Transfer-Encoding")
+BAD_TARGET = Refusal(
+    "bad-request", "a target must be in origin form (/path) or absolute form (http://host/path)"
+)
+NOT_CHUNKED = Refusal("not-implemented", "the only request transfer coding implemented is chunked")
+UNKNOWN_METHOD = Refusal("not-implemented", "the request method is not one this proxy can carry")
+NO_TUNNEL = Refusal("not-implemented", "CONNECT is not served: this is no forward proxy")
+TOO_LARGE = Refusal("body-too-large")
+INTERNAL = Refusal("internal")
+
+#: llhttp's reasons for a transfer coding it will not frame (RFC 9112 §6.3: chunked not last).
+_CODING_ERRORS = frozenset(
+    {"Invalid `Transfer-Encoding` header value", "Request has invalid `Transfer-Encoding`"}
+)
+
+
+def parse_refusal(error: HttpParserError) -> Refusal:
+    """The refusal for bytes llhttp rejected, naming what it found wrong (its reasons are
+    fixed text)."""
+    if isinstance(error, HttpParserInvalidMethodError):
+        return UNKNOWN_METHOD
+    reason = str(error)
+    if reason in _CODING_ERRORS:
+        return NOT_CHUNKED
+    return Refusal("bad-request", f"malformed request: {reason}")
+
+
+def origin_form(target: bytes) -> bytes | None:
+    """The request target as ``/path?query``, or None when it is neither form a proxy accepts.
+
+    Origin form (``/api/chat``) is returned as it is. Absolute form
+    (``http://127.0.0.1:11435/api/chat?x=1``, RFC 9112 §3.2.2) is reduced to its path and
+    query: the upstream URL is always a node's base URL plus these, never client bytes
+    appended to a host. Asterisk and authority forms, a fragment, and anything else, are None.
+    """
+    if target.startswith(b"/"):
+        return None if b"#" in target else target
+    if not target[:8].lower().startswith((b"http://", b"https://")):
+        return None
+    try:
+        parts = urlsplit(target.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not parts.netloc or parts.fragment:
+        return None
+    path = parts.path or "/"
+    if not path.startswith("/"):
+        return None
+    return (path + ("?" + parts.query if parts.query else "")).encode("ascii")
+
+
+class Gate(TypingProtocol):
+    """What the wire asks of the facade it serves: everything engine-specific is behind this."""
+
+    def refusal_at_head(
+        self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
+    ) -> Refusal | None:
+        """The facade's reason to refuse a request from its head alone, or None to read on.
+
+        Asked once HTTP's own rules hold: the target is in origin or absolute form, and there
+        is at most one ``Host``.
+
+        :param target: the request target as sent.
+        """
+
+    def refusal_answer(self, refusal: Refusal, target: bytes, *, head_only: bool) -> bytes:
+        """A whole answer to ``refusal``, in the facade's dialect, saying the connection closes.
+
+        :param target: the request target as sent (``b"/"`` when no request line was read).
+        :param head_only: the request was ``HEAD``: no body after the head.
+        """
+
+    def serve(self, request: FacadeRequest) -> None:
+        """Answer a whole request (head and body) that passed every check at its head."""
+
+
+class Phase(enum.Enum):
+    """What a connection is doing; each decides what becomes of the bytes it reads."""
+
+    #: No request begun: waiting for a head, under the idle bound.
+    IDLE = "idle"
+    #: The request at the front is arriving (head or body); nothing is in flight.
+    READING = "reading"
+    #: The front request is being answered; what follows is parsed and waits its turn.
+    ANSWERING = "answering"
+    #: Answering what was parsed; nothing new is parsed, and the connection closes after it
+    #: (a refusal may be owed once the answers before it are out).
+    FINISHING = "finishing"
+    #: A refusal was written; the refused body is read and dropped before the close.
+    LINGERING = "lingering"
+    #: The close was asked for; nothing more is read.
+    CLOSING = "closing"
+    #: The connection is gone.
+    CLOSED = "closed"
+
+
+# Module names for the phases: an Enum member looked up on its class costs a Python call, and
+# the phase is checked on every read.
+_IDLE = Phase.IDLE
+_READING = Phase.READING
+_ANSWERING = Phase.ANSWERING
+_FINISHING = Phase.FINISHING
+_LINGERING = Phase.LINGERING
+_CLOSING = Phase.CLOSING
+_CLOSED = Phase.CLOSED
+
+
+class _Stop(Exception):
+    """Raised inside a parser callback to stop parsing: what follows is not read as HTTP."""
 
 
 class _HttpDate:
@@ -77,6 +226,8 @@ class _HttpDate:
 
 _DATE = _HttpDate()
 
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
 
 class FacadeRequest:
     """One request on a facade connection: its head, its body (in memory, capped) and its answer.
@@ -84,33 +235,35 @@ class FacadeRequest:
     This is the :class:`nvpair.web.ProxiedRequest` the request path answers through. Writing
     frames the answer the way the client's HTTP version and the request allow: the engine's
     ``Content-Length`` when it gave one, chunked otherwise (HTTP/1.1), or delimited by the close
-    (HTTP/1.0); nothing after the head for ``HEAD``, 1xx, 204 and 304.
+    (HTTP/1.0); nothing after the head for ``HEAD``, 1xx, 204 and 304, and no
+    ``Content-Length`` on 1xx, 204 and 304.
     """
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
-        "_body_parts",
+        "_body",
         "_chunked",
         "_finish_waiters",
         "_no_body",
         "_producer",
-        "_received",
         "channel",
         "clientproto",
         "code",
         "code_message",
         "complete",
+        "declared",
         "dispatched",
         "expects_continue",
         "finished",
         "head_bytes",
-        "head_fed",
         "keep_alive",
         "method",
         "path",
+        "received",
         "refused",
         "requestHeaders",
         "responseHeaders",
+        "stalled",
         "startedWriting",
         "uri",
     )
@@ -127,8 +280,10 @@ class FacadeRequest:
         self.code = 200
         self.code_message = b"OK"
         self.keep_alive = True
-        #: Answered at the head (or mid-body) with this reason; never handed to the facade.
-        self.refused: str | None = None
+        #: The declared ``Content-Length``, or :data:`CHUNKED`.
+        self.declared = 0
+        #: Answered with this instead of being served; its body is read and dropped.
+        self.refused: Refusal | None = None
         self.expects_continue = False
         self.complete = False
         self.dispatched = False
@@ -136,11 +291,15 @@ class FacadeRequest:
         self.startedWriting = False
         self._chunked = False
         self._no_body = False
-        self._body_parts: list[bytes] = []
-        self._received = 0
-        #: Head bytes seen by the callbacks, and raw bytes fed while the head was incomplete.
+        #: The first piece of body as it came; a bytearray once a second piece joins it, so a
+        #: body of many small chunks costs its bytes, not an object per chunk.
+        self._body: bytes | bytearray = b""
+        #: Body bytes received (of a refused body: dropped since the refusal).
+        self.received = 0
+        #: Head (then trailer) bytes seen by the callbacks, and bytes fed since the last body
+        #: byte: llhttp keeps partial names and values itself, so both are bounded.
         self.head_bytes = 0
-        self.head_fed = 0
+        self.stalled = 0
         self._producer: IPushProducer | None = None
         self._finish_waiters: list[Deferred[None]] = []
 
@@ -148,12 +307,10 @@ class FacadeRequest:
 
     def body(self) -> bytes:
         """The whole request body, as received (within the cap)."""
-        parts = self._body_parts
-        if len(parts) == 1:
-            return parts[0]
-        joined = b"".join(parts)
-        self._body_parts = [joined]
-        return joined
+        body = self._body
+        if isinstance(body, bytearray):
+            body = self._body = bytes(body)
+        return body
 
     @property
     def connected(self) -> bool:
@@ -249,12 +406,25 @@ class FacadeRequest:
 
     def take_body(self, data: bytes, cap: int) -> bool:
         """Keep a piece of body; False once the body is past ``cap`` (nothing more is kept)."""
-        self._received += len(data)
-        if self._received > cap:
-            self._body_parts = []
+        received = self.received + len(data)
+        self.received = received
+        if received > cap:
+            self._body = b""
             return False
-        self._body_parts.append(data)
+        body = self._body
+        if not body:
+            self._body = data
+        elif isinstance(body, bytes):
+            self._body = bytearray(body) + data
+        else:
+            body += data
         return True
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` instead: what was kept of the body goes, what follows is counted."""
+        self.refused = refusal
+        self._body = b""
+        self.received = 0
 
     def lost(self, reason: Failure) -> None:
         self.channel = None
@@ -269,10 +439,14 @@ class FacadeRequest:
         self.startedWriting = True
         code = self.code
         headers = self.responseHeaders
-        self._no_body = code < 200 or code in _BODILESS_STATUS or self.method == b"HEAD"
+        bodiless = code < 200 or code in _BODILESS_STATUS
+        if bodiless and headers.hasHeader(b"content-length"):
+            # RFC 9110 §8.6: none on 1xx and 204; on 304 it could only repeat the engine's
+            # length of another answer, which a HEAD's 204 showed can be wrong.
+            headers.removeHeader(b"content-length")
+        self._no_body = bodiless or self.method == b"HEAD"
         lines = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
-        has_length = headers.hasHeader(b"content-length")
-        if not self._no_body and not has_length:
+        if not self._no_body and not headers.hasHeader(b"content-length"):
             if self.clientproto == b"HTTP/1.1":
                 self._chunked = True
                 lines.append(b"Transfer-Encoding: chunked\r\n")
@@ -294,6 +468,13 @@ class FacadeRequest:
         return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+def _reframing_head(request: FacadeRequest) -> bytes:
+    """A head that frames the body of ``request``, for llhttp to read after an upgrade offer."""
+    if request.declared == CHUNKED:
+        return b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return b"POST / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % request.declared
+
+
 @implementer(IPushProducer)
 class FacadeChannel(Protocol):
     """One client connection to a facade (see the module docstring)."""
@@ -302,14 +483,15 @@ class FacadeChannel(Protocol):
     __slots__ = (
         "_abort_timer",
         "_address",
-        "_closing",
-        "_halted",
         "_head_timer",
+        "_held",
         "_idle_timer",
         "_last_data",
+        "_linger_timer",
         "_parser",
         "_parsing",
         "_pending_refusal",
+        "_phase",
         "_reading_paused",
         "_requests",
         "connected",
@@ -321,6 +503,8 @@ class FacadeChannel(Protocol):
     #: Seconds a client being closed on may take to read what it was sent (as twisted.web).
     abortTimeout = 15.0
 
+    log = Logger()
+
     def __init__(self, site: FacadeSite, address: IAddress | None) -> None:
         # Slots, where the Protocol base has class defaults.
         self.transport: ITransport | None = None
@@ -328,22 +512,39 @@ class FacadeChannel(Protocol):
         self.site = site
         self._address = address
         self._parser = HttpRequestParser(self)
-        #: Requests in order: [0] is being answered (or parsed); the rest wait, parsed. A list:
+        self._phase = _IDLE
+        #: Requests in order: [0] is being answered (or read); the rest wait, parsed. A list:
         #: rarely more than one, where an empty deque is a 600-byte block.
         self._requests: list[FacadeRequest] = []
+        #: The request llhttp is in the middle of (None: between requests, or none will be).
         self._parsing: FacadeRequest | None = None
-        #: A refusal was written, or the connection is closing: nothing more is read.
-        self._closing = False
-        #: Stop parsing: a request behind the one being answered was refused.
-        self._halted = False
-        #: A refusal owed once the answer in progress is out, for bytes that began no request.
-        self._pending_refusal: str | None = None
+        #: A refusal owed once the answers in progress are out, for bytes that began no request.
+        self._pending_refusal: Refusal | None = None
+        #: Bytes read since an answer began while others wait (see HELD_BYTES).
+        self._held = 0
+        #: Reading was paused on the transport: a mirror of its producer state, not a phase.
         self._reading_paused = False
         self.write_paused = False
         self._head_timer: IDelayedCall | None = None
         self._idle_timer: IDelayedCall | None = None
+        self._linger_timer: IDelayedCall | None = None
         self._abort_timer: IDelayedCall | None = None
         self._last_data = 0.0
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def _ended(self) -> bool:
+        """Nothing more is read: closing or closed."""
+        phase = self._phase
+        return phase is _CLOSING or phase is _CLOSED
+
+    @property
+    def _in_flight(self) -> bool:
+        phase = self._phase
+        return phase is _ANSWERING or phase is _FINISHING
 
     # -- the connection ------------------------------------------------------------------------
 
@@ -358,43 +559,78 @@ class FacadeChannel(Protocol):
         self._arm_idle()
 
     def dataReceived(self, data: bytes) -> None:
-        if self._closing or self._halted:
-            # Answered and closing: nothing more is read (a real socket has stopped reading).
+        phase = self._phase
+        if phase is _IDLE:
+            self._phase = _READING
+            self._arm_head_timer()
+        elif phase is _ANSWERING or phase is _FINISHING:
+            self._hold(len(data))
+        elif phase is _CLOSING or phase is _CLOSED:
             return
         self._last_data = self.site.clock.seconds()
-        if not self._requests and self._head_timer is None:
-            self._arm_head_timer()
         parsing = self._parsing
-        in_head = parsing is not None and parsing.method == b""
-        try:
-            self._parser.feed_data(data)
-        except _Refused:
+        if parsing is None and (phase is _FINISHING or phase is _LINGERING):
+            # Nothing more is parsed: the bytes are read (so a close is seen) and dropped.
             return
-        except HttpParserUpgrade:
-            # An Upgrade (or CONNECT) is served as an ordinary request (no facade speaks
-            # anything but HTTP/1.1) and the connection ends after it: what follows the head
-            # is not HTTP/1.1 any more.
-            self._halted = True
-            if self._requests:
-                self._requests[-1].keep_alive = False
-            self._pause_reading()
-            return
-        except HttpParserError:
-            self._refuse_parsing("bad-request")
-            return
-        if in_head and parsing is self._parsing and parsing is not None and parsing.method == b"":
-            # Still in the same head: llhttp keeps partial names and values itself, so the
-            # bound is checked on the bytes fed as well as on what the callbacks saw.
-            parsing.head_fed += len(data)
-            if parsing.head_fed > MAX_HEAD_BYTES:
-                self._refuse_parsing("bad-request")
+        received = parsing.received if parsing is not None else 0
+        self._feed(data)
+        if parsing is not None and parsing is self._parsing and not self._ended:
+            if parsing.received != received:
+                parsing.stalled = 0
+                return
+            # llhttp keeps a partial name or value itself, across reads: bound what it holds.
+            parsing.stalled += len(data)
+            if parsing.stalled > MAX_HEAD_BYTES:
+                self._unparsable(FRAMING_TOO_LARGE if parsing.method else HEAD_TOO_LARGE)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._closing = True
+        self._phase = _CLOSED
+        self._parsing = None
         self._cancel_timers()
         requests, self._requests = self._requests, []
         for request in requests:
             request.lost(reason)
+
+    def _feed(self, data: bytes) -> None:
+        parser = self._parser
+        while True:
+            try:
+                parser.feed_data(data)
+                return
+            except HttpParserUpgrade as upgrade:
+                # An upgrade offer (h2c, websocket) is ignored, as nginx ignores it: llhttp
+                # stopped where the other protocol would begin, taking the request as bodiless.
+                # Its body, if it has one, is framed by a head made for it; then reading goes on
+                # as HTTP/1.1.
+                data = data[upgrade.args[0] :]
+                if self._ended:
+                    return
+                request = self._parsing
+                if request is not None:
+                    # A fresh parser: the one that stopped would refuse anything after an offer
+                    # that also said Connection: close.
+                    parser = self._parser = HttpRequestParser(self)
+                    data = _reframing_head(request) + data
+            except HttpParserCallbackError as error:
+                if not isinstance(error.__context__, _Stop):
+                    self.log.failure(
+                        "reading a request failed", Failure(error.__context__ or error)
+                    )
+                    self._unparsable(INTERNAL)
+                return
+            except HttpParserError as error:
+                self._note_method(error)
+                self._unparsable(parse_refusal(error))
+                return
+
+    def _note_method(self, error: HttpParserError) -> None:
+        """Keep the method of a request line llhttp stopped in: a refusal to a HEAD has no body,
+        and a client would read one as the start of an answer."""
+        request = self._parsing
+        invalid_method = isinstance(error, HttpParserInvalidMethodError)
+        if request is not None and not request.method and not invalid_method:
+            # llhttp stores the method before it reads on.
+            request.method = self._parser.get_method()
 
     # -- IPushProducer, for the transport's write buffer -----------------------------------
 
@@ -418,182 +654,269 @@ class FacadeChannel(Protocol):
     # -- httptools callbacks -----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self._parsing is not None:
+            # The head framing an upgrade offer's body (_feed): the request is the same.
+            return
         request = FacadeRequest(self)
         self._parsing = request
         self._requests.append(request)
-        if len(self._requests) > 1:
-            # Pipelined behind an answer in progress: parsed, then nothing more is read
-            # until its turn.
-            self._pause_reading()
 
     def on_url(self, url: bytes) -> None:
         request = self._parsing
         assert request is not None
+        if request.method:
+            return
         request.uri += url
         if len(request.uri) > MAX_HEAD_BYTES:
-            self._refuse_parsing("bad-request")
-            raise _Refused()
+            self._unparsable(HEAD_TOO_LARGE)
+            raise _Stop()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self._parsing
         assert request is not None
         request.head_bytes += len(name) + len(value) + 4
+        if request.method:
+            # A trailer field (or a field of the head framing an upgrade offer's body): dropped,
+            # never merged into the headers sent on.
+            if request.head_bytes > MAX_HEAD_BYTES:
+                self._unparsable(FRAMING_TOO_LARGE)
+                raise _Stop()
+            return
         if request.head_bytes + len(request.uri) > MAX_HEAD_BYTES:
-            self._refuse_parsing("bad-request")
-            raise _Refused()
+            self._unparsable(HEAD_TOO_LARGE)
+            raise _Stop()
         request.requestHeaders.addRawHeader(name, value)
 
     def on_headers_complete(self) -> None:
         request = self._parsing
         assert request is not None
-        parser = self._parser
-        request.method = parser.get_method()
-        version = parser.get_http_version()
-        if version not in ("1.1", "1.0"):
-            # llhttp reads any single-digit version; a facade speaks HTTP/1.x only.
-            self._refuse_parsing("bad-request")
-            raise _Refused()
-        request.clientproto = b"HTTP/" + version.encode("ascii")
-        # HTTP/1.0 connections are not kept alive, as twisted.web did before: one answer each.
-        request.keep_alive = parser.should_keep_alive() and request.clientproto == b"HTTP/1.1"
-        headers = request.requestHeaders
-        length = None
-        declared = headers.getRawHeaders(b"content-length")
-        if declared and not headers.hasHeader(b"transfer-encoding"):
-            # llhttp has already refused a malformed or conflicting length.
-            length = int(declared[0])
-        assert self.transport is not None
-        reason = self.site.facade.refusal_at_head(
-            self.transport.getPeer(), request.uri, headers, length
-        )
-        if reason is not None:
-            request.refused = reason
-            if request is self._requests[0]:
-                self._disarm_head_timer()
-                self._answer_and_close(reason, request)
-            else:
-                self._halted = True
-            raise _Refused()
-        if request is self._requests[0]:
+        if request.method:
+            return
+        request.method = self._parser.get_method()
+        request.head_bytes = 0
+        front = request is self._requests[0]
+        if front:
             self._disarm_head_timer()
+        refusal = self._head_refusal(request)
+        if refusal is not None:
+            self._refuse(request, refusal)
+            return
         target = origin_form(request.uri)
         assert target is not None
         request.uri = target
         request.path = target.split(b"?", 1)[0]
-        expect = headers.getRawHeaders(b"expect")
+        expect = request.requestHeaders.getRawHeaders(b"expect")
         if expect and request.clientproto == b"HTTP/1.1" and b"100-continue" in expect[0].lower():
             request.expects_continue = True
-            if request is self._requests[0]:
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if front and self.transport is not None:
+                self.transport.write(_CONTINUE)
 
     def on_body(self, data: bytes) -> None:
         request = self._parsing
         assert request is not None
+        if request.refused is not None:
+            request.received += len(data)
+            if self._phase is _LINGERING and request.received > LINGER_BYTES:
+                self.close()
+                raise _Stop()
+            return
         if not request.take_body(data, self.site.max_request_body):
-            request.refused = "body-too-large"
-            if request is self._requests[0]:
-                self._answer_and_close("body-too-large", request)
-            else:
-                self._halted = True
-            raise _Refused()
+            self._refuse(request, TOO_LARGE)
 
     def on_message_complete(self) -> None:
         request = self._parsing
         assert request is not None
+        if request.declared and self._parser.should_upgrade():
+            # An upgrade offer with a body: llhttp took it as bodiless (see _feed).
+            return
         self._parsing = None
         request.complete = True
+        if request.refused is not None:
+            if self._phase is _LINGERING:
+                # The refused body is all read: the close leaves nothing unread behind.
+                self.close()
+            # Nothing after a refused request is parsed; a queued one is answered in its turn.
+            raise _Stop()
+        last = not request.keep_alive
         if request is self._requests[0]:
+            self._phase = _FINISHING if last else _ANSWERING
             self._dispatch(request)
+            if self._ended:
+                raise _Stop()
+        elif last:
+            self._phase = _FINISHING
+        if last:
+            # RFC 9112 §9.6: nothing after a request that closes the connection is processed.
+            raise _Stop()
+
+    # -- the head ----------------------------------------------------------------------------
+
+    def _head_refusal(self, request: FacadeRequest) -> Refusal | None:
+        """HTTP's own reasons to refuse a head, then the gate's, then the body cap."""
+        parser = self._parser
+        version = parser.get_http_version()
+        if version == "1.0":
+            request.clientproto = b"HTTP/1.0"
+        elif version != "1.1":
+            # llhttp reads any single-digit version; a facade speaks HTTP/1.x only.
+            return BAD_VERSION
+        # HTTP/1.0 connections are not kept alive, as twisted.web did before: one answer each.
+        request.keep_alive = version == "1.1" and parser.should_keep_alive()
+        headers = request.requestHeaders
+        codings = headers.getRawHeaders(b"transfer-encoding")
+        if codings is not None:
+            if version == "1.0":
+                # RFC 9112 §6.1: its framing is to be taken as faulty; nginx refuses it too.
+                return FRAMING_IN_1_0
+            # llhttp decodes chunked, and would let another coding before it through as body.
+            if len(codings) != 1 or codings[0].strip().lower() != b"chunked":
+                return NOT_CHUNKED
+            request.declared = CHUNKED
+        else:
+            lengths = headers.getRawHeaders(b"content-length")
+            if lengths:
+                # llhttp has already refused a malformed or conflicting length.
+                request.declared = int(lengths[0])
+        hosts = headers.getRawHeaders(b"host")
+        if hosts is None:
+            if version == "1.1":
+                return NO_HOST
+        elif len(hosts) > 1:
+            return SEVERAL_HOSTS
+        elif _HOST.fullmatch(hosts[0]) is None:
+            return BAD_HOST
+        if request.method == b"CONNECT":
+            return NO_TUNNEL
+        if origin_form(request.uri) is None:
+            return BAD_TARGET
+        refusal = self.site.gate.refusal_at_head(
+            self._address, request.uri, headers, request.method
+        )
+        if refusal is not None:
+            return refusal
+        if request.declared > self.site.max_request_body:
+            return TOO_LARGE
+        return None
 
     # -- answering ---------------------------------------------------------------------------
 
     def _dispatch(self, request: FacadeRequest) -> None:
         request.dispatched = True
-        self.site.facade.serve(request)
+        self.site.gate.serve(request)
 
     def answered(self, request: FacadeRequest) -> None:
         """``request``'s answer is complete: close, or move on to the next one."""
-        if not self._requests or self._requests[0] is not request:
+        requests = self._requests
+        if not requests or requests[0] is not request:
             return
-        self._requests.pop(0)
+        requests.pop(0)
         if not request.keep_alive:
             self.close()
             return
         # The idle bound counts from the last byte or the last answer, whichever is later.
         self._last_data = self.site.clock.seconds()
         self._arm_idle()
-        if not self._requests:
+        if len(requests) <= 1:
+            self._held = 0
+            self._resume_reading()
+        if not requests:
             if self._pending_refusal is not None:
-                self._answer_and_close(self._pending_refusal, None)
-                return
-            self._resume_reading()
+                self._answer_refusal(self._pending_refusal, None)
+            else:
+                self._phase = _IDLE
             return
-        following = self._requests[0]
+        following = requests[0]
         if following.refused is not None:
-            self._answer_and_close(following.refused, following)
-            return
-        if len(self._requests) == 1:
-            self._resume_reading()
-        if following.complete:
+            self._answer_refusal(following.refused, following)
+        elif following.complete:
             self._dispatch(following)
-            return
-        if following.method == b"":
-            # Its head is still coming: its time starts now (the previous answer is out).
-            self._arm_head_timer()
-        elif following.expects_continue and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        else:
+            self._phase = _READING
+            if not following.method:
+                # Its head is still coming: its time starts now (the previous answer is out).
+                self._arm_head_timer()
+            elif following.expects_continue and self.transport is not None:
+                self.transport.write(_CONTINUE)
 
     def close(self) -> None:
         """Close once what was written has gone out; a client that never reads it is aborted."""
-        self._closing = True
-        if self.transport is None:
+        if self._ended:
             return
-        if self._abort_timer is None:
-            self._abort_timer = self.site.clock.callLater(self.abortTimeout, self._abort)
-        self.transport.loseConnection()
-
-    def _refuse_parsing(self, reason: str) -> None:
-        """The head or body cannot be read: answer ``reason`` now if nothing is being answered,
-        else right after the answer in progress; nothing more is parsed either way."""
-        if self._closing or self._halted:
-            return
-        front = self._requests[0] if self._requests else None
-        if front is not None and front.dispatched:
-            # Behind an answer in progress (pipelined): refused when its turn comes.
-            behind = self._parsing
-            if behind is not None and behind is not front:
-                behind.refused = reason
-            else:
-                self._pending_refusal = reason
-            self._halted = True
-            self._pause_reading()
-            return
-        self._answer_and_close(reason, self._parsing)
-
-    def _answer_and_close(self, reason: str, request: FacadeRequest | None) -> None:
-        if self._closing:
+        self._phase = _CLOSING
+        self._parsing = None
+        transport = self.transport
+        if transport is None:
             return
         self._disarm_head_timer()
-        target = request.uri if request is not None else b"/"
-        path = (origin_form(target) or b"/").split(b"?", 1)[0].decode("latin-1")
+        if self._abort_timer is None:
+            self._abort_timer = self.site.clock.callLater(self.abortTimeout, self._abort)
+        # A TLS transport holds its close while a producer is registered with it.
+        IConsumer(transport).unregisterProducer()
+        transport.loseConnection()
+
+    def _refuse(self, request: FacadeRequest, refusal: Refusal) -> None:
+        """Refuse the request being parsed: now if it is at the front, else in its turn."""
+        request.refuse(refusal)
+        if request is self._requests[0]:
+            self._answer_refusal(refusal, request)
+        else:
+            self._phase = _FINISHING
+
+    def _unparsable(self, refusal: Refusal) -> None:
+        """The bytes cannot be read as HTTP/1.1: nothing more is parsed, and ``refusal`` is
+        answered now if nothing is in flight, else once the answers before it are out."""
+        request = self._parsing
+        self._parsing = None
+        if self._ended or self._phase is _LINGERING:
+            # Already refused: the body being dropped cannot be framed any more.
+            self.close()
+            return
+        if request is None:
+            if self._requests:
+                self._pending_refusal = refusal
+                self._phase = _FINISHING
+            else:
+                self._answer_refusal(refusal, None)
+            return
+        if request.refused is None:
+            request.refuse(refusal)
+        if request is self._requests[0]:
+            self._answer_refusal(refusal, request)
+        else:
+            self._phase = _FINISHING
+
+    def _answer_refusal(self, refusal: Refusal, request: FacadeRequest | None) -> None:
+        """Write the refusal, then linger while its body arrives, or close."""
+        transport = self.transport
+        if transport is None or self._ended:
+            return
+        self._disarm_head_timer()
+        target = request.uri if request is not None and request.uri else b"/"
         head_only = request is not None and request.method == b"HEAD"
-        assert self.transport is not None
-        self.transport.write(
-            head_refusal(self.site.facade.engine, path, reason, head_only=head_only)
-        )
-        self.close()
+        transport.write(self.site.gate.refusal_answer(refusal, target, head_only=head_only))
+        if request is None or request is not self._parsing:
+            self.close()
+            return
+        # Closing now, with the body still arriving, would reset the connection and lose the
+        # answer at a client that writes its whole body before reading.
+        self._phase = _LINGERING
+        self._resume_reading()
+        self._linger_timer = self.site.clock.callLater(LINGER_SECONDS, self.close)
 
     # -- reading and timers ------------------------------------------------------------------
 
+    def _hold(self, size: int) -> None:
+        self._held += size
+        if self._held > HELD_BYTES:
+            self._pause_reading()
+
     def _pause_reading(self) -> None:
-        # A connection already closing reads nothing more anyway; its transport may refuse a
-        # pause once it is disconnecting (a CONNECT answered and closed within the same read).
-        if not self._reading_paused and self.transport is not None and not self._closing:
+        if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
             self.transport.pauseProducing()  # type: ignore[attr-defined]
 
     def _resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None and not self._halted:
+        if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
@@ -613,12 +936,12 @@ class FacadeChannel(Protocol):
 
     def _arm_idle(self) -> None:
         timeout = self.site.idle_timeout
-        if timeout > 0 and self._idle_timer is None and not self._closing:
+        if timeout > 0 and self._idle_timer is None and not self._ended:
             self._idle_timer = self.site.clock.callLater(timeout, self._idle)
 
     def _idle(self) -> None:
         self._idle_timer = None
-        if self._requests and self._requests[0].dispatched:
+        if self._in_flight:
             # A request in flight is never cut by the idle bound; its answer re-arms it.
             return
         # Every byte counts as activity (a body being uploaded slowly is not idle).
@@ -634,10 +957,10 @@ class FacadeChannel(Protocol):
             self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._idle_timer, self._abort_timer):
+        for timer in (self._head_timer, self._idle_timer, self._linger_timer, self._abort_timer):
             if timer is not None:
                 self._cancel(timer)
-        self._head_timer = self._idle_timer = self._abort_timer = None
+        self._head_timer = self._idle_timer = self._linger_timer = self._abort_timer = None
 
     @staticmethod
     def _cancel(timer: IDelayedCall) -> None:
@@ -648,7 +971,8 @@ class FacadeChannel(Protocol):
 class FacadeSite(ServerFactory):
     """The factory every facade listener serves.
 
-    :param facade: what admitted requests are handed to.
+    :param gate: the facade: what it refuses at the head, how it words a refusal, and what
+        serves the requests it admits.
     :param max_request_body: the body cap (``--max-request-body``).
     :param head_timeout: seconds a request head may take from its first byte (0: no bound).
     :param idle_timeout: seconds a kept-alive connection may wait for its next request
@@ -659,7 +983,7 @@ class FacadeSite(ServerFactory):
 
     def __init__(
         self,
-        facade: Facade,
+        gate: Gate,
         max_request_body: int,
         *,
         head_timeout: float = 30.0,
@@ -670,8 +994,7 @@ class FacadeSite(ServerFactory):
             from twisted.internet import reactor
 
             clock = IReactorTime(reactor)
-        self.facade = facade
-        facade.site_max_body = max_request_body
+        self.gate = gate
         self.max_request_body = max_request_body
         self.head_timeout = head_timeout
         self.idle_timeout = idle_timeout

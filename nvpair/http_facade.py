@@ -1,18 +1,20 @@
 """One engine's facade: admission of a parsed request, which is then handed to the request path.
 
-Admission is everything decided from the request alone: the loopback gate, the route class,
-the body cap, the model named in the body. A request refused here (400, 403, 413) never
-becomes a workload.
+Admission is everything decided from the request alone that depends on the engine or the
+personality: the loopback gate, Ollama's ``Host`` guard, the route class, the model named in
+the body. HTTP's own rules and the body cap are the wire's (:mod:`nvpair.facade_server`), which
+asks this facade through its :class:`~nvpair.facade_server.Gate`. A request refused here (400,
+403) never becomes a workload.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from attrs import frozen
 from OpenSSL import crypto
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
@@ -22,17 +24,17 @@ from nvpair.admission import (
     is_loopback,
     model_from_body,
     ollama_host_allowed,
-    origin_form,
     target_host,
 )
 from nvpair.cluster import Membership
 from nvpair.engines import Engine, RouteClass
+from nvpair.facade_server import FacadeRequest, Refusal, origin_form
 from nvpair.logs import debug_enabled
-from nvpair.proxy_answers import write_error
+from nvpair.proxy_answers import head_refusal, write_error
 from nvpair.web import ProxiedRequest
 
-if TYPE_CHECKING:
-    from nvpair.facade_server import FacadeRequest
+FORBIDDEN = Refusal("forbidden")
+FORBIDDEN_HOST = Refusal("forbidden-host")
 
 
 def is_preflight(request: FacadeRequest) -> bool:
@@ -71,7 +73,8 @@ class RequestHandler:
 
 
 class Facade:
-    """What one engine's listener serves (:mod:`nvpair.facade_server` parses the requests).
+    """What one engine's listener serves: the :class:`~nvpair.facade_server.Gate` its
+    connections (:mod:`nvpair.facade_server`) ask.
 
     :param engine: the engine whose dialect this facade speaks.
     :param handler: the request path.
@@ -91,8 +94,6 @@ class Facade:
         self.engine = engine
         self._handler = handler
         self._peer = peer
-        #: Set by the FacadeSite this facade is served by.
-        self.site_max_body = 0
 
     def serve(self, request: FacadeRequest) -> None:
         """Admit a whole request (head and body) and hand it to the request path."""
@@ -104,28 +105,22 @@ class Facade:
                 write_error(request, self.engine, "internal")
 
     def refusal_at_head(
-        self, client: object, target: bytes, headers: Headers, length: int | None
-    ) -> str | None:
-        """The reason to refuse a request from its head alone, or None to read its body.
-
-        :param client: the peer address of the connection.
-        :param target: the request target as sent.
-        :param length: the declared ``Content-Length`` (None: chunked or none).
-        """
-        if self._peer is None and not is_loopback(client):
-            return "forbidden"
-        if origin_form(target) is None:
-            return "bad-request"
-        hosts = headers.getRawHeaders(b"host", [])
-        if len(hosts) > 1:
-            # RFC 9112 §3.2: a request with more than one Host is answered 400.
-            return "bad-request"
-        guarded = self._peer is None and self.engine.host_guard
-        if guarded and not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
-            return "forbidden-host"
-        if length is not None and length > self.site_max_body:
-            return "body-too-large"
+        self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
+    ) -> Refusal | None:
+        """The loopback gate (plaintext only), then Ollama's ``Host`` guard."""
+        if self._peer is not None:
+            return None
+        if not is_loopback(peer):
+            return FORBIDDEN
+        if self.engine.host_guard:
+            hosts = headers.getRawHeaders(b"host")
+            if not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
+                return FORBIDDEN_HOST
         return None
+
+    def refusal_answer(self, refusal: Refusal, target: bytes, *, head_only: bool) -> bytes:
+        path = (origin_form(target) or b"/").split(b"?", 1)[0].decode("latin-1")
+        return head_refusal(self.engine, path, refusal.reason, refusal.message, head_only=head_only)
 
     def _admit(self, request: FacadeRequest) -> None:
         engine = self.engine

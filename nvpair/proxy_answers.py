@@ -31,7 +31,8 @@ REASONS: dict[str, tuple[int, str]] = {
     "body-too-large": (413, "the request body is too large"),
     "forbidden": (403, "plaintext access is allowed from loopback only"),
     "forbidden-host": (403, "this Host is not allowed (DNS-rebinding guard)"),
-    "bad-request": (400, "malformed request (a target must be in origin or absolute form)"),
+    "bad-request": (400, "malformed request"),
+    "not-implemented": (501, "not implemented by this proxy"),
     "internal": (500, "internal error in the proxy"),
 }
 
@@ -65,13 +66,15 @@ def error_answer(
     return status, engine.error_body(path, message or default_message, reason)
 
 
-def head_refusal(engine: Engine, path: str, reason: str, *, head_only: bool) -> bytes:
+def head_refusal(
+    engine: Engine, path: str, reason: str, message: str | None = None, *, head_only: bool
+) -> bytes:
     """A whole HTTP/1.1 answer for a request refused at its head, closing the connection.
 
     Written straight to the transport before the body is read (docs/robustness.md, refusals at the
     request head), so it is framed here rather than through ``twisted.web``'s Request.
     """
-    status, body = error_answer(engine, path, reason)
+    status, body = error_answer(engine, path, reason, message)
     phrase = RESPONSES.get(status, b"Error")
     head = (
         b"HTTP/1.1 %d %s\r\n"

@@ -3,7 +3,7 @@
 ``0x16`` (a TLS handshake record) is the cluster personality — mutual TLS with pinned peers,
 whose requests go straight to the local engine. Anything else is plaintext HTTP for local
 clients, gated to loopback by the facade. The chosen protocol gets the real transport (so
-HTTPChannel sets TCP_NODELAY and registers itself as the transport's producer) and the byte
+FacadeChannel sets TCP_NODELAY and registers itself as the transport's producer) and the byte
 that was read.
 """
 

@@ -1,6 +1,7 @@
 """A strict reader of what a server wrote: the bytes must be a well-formed HTTP/1.x response stream.
 
-Used by the facade fuzz suite to judge the wire, not the objects behind it. It follows
+Used by the facade tests to judge the wire, not the objects behind it; :func:`talk` is the raw
+client that collects those bytes from a real listener. It follows
 RFC 9112 §4-§7 for message framing (status line, field lines, message body length) and is
 stricter than a client needs to be: obsolete line folding, bare LF, a field value with a
 control character, a response carrying both ``Transfer-Encoding`` and ``Content-Length`` or
@@ -14,6 +15,11 @@ import re
 from collections.abc import Sequence
 
 from attrs import frozen
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IReactorTCP, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
 
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-9][0-9]{2}) ([\t\x20-\x7e\x80-\xff]*)")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -177,3 +183,28 @@ def read_stream(
         if status >= 200:
             index += 1
     return responses
+
+
+class Raw(Protocol):
+    """A client that keeps every byte the server writes; ``done`` fires with them at the close."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.done: Deferred[bytes] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.done.callback(self.data)
+
+
+async def talk(reactor: IReactorTCP, port: int, data: bytes, patience: float = 10.0) -> bytes:
+    """Write ``data`` to a loopback listener and read until the server closes; a server that
+    has not closed within ``patience`` seconds fails the call."""
+    raw = Raw()
+    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), raw)
+    assert raw.transport is not None
+    raw.transport.write(data)
+    raw.done.addTimeout(patience, IReactorTime(reactor))
+    return await raw.done

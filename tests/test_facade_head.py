@@ -1,7 +1,8 @@
 """Refusals decided at the request head, request targets, and the head and idle timeouts.
 
 Each request is fed to the real facade channel over an in-memory transport; the body a
-refused request declares is never sent, so an answer that waited for it would not be there.
+refused request declares is sent only after the answer is checked, so an answer that waited
+for it would not be there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from nvpair.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
-from nvpair.facade_server import FacadeChannel, FacadeSite
+from nvpair.facade_server import LINGER_SECONDS, FacadeChannel, FacadeSite
 from nvpair.http_facade import Admitted, Facade, RequestHandler
 
 LOOPBACK = IPv4Address("TCP", "127.0.0.1", 40000)
@@ -83,7 +84,10 @@ def test_non_loopback_is_answered_403_before_the_body_arrives() -> None:
     status, headers, body = conn.answer()
     assert status == "HTTP/1.1 403 Forbidden" and headers["x-nvpair-error"] == "forbidden"
     assert headers["connection"] == "close" and json.loads(body)["error"]
-    assert conn.closed() and conn.handler.seen == []
+    assert conn.handler.seen == []
+    # The body it declared never comes: the lingering bound closes the connection.
+    conn.clock.advance(LINGER_SECONDS)
+    assert conn.closed()
 
 
 def test_declared_body_over_the_cap_is_413_at_the_head_and_closed() -> None:
@@ -93,10 +97,10 @@ def test_declared_body_over_the_cap_is_413_at_the_head_and_closed() -> None:
     assert status.startswith("HTTP/1.1 413") and headers["x-nvpair-error"] == "body-too-large"
     assert int(headers["content-length"]) == len(body)
     assert json.loads(body)["error"]["code"] == "body-too-large"
-    assert conn.closed()
-    # What the client sends next is never read, let alone handled.
-    conn.send(b"x" * 1001)
-    assert conn.handler.seen == []
+    assert not conn.closed()
+    # What the client sends next is read and dropped, never handled; then the close.
+    conn.send(b"x" * 1001 + head("GET", "/models"))
+    assert conn.handler.seen == [] and conn.closed()
 
 
 def test_expect_100_continue_gets_no_interim_answer_when_refused() -> None:
@@ -114,13 +118,15 @@ def test_chunked_body_is_refused_the_moment_it_crosses_the_cap() -> None:
     conn.send(b"258\r\n" + b"x" * 600 + b"\r\n")
     status, headers, _ = conn.answer()
     assert status.startswith("HTTP/1.1 413") and headers["x-nvpair-error"] == "body-too-large"
+    assert not conn.closed()
+    conn.send(b"1\r\nx\r\n0\r\n\r\n")
     assert conn.closed() and conn.handler.seen == []
 
 
 @pytest.mark.parametrize("target", ["*", "example.com:443", "api/chat", "ftp://x/y", "http:///x"])
 def test_a_target_in_neither_form_is_400_bad_request(target: str) -> None:
     conn = Connection(LLAMACPP)
-    conn.send(head("POST", target, extra="Content-Length: 2\r\n"))
+    conn.send(head("POST", target, extra="Content-Length: 2\r\n") + b"{}")
     status, headers, body = conn.answer()
     assert status.startswith("HTTP/1.1 400") and headers["x-nvpair-error"] == "bad-request"
     assert json.loads(body)["error"]["code"] == "bad-request"
@@ -256,14 +262,12 @@ def test_a_head_line_past_the_line_limit_is_400_bad_request_not_a_silent_close()
     assert conn.closed()
 
 
-def test_a_head_twisted_cannot_parse_says_why() -> None:
+def test_a_head_llhttp_cannot_parse_says_why() -> None:
     conn = Connection(OLLAMA)
     conn.send(b"GET /api/tags HTTP/1.1\r\nHost localhost\r\n\r\n")
     status, headers, body = conn.answer()
     assert status.startswith("HTTP/1.1 400") and headers["x-nvpair-error"] == "bad-request"
-    assert json.loads(body) == {
-        "error": "malformed request (a target must be in origin or absolute form)"
-    }
+    assert json.loads(body) == {"error": "malformed request: Invalid header token"}
 
 
 def test_two_host_headers_are_400_bad_request() -> None:
@@ -293,3 +297,28 @@ def test_an_idle_client_that_reads_nothing_is_aborted_after_the_grace() -> None:
     assert conn.closed() and aborts == []  # graceful first
     conn.clock.advance(conn.protocol.abortTimeout + 1)
     assert aborts == [True]
+
+
+class BrokenGate(Facade):
+    def refusal_at_head(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug in the gate")
+
+
+def test_a_bug_while_reading_a_head_is_500_internal_for_that_connection_only() -> None:
+    clock = Clock()
+    site = FacadeSite(BrokenGate(LLAMACPP, Recorder()), 1000, clock=clock)
+    protocol = site.buildProtocol(LOOPBACK)
+    transport = StringTransport(peerAddress=LOOPBACK)
+    protocol.makeConnection(transport)
+    protocol.dataReceived(head("GET", "/models"))
+    assert transport.value().startswith(b"HTTP/1.1 500 ")
+    assert b"X-Nvpair-Error: internal" in transport.value() and transport.disconnecting
+
+
+def test_a_head_request_llhttp_stops_in_gets_its_refusal_without_a_body() -> None:
+    """llhttp knows the method before the target it stopped at: a HEAD's answer has no body."""
+    conn = Connection(LLAMACPP)
+    conn.send(b"HEAD ! HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, body = conn.answer()
+    assert status.startswith("HTTP/1.1 400") and int(headers["content-length"]) > 0
+    assert body == b"" and conn.closed()
