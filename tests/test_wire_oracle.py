@@ -45,9 +45,8 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
-from nvpair.admission import origin_form
 from nvpair.engines import LLAMACPP
-from nvpair.facade_server import FacadeSite
+from nvpair.facade_server import FacadeSite, origin_form
 from nvpair.headers import HOP_BY_HOP, end_to_end
 from nvpair.http_facade import Admitted, Facade, RequestHandler
 from nvpair.upstream_conn import UpstreamConnection
