@@ -42,7 +42,6 @@ from httptools.parser.parser import HttpRequestParser
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
     IAddress,
-    IConsumer,
     IDelayedCall,
     IPushProducer,
     IReactorTime,
@@ -55,7 +54,7 @@ from twisted.web.http import RESPONSES
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from nvpair.wire import send
+from nvpair.outlet import Outlet
 
 #: Request line plus headers, as twisted.web bounds them: past this a head is 400. Trailer
 #: fields, and chunk framing that carries no body byte, get the same bound.
@@ -332,19 +331,20 @@ class FacadeRequest:
         channel = self.channel
         if channel is None or channel.transport is None:
             return
+        outlet = channel.outlet
         if not self.startedWriting:
             head = self._head()
             if self._no_body or not data:
-                send(channel.transport, head)
+                outlet.send(head)
                 return
-            send(channel.transport, head + (self._frame(data) if self._chunked else data))
+            outlet.send(head + (self._frame(data) if self._chunked else data))
             return
         if self._no_body or not data:
             return
         # A stream's later pieces are queued, not sent one by one: the pieces relayed from one
         # upstream read go out in one send at the reactor's turn
         # (docs/performance.md#writes-go-out-at-once).
-        channel.transport.write(self._frame(data) if self._chunked else data)
+        outlet.queue(self._frame(data) if self._chunked else data)
 
     def finish(self) -> None:
         if self.finished:
@@ -354,9 +354,9 @@ class FacadeRequest:
             return
         if not self.startedWriting:
             head = self._head()
-            send(channel.transport, head + b"0\r\n\r\n" if self._chunked else head)
+            channel.outlet.send(head + b"0\r\n\r\n" if self._chunked else head)
         elif self._chunked:
-            send(channel.transport, b"0\r\n\r\n")
+            channel.outlet.send(b"0\r\n\r\n")
         self.finished = True
         waiters, self._finish_waiters = self._finish_waiters, []
         for waiter in waiters:
@@ -495,6 +495,7 @@ class FacadeChannel(Protocol):
         "_reading_paused",
         "_requests",
         "connected",
+        "outlet",
         "site",
         "transport",
         "write_paused",
@@ -525,6 +526,8 @@ class FacadeChannel(Protocol):
         #: Reading was paused on the transport: a mirror of its producer state, not a phase.
         self._reading_paused = False
         self.write_paused = False
+        #: The way out, once connected (every write goes through it).
+        self.outlet: Outlet
         self._head_timer: IDelayedCall | None = None
         self._idle_timer: IDelayedCall | None = None
         self._linger_timer: IDelayedCall | None = None
@@ -555,7 +558,8 @@ class FacadeChannel(Protocol):
         if no_delay is not None:
             # Answers are written whole or as stream events: Nagle would only delay them.
             no_delay(True)
-        IConsumer(transport).registerProducer(self, True)
+        # The outlet passes the client's backpressure on to this channel's producer.
+        self.outlet = Outlet(transport, self)
         self._arm_idle()
 
     def dataReceived(self, data: bytes) -> None:
@@ -709,7 +713,7 @@ class FacadeChannel(Protocol):
         if expect and request.clientproto == b"HTTP/1.1" and b"100-continue" in expect[0].lower():
             request.expects_continue = True
             if front and self.transport is not None:
-                self.transport.write(_CONTINUE)
+                self.outlet.send(_CONTINUE)
 
     def on_body(self, data: bytes) -> None:
         request = self._parsing
@@ -836,7 +840,7 @@ class FacadeChannel(Protocol):
                 # Its head is still coming: its time starts now (the previous answer is out).
                 self._arm_head_timer()
             elif following.expects_continue and self.transport is not None:
-                self.transport.write(_CONTINUE)
+                self.outlet.send(_CONTINUE)
 
     def close(self) -> None:
         """Close once what was written has gone out; a client that never reads it is aborted."""
@@ -850,9 +854,7 @@ class FacadeChannel(Protocol):
         self._disarm_head_timer()
         if self._abort_timer is None:
             self._abort_timer = self.site.clock.callLater(self.abortTimeout, self._abort)
-        # A TLS transport holds its close while a producer is registered with it.
-        IConsumer(transport).unregisterProducer()
-        transport.loseConnection()
+        self.outlet.close()
 
     def _refuse(self, request: FacadeRequest, refusal: Refusal) -> None:
         """Refuse the request being parsed: now if it is at the front, else in its turn."""
@@ -893,7 +895,7 @@ class FacadeChannel(Protocol):
         self._disarm_head_timer()
         target = request.uri if request is not None and request.uri else b"/"
         head_only = request is not None and request.method == b"HEAD"
-        transport.write(self.site.gate.refusal_answer(refusal, target, head_only=head_only))
+        self.outlet.send(self.site.gate.refusal_answer(refusal, target, head_only=head_only))
         if request is None or request is not self._parsing:
             self.close()
             return

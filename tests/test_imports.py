@@ -134,3 +134,48 @@ def test_the_checks_see_type_checking_imports_and_find_cycles(tmp_path: Path) ->
     known = {"nvpair.b", "nvpair.engines", "nvpair.http_facade", "nvpair.cli", "nvpair"}
     assert imported("nvpair.b", module, known) == {"nvpair.engines", "nvpair.http_facade"}
     assert cycle_through({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+#: The HTTP/1.1 server and client: they talk to Twisted's transports through its interfaces.
+WIRE_MODULES = (
+    "nvpair.facade_server",
+    "nvpair.outlet",
+    "nvpair.sniffing",
+    "nvpair.tls",
+    "nvpair.upstream",
+    "nvpair.upstream_conn",
+    "nvpair.upstream_framing",
+    "nvpair.upstream_pool",
+    "nvpair.upstream_response",
+    "nvpair.upstream_types",
+)
+
+
+def private_reads(path: Path) -> list[str]:
+    """Each ``x._name`` where ``x`` is not ``self`` or ``cls``: another object's private
+    attribute (a transport's buffer state, say)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_wire_reads_no_private_attribute_of_another_object() -> None:
+    """The wire code once read Twisted's transport buffers (``_tempDataLen``,
+    ``_writeDisconnected``): a Twisted release could change them under it. Its own objects
+    keep their privates to themselves too."""
+    names = module_names()
+    found = [line for module in WIRE_MODULES for line in private_reads(names[module])]
+    assert found == []
+
+
+def test_the_private_read_check_sees_one(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(transport):\n    return transport._tempDataLen + self._ok\n")
+    assert private_reads(probe) == ["probe.py:2 transport._tempDataLen"]
