@@ -183,6 +183,12 @@ REQUEST_ROWS = [
         "200",
     ),
     Row(
+        "chunked-coding-name-any-case",
+        POST + b"Transfer-Encoding: Chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        served((b"POST", b"/props", b"hello")),
+        "200",
+    ),
+    Row(
         "trailer-fields-dropped",
         POST + CHUNKED + b"\r\n5\r\nhello\r\n0\r\nX-Checksum: abc\r\n\r\n",
         served((b"POST", b"/props", b"hello"), fields={b"x-checksum": None}),
@@ -209,6 +215,13 @@ REQUEST_ROWS = [
         b"GET /props HTTP/1.1\r\nHost: localhost:8080 \r\n\r\n",
         served((b"GET", b"/props", b"")),
         "200",
+    ),
+    # RFC 9112 §3.2: an empty Host is what a target without an authority calls for.
+    Row(
+        "empty-host",
+        b"GET /props HTTP/1.1\r\nHost:\r\n\r\n",
+        served((b"GET", b"/props", b"")),
+        "400",
     ),
     Row(
         "field-value-obs-text-kept",
@@ -279,6 +292,12 @@ REQUEST_ROWS = [
         "two 200s, body sent, Upgrade dropped",
     ),
     Row(
+        "upgrade-with-connection-close-body-kept",
+        POST + b"Connection: Upgrade, close\r\nUpgrade: h2c\r\nContent-Length: 5\r\n\r\nhello",
+        served((b"POST", b"/props", b"hello"), closed=True),
+        "200, body sent",
+    ),
+    Row(
         "upgrade-websocket-ignored-next-request-served",
         GET + b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
         b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n" + GET + b"\r\n",
@@ -297,6 +316,19 @@ REQUEST_ROWS = [
         GET + b"Host: other\r\n\r\n",
         refused(400, "bad-request", "Host"),
         "400",
+    ),
+    Row(
+        "host-not-a-host",
+        b"GET /props HTTP/1.1\r\nHost: a b\r\n\r\n",
+        refused(400, "bad-request", "Host"),
+        "400",
+    ),
+    # RFC 9112 §3.2.1: origin-form is a path and a query, no fragment.
+    Row(
+        "fragment-in-target",
+        b"GET /props#x HTTP/1.1\r\n" + H + b"\r\n",
+        refused(400, "bad-request", "target"),
+        "200, sent with the fragment",
     ),
     Row(
         "asterisk-form",
@@ -360,6 +392,13 @@ REQUEST_ROWS = [
         refused(400, "bad-request", "HTTP/1.1"),
         "400",
     ),
+    # RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 request is faulty framing.
+    Row(
+        "transfer-encoding-in-http10",
+        b"POST /props HTTP/1.0\r\n" + CHUNKED + b"\r\n5\r\nhello\r\n0\r\n\r\n",
+        refused(400, "bad-request", "HTTP/1.0"),
+        "400",
+    ),
     Row(
         "tls-first-byte-outside-a-cluster",
         b"\x16\x03\x01\x00\x05hello",
@@ -421,6 +460,18 @@ REQUEST_ROWS = [
         "400",
     ),
     Row(
+        "content-length-list",
+        POST + b"Content-Length: 5, 5\r\n\r\nhello",
+        refused(400, "bad-request"),
+        "400",
+    ),
+    Row(
+        "content-length-plus",
+        POST + b"Content-Length: +5\r\n\r\nhello",
+        refused(400, "bad-request"),
+        "400",
+    ),
+    Row(
         "content-length-negative",
         POST + b"Content-Length: -1\r\n\r\n",
         refused(400, "bad-request"),
@@ -429,6 +480,12 @@ REQUEST_ROWS = [
     Row(
         "content-length-hex",
         POST + b"Content-Length: 0x5\r\n\r\nhello",
+        refused(400, "bad-request"),
+        "400",
+    ),
+    Row(
+        "content-length-overflow",
+        POST + b"Content-Length: " + b"9" * 25 + b"\r\n\r\n",
         refused(400, "bad-request"),
         "400",
     ),
@@ -466,6 +523,14 @@ REQUEST_ROWS = [
     Row(
         "gzip-then-chunked",
         POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        refused(501, "not-implemented"),
+        "501",
+    ),
+    # RFC 9112 §6.3 asks 400 when chunked is not last; 501 for every coding but chunked alone,
+    # as nginx has it.
+    Row(
+        "chunked-then-gzip",
+        POST + b"Transfer-Encoding: chunked, gzip\r\n\r\nhello",
         refused(501, "not-implemented"),
         "501",
     ),
@@ -666,10 +731,50 @@ RESPONSE_ROWS = [
         request=b"GET /props HTTP/1.0\r\n\r\n",
     ),
     Row(
+        "no-reason-phrase-nor-its-space",
+        b"HTTP/1.1 204\r\n\r\n",
+        relayed(204, b""),
+        "204",
+    ),
+    Row(
         "chunked-coding-name-any-case",
         OK + b"Transfer-Encoding: ChUnKeD\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
         relayed(200, b"{}"),
         "200, chunked again",
+    ),
+    # RFC 9112 §6.1: faulty framing, read as it says (its connection is not reused).
+    Row(
+        "http10-answer-chunked",
+        b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n" + TE + b"\r\n2\r\n{}\r\n0\r\n\r\n",
+        relayed(200, b"{}"),
+        "200, chunked again",
+    ),
+    Row(
+        "head-answer-chunked-has-no-body",
+        OK + TE + b"\r\n",
+        relayed(200, b"", answer_fields={b"transfer-encoding": None}),
+        "200, no body",
+        request=HEAD_REQUEST,
+    ),
+    # A HEAD answer has no body to be coded.
+    Row(
+        "head-answer-in-another-coding",
+        OK + b"Transfer-Encoding: gzip\r\n\r\n",
+        relayed(200, b"", answer_fields={b"transfer-encoding": None}),
+        "200, no body",
+        request=HEAD_REQUEST,
+    ),
+    Row(
+        "not-modified-chunked-has-no-body",
+        b"HTTP/1.1 304 Not Modified\r\n" + TE + b"\r\n",
+        relayed(304, b"", answer_fields={b"transfer-encoding": None}),
+        "304, no body",
+    ),
+    Row(
+        "interim-answer-with-a-length",
+        b"HTTP/1.1 100 Continue\r\nContent-Length: 5\r\n\r\n" + OK + b"Content-Length: 2\r\n\r\n{}",
+        relayed(200, b"{}"),
+        "relays the 100 as the answer, the rest as its body",
     ),
     Row(
         "status-the-proxy-does-not-know",
@@ -691,6 +796,12 @@ RESPONSE_ROWS = [
         "200, cut short, closed",
     ),
     Row(
+        "framing-field-in-the-trailer",
+        OK + TE + b"\r\n2\r\n{}\r\n0\r\nContent-Length: 9\r\n\r\n",
+        relayed(200, None, cut=True, closed=True),
+        "200, trailer dropped",
+    ),
+    Row(
         "bad-chunk-framing-after-the-first-byte",
         OK + TE + b"\r\n5\r\nhello\r\nzz\r\n",
         relayed(200, None, cut=True, closed=True),
@@ -710,6 +821,7 @@ RESPONSE_ROWS = [
         "200 head, no body, closed",
     ),
     Row("nothing-then-close", b"", refused(*GONE), "502"),
+    Row("four-digit-status", b"HTTP/1.1 2000 OK\r\n\r\n", refused(*GONE), "2000 relayed"),
     Row("not-http", b"SSH-2.0-OpenSSH_9.6\r\n", refused(*GONE), "the bytes relayed raw (HTTP/0.9)"),
     Row(
         "content-length-and-chunked",
@@ -747,6 +859,16 @@ RESPONSE_ROWS = [
     Row("bare-lf", b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", refused(*GONE), "200, accepted"),
     Row("nul-in-value", OK + b"X-A: a\x00b\r\nContent-Length: 2\r\n\r\nok", refused(*GONE), "502"),
     Row(
+        "bare-cr-in-value", OK + b"X-A: a\rb\r\nContent-Length: 2\r\n\r\nok", refused(*GONE), "502"
+    ),
+    Row("space-before-colon", OK + b"Content-Length : 2\r\n\r\nok", refused(*GONE), "502"),
+    Row(
+        "field-without-colon",
+        OK + b"XYZ\r\nContent-Length: 2\r\n\r\nok",
+        refused(*GONE),
+        "200, the line dropped",
+    ),
+    Row(
         "status-600",
         b"HTTP/1.1 600 Beyond\r\nContent-Length: 2\r\n\r\nok",
         refused(*GONE),
@@ -782,6 +904,21 @@ RESPONSE_ROWS = [
         refused(*GONE),
         "closed without an answer",
     ),
+    # A transfer coding other than chunked alone is refused: relayed, its bytes would reach
+    # the client still coded with nothing left to say so (docs/robustness.md#engine-answers).
+    Row(
+        "whitespace-after-chunk-size",
+        OK + TE + b"\r\n2 \r\n{}\r\n0\r\n\r\n",
+        refused(*GONE),
+        "200, accepted",
+    ),
+    Row("bare-lf-in-chunk-lines", OK + TE + b"\r\n2\n{}\n0\n\n", refused(*GONE), "200, accepted"),
+    Row(
+        "chunk-size-overflow",
+        OK + TE + b"\r\nfffffffffffffffffff\r\n",
+        refused(*GONE),
+        "closed without an answer",
+    ),
     Row(
         "gzip-coded-body",
         OK + b"Transfer-Encoding: gzip\r\n\r\n\x1f\x8b\x08\x00",
@@ -793,6 +930,36 @@ RESPONSE_ROWS = [
         OK + b"Transfer-Encoding: gzip, chunked\r\n\r\n4\r\n\x1f\x8b\x08\x00\r\n0\r\n\r\n",
         refused(*GONE),
         "200, the coded bytes chunked again",
+    ),
+    Row(
+        "chunked-then-gzip-body",
+        OK + b"Transfer-Encoding: chunked, gzip\r\n\r\n{}",
+        refused(*GONE),
+        "closed without an answer",
+    ),
+    Row(
+        "codings-over-two-fields",
+        OK + b"Transfer-Encoding: gzip\r\n" + TE + b"\r\n2\r\n{}\r\n0\r\n\r\n",
+        refused(*GONE),
+        "200, read as chunked",
+    ),
+    Row(
+        "chunked-twice-body",
+        OK + b"Transfer-Encoding: chunked, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        refused(*GONE),
+        "200, read as chunked",
+    ),
+    Row(
+        "identity-coded-body",
+        OK + b"Transfer-Encoding: identity\r\n\r\n{}",
+        refused(*GONE),
+        "200, read to the close",
+    ),
+    Row(
+        "empty-coding",
+        OK + b"Transfer-Encoding: \r\n\r\n{}",
+        refused(*GONE),
+        "200, read to the close",
     ),
 ]
 

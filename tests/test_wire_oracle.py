@@ -87,13 +87,17 @@ class Message:
 
 @frozen
 class Parsed:
-    """A request as a parser handed it on, normalised as the proxy forwards it."""
+    """A request as a parser handed it on, normalised as the proxy forwards it.
+
+    :ivar host: the ``Host`` value, which is not forwarded but decides admission (Ollama's guard).
+    """
 
     method: bytes
     target: bytes
     version: bytes
     headers: Fields
     body: bytes
+    host: tuple[bytes, ...] = ()
 
 
 @frozen
@@ -184,6 +188,7 @@ class Recorder(RequestHandler):
                 version=getattr(request, "clientproto", b"HTTP/?")[5:],
                 headers=forwarded(request.requestHeaders.getAllRawHeaders()),
                 body=admitted.body,
+                host=tuple(request.requestHeaders.getRawHeaders(b"host", [])),
             )
         )
         self.clock.callLater(0, self._answer, request)
@@ -289,6 +294,7 @@ def _h11_parsed(request: h11.Request, body: bytes) -> Parsed:
         version=bytes(request.http_version),
         headers=forwarded(grouped(request.headers.raw_items())),
         body=body,
+        host=tuple(bytes(v) for n, v in request.headers.raw_items() if n.lower() == b"host"),
     )
 
 
@@ -672,7 +678,18 @@ FIELD_NAMES = (b"Accept", b"X-Trace", b"User-Agent", b"Content-Type", b"Cookie")
 FIELD_VALUES = (b"*/*", b"a b", b"", b"\xe9t\xe9", b"x;q=0.5, y", b"\ta\tb")
 CTL = [bytes([c]) for c in (*range(1, 9), *range(0x0B, 0x0D), *range(0x0E, 0x20), 0x7F)]
 
-benign_field = st.tuples(st.sampled_from(FIELD_NAMES), st.sampled_from(FIELD_VALUES))
+#: Names a field that no framing, hop-by-hop or request rule touches can have.
+_RULED = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"trailers"}
+benign_field = st.one_of(
+    st.tuples(st.sampled_from(FIELD_NAMES), st.sampled_from(FIELD_VALUES)),
+    # Any token as a name, any visible characters with spaces inside as a value.
+    st.tuples(
+        st.from_regex(rb"\A[!#$%&'*+.^_`|~0-9A-Za-z-]{1,12}\Z").filter(
+            lambda name: name.lower() not in _RULED
+        ),
+        st.from_regex(rb"\A([!-~]([ !-~]{0,20}[!-~])?)?\Z"),
+    ),
+)
 
 #: Each generated message has at most one of these done to it, named by its tag.
 LENGTH_MUTATIONS = (
@@ -764,7 +781,13 @@ def _frame(draw: st.DrawFn, draft: Draft, framing: str, mutation: str | None, bo
         return
     coding = {
         "te-case": [draw(st.sampled_from((b"Chunked", b"CHUNKED")))],
-        "te-not-chunked": [draw(st.sampled_from((b"gzip, chunked", b"gzip", b"identity")))],
+        "te-not-chunked": [
+            draw(
+                st.sampled_from(
+                    (b"gzip, chunked", b"chunked, gzip", b"gzip", b"deflate", b"identity")
+                )
+            )
+        ],
         "te-chunked-twice": draw(st.sampled_from(([b"chunked, chunked"], [b"chunked"] * 2))),
     }.get(mutation or "", [b"chunked"])
     draft.lines += [b"Transfer-Encoding: " + c for c in coding]
@@ -860,6 +883,14 @@ def _body_framing(draw: st.DrawFn, mutation: str | None, choices: Sequence[str])
     return draw(st.sampled_from(choices))
 
 
+#: h2c (as curl --http2 offers it), a websocket handshake, and an offer that also closes.
+UPGRADE_OFFERS = (
+    [b"Connection: Upgrade, HTTP2-Settings", b"Upgrade: h2c", b"HTTP2-Settings: AAMAAABkAAQAAP__"],
+    [b"Connection: Upgrade", b"Upgrade: websocket", b"Sec-WebSocket-Version: 13"],
+    [b"Connection: upgrade, close", b"Upgrade: h2c"],
+)
+
+
 @st.composite
 def request_messages(draw: st.DrawFn, mutation: str | None) -> Message:
     version = draw(st.sampled_from((b"1.1", b"1.1", b"1.1", b"1.0")))
@@ -880,13 +911,14 @@ def request_messages(draw: st.DrawFn, mutation: str | None) -> Message:
     if mutation == "two-hosts":
         draft.lines.append(b"Host: other:8080")
     if mutation == "upgrade":
-        draft.lines += [b"Connection: Upgrade, HTTP2-Settings", b"Upgrade: h2c"]
+        draft.lines += draw(st.sampled_from(UPGRADE_OFFERS))
     draft.lines += [n + b": " + v for n, v in draw(st.lists(benign_field, max_size=3))]
     if draw(st.integers(0, 9)) == 0:
         draft.lines.append(b"Connection: close")
     framing = _body_framing(draw, mutation, ("none", "length", "chunked"))
     if framing != "none":
         _frame(draw, draft, framing, mutation, draw(st.binary(max_size=40)))
+    draft.lines[1:] = draw(st.permutations(draft.lines[1:]))
     if mutation in HEAD_MUTATIONS:
         _spoil_head(draw, draft, mutation, REQUEST_HEAD_LIMIT)
     if mutation is not None and not (mutation == "no-host" and version != b"1.1"):
@@ -904,7 +936,7 @@ EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\
 def response_messages(draw: st.DrawFn, mutation: str | None) -> Message:
     method = draw(st.sampled_from((b"GET", b"GET", b"POST", b"HEAD")))
     version = draw(st.sampled_from((b"1.1", b"1.1", b"1.1", b"1.0")))
-    status = draw(st.sampled_from((200, 200, 201, 204, 304, 404, 500, 503)))
+    status = draw(st.sampled_from((200, 200, 201, 204, 304, 404, 429, 500, 503)))
     reason = draw(st.sampled_from((b"OK", b"", b"Whatever It Says", b"\xe9t\xe9")))
     if mutation == "version":
         version = draw(st.sampled_from((b"1.2", b"2.0", b"0.9")))
@@ -933,6 +965,7 @@ def response_messages(draw: st.DrawFn, mutation: str | None) -> Message:
         draft.body = body
     if method == b"HEAD" or status in (204, 304):
         draft.body = b""
+    draft.lines[1:] = draw(st.permutations(draft.lines[1:]))
     if mutation in HEAD_MUTATIONS:
         _spoil_head(draw, draft, mutation, RESPONSE_HEAD_LIMIT)
     extra = draw(st.sampled_from((b"", b"", b"", b"\r\n", b"junk", INTERIM)))
