@@ -1223,3 +1223,28 @@ def test_each_row_has_a_name_of_its_own() -> None:
     for rows in (REQUEST_ROWS, RESPONSE_ROWS):
         names = [row.name for row in rows]
         assert len(set(names)) == len(names)
+
+
+def _read_to_close(client: socket.socket) -> bytes:
+    with client:
+        return _read(client, [None], 0, to_close=True)[0]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the refusal is queued, then the end of the stream is read before the reactor's next "
+    "write turn, and Twisted drops the queue with the connection",
+)
+@pytest_twisted.ensureDeferred
+async def test_a_refusal_reaches_a_client_that_stopped_sending_before_the_proxy_read(
+    tmp_path: Path,
+) -> None:
+    async with facade(tmp_path, None, []) as port:
+        # Written and half-closed from the reactor's own thread, so the head and the end of the
+        # stream are both there when the proxy first reads.
+        client = socket.create_connection(("127.0.0.1", port), timeout=PATIENCE)
+        client.sendall(POST + b"Content-Length: 2048\r\n\r\n")
+        client.shutdown(socket.SHUT_WR)
+        received = await deferToThread(_read_to_close, client)
+    (answer,) = read_stream(received, [None], closed=True)
+    assert (answer.status, answer.value(b"x-nvpair-error")) == (413, b"body-too-large")
