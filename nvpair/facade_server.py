@@ -36,6 +36,7 @@ from httptools.parser.errors import (
     HttpParserCallbackError,
     HttpParserError,
     HttpParserInvalidMethodError,
+    HttpParserInvalidURLError,
     HttpParserUpgrade,
 )
 from httptools.parser.parser import HttpRequestParser
@@ -79,6 +80,9 @@ CHUNKED = -1
 #: covers IPv4 addresses); empty when the target has no authority.
 _HOST = re.compile(rb"(?:\[[0-9A-Za-z:.%~_-]+\]|[0-9A-Za-z!$&'()*+,;=%._~-]*)(?::[0-9]*)?")
 
+#: RFC 9110 §5.6.2's token, which a method is (§9.1).
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
 
 @frozen
 class Refusal:
@@ -94,6 +98,10 @@ FRAMING_TOO_LARGE = Refusal(
     "bad-request", "the chunked body's framing or trailer fields are over 16 KiB"
 )
 BAD_VERSION = Refusal("bad-request", "only HTTP/1.0 and HTTP/1.1 are served")
+OBS_FOLD = Refusal("bad-request", "a header field is folded onto the next line (obs-fold)")
+NOT_A_REQUEST_LINE = Refusal(
+    "bad-request", "the request line is not a method, a target and an HTTP version"
+)
 NO_HOST = Refusal("bad-request", "an HTTP/1.1 request must carry a Host header")
 SEVERAL_HOSTS = Refusal("bad-request", "a request must carry one Host header, not several")
 BAD_HOST = Refusal("bad-request", "the Host header is not a host with an optional port")
@@ -111,16 +119,42 @@ INTERNAL = Refusal("internal")
 _CODING_ERRORS = frozenset(
     {"Invalid `Transfer-Encoding` header value", "Request has invalid `Transfer-Encoding`"}
 )
+#: llhttp's reasons for a method it knows but will not carry in HTTP/1.x: RTSP's (``DESCRIBE``,
+#: ``SETUP``...), and ``PRI`` anywhere but in HTTP/2's connection preface.
+_METHOD_ERRORS = frozenset(
+    {"Invalid method for HTTP/x.x request", "Expected HTTP/2 Connection Preface"}
+)
+#: llhttp's reason for a line that begins with whitespace inside a head: a field folded onto it
+#: (RFC 9112 §5.2).
+_FOLDED = "Unexpected whitespace after header value"
+#: llhttp's reason for HTTP/2's connection preface (``PRI * HTTP/2.0``, a client with prior
+#: knowledge).
+_PREFACE = "Pause on PRI/Upgrade"
 
 
-def parse_refusal(error: HttpParserError) -> Refusal:
+def parse_refusal(error: HttpParserError, start: bytes | None = None) -> Refusal:
     """The refusal for bytes llhttp rejected, naming what it found wrong (its reasons are
-    fixed text)."""
+    fixed text).
+
+    :param start: the bytes the refused request begins with, when they are known (the read
+        that held them began between requests): llhttp refuses a method it does not know and
+        bytes that are no method alike, and only the first are 501.
+    """
     if isinstance(error, HttpParserInvalidMethodError):
+        if start is not None and _TOKEN.fullmatch(start.lstrip(b"\r\n").split(b" ", 1)[0]) is None:
+            return NOT_A_REQUEST_LINE
         return UNKNOWN_METHOD
+    if isinstance(error, HttpParserInvalidURLError):
+        return BAD_TARGET
     reason = str(error)
     if reason in _CODING_ERRORS:
         return NOT_CHUNKED
+    if reason in _METHOD_ERRORS:
+        return UNKNOWN_METHOD
+    if reason == _FOLDED:
+        return OBS_FOLD
+    if reason == _PREFACE:
+        return BAD_VERSION
     return Refusal("bad-request", f"malformed request: {reason}")
 
 
@@ -577,15 +611,23 @@ class FacadeChannel(Protocol):
             # Nothing more is parsed: the bytes are read (so a close is seen) and dropped.
             return
         received = parsing.received if parsing is not None else 0
-        self._feed(data)
-        if parsing is not None and parsing is self._parsing and not self._ended:
+        self._feed(data, parsing is None)
+        current = self._parsing
+        if current is None or self._ended:
+            return
+        # llhttp keeps a partial name or value itself, across reads: bound what it holds.
+        if current is parsing:
             if parsing.received != received:
                 parsing.stalled = 0
                 return
-            # llhttp keeps a partial name or value itself, across reads: bound what it holds.
             parsing.stalled += len(data)
-            if parsing.stalled > MAX_HEAD_BYTES:
-                self._unparsable(FRAMING_TOO_LARGE if parsing.method else HEAD_TOO_LARGE)
+        elif current.received:
+            return
+        else:
+            # The request began in this read: llhttp holds at most what follows its last line end.
+            current.stalled = len(data) - data.rfind(b"\n") - 1
+        if current.stalled > MAX_HEAD_BYTES:
+            self._unparsable(FRAMING_TOO_LARGE if current.method else HEAD_TOO_LARGE)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._phase = _CLOSED
@@ -595,7 +637,8 @@ class FacadeChannel(Protocol):
         for request in requests:
             request.lost(reason)
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes, between: bool) -> None:
+        """Parse ``data``; ``between``: it begins between two requests."""
         parser = self._parser
         while True:
             try:
@@ -607,6 +650,7 @@ class FacadeChannel(Protocol):
                 # Its body, if it has one, is framed by a head made for it; then reading goes on
                 # as HTTP/1.1.
                 data = data[upgrade.args[0] :]
+                between = False
                 if self._ended:
                     return
                 request = self._parsing
@@ -624,7 +668,9 @@ class FacadeChannel(Protocol):
                 return
             except HttpParserError as error:
                 self._note_method(error)
-                self._unparsable(parse_refusal(error))
+                # Only a read that began between requests shows the refused one's first word
+                # (or, if requests came before it in the read, the first one's: a method).
+                self._unparsable(parse_refusal(error, data if between else None))
                 return
 
     def _note_method(self, error: HttpParserError) -> None:
@@ -689,7 +735,9 @@ class FacadeChannel(Protocol):
         if request.head_bytes + len(request.uri) > MAX_HEAD_BYTES:
             self._unparsable(HEAD_TOO_LARGE)
             raise _Stop()
-        request.requestHeaders.addRawHeader(name, value)
+        # RFC 9112 §5: whitespace after the value is not part of it (llhttp drops only what
+        # precedes it). rstrip returns the value itself when there is none.
+        request.requestHeaders.addRawHeader(name, value.rstrip(b" \t"))
 
     def on_headers_complete(self) -> None:
         request = self._parsing

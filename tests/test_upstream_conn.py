@@ -771,6 +771,12 @@ def test_a_stray_crlf_after_a_body_is_tolerated() -> None:
         (b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 0\r\n\r\n", False),
         (b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", False),
         (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n", True),
+        # RFC 9112 §6.1: Transfer-Encoding in HTTP/1.0 is faulty framing, read but never reused.
+        (
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"0\r\n\r\n",
+            False,
+        ),
     ],
 )
 def test_keep_alive_follows_the_version_and_connection(head: bytes, reused: bool) -> None:
