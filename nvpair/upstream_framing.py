@@ -159,7 +159,9 @@ def answer_head(
         elif lowered == b"transfer-encoding":
             if codings is None:
                 codings = []
-            codings += (c.strip().lower() for c in value.split(b",") if c.strip())
+            # Spaces only: llhttp takes ``chunked`` followed by a tab for another coding, so
+            # stripping the tab here would frame the body one way and relay it another.
+            codings += (c.strip(b" ").lower() for c in value.split(b",") if c.strip(b" "))
     for token in tokens:
         if token not in _OPTIONS:
             headers.removeHeader(token)
