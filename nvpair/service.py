@@ -24,6 +24,7 @@ from twisted.internet.stdio import StandardIO
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
 from twisted.python.failure import Failure
+from twisted.web.iweb import IPolicyForHTTPS
 from twisted.web.server import Site
 
 from nvpair.activity import NodeActivity
@@ -44,7 +45,6 @@ from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
 from nvpair.scheduling import FleetScheduler
-from nvpair.tls import PinnedPeers
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
 
@@ -260,6 +260,18 @@ def _link_broker(
     BrokerLinkService(core, endpoint, protocol).setServiceParent(root)
 
 
+def _peer_tls(
+    config: Config, cluster: ClusterWatch, control: ControlState
+) -> IPolicyForHTTPS | None:
+    """How ``https://`` peers are dialled: pinned TLS for a node with a cluster directory; a
+    node without one dials no peer and never loads pyOpenSSL (docs/performance.md#memory)."""
+    if config.cluster_dir is None:
+        return None
+    from nvpair.tls import PinnedPeers
+
+    return PinnedPeers(lambda: cluster.membership, control.node_for_address)
+
+
 class _QuietSite(Site):
     """The admin listener's Site: a monitor polling ``/status`` is no news at info level."""
 
@@ -284,11 +296,7 @@ def build(
     observer = JsonLineObserver(log_out or sys.stderr, config.log_level)
     control = ControlState()
     cluster = ClusterWatch(clock, config.cluster_dir)
-    upstream = Upstream(
-        reactor,
-        config.dial_timeout,
-        PinnedPeers(lambda: cluster.membership, control.node_for_address),
-    )
+    upstream = Upstream(reactor, config.dial_timeout, _peer_tls(config, cluster, control))
     reservations = Reservations()
     # A newer scheduler snapshot already counts the work reserved before it
     # (docs/candidate-order.md#reservations).

@@ -10,7 +10,7 @@ import pytest
 from twisted.logger import LogLevel
 from twisted.python.usage import UsageError
 
-from nvpair.tap import Options
+from nvpair.tap import Options, leave_tls_unloaded
 
 
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> Options:
@@ -93,7 +93,6 @@ def test_malformed_environment_value_names_the_option() -> None:
 def test_the_command_lines_defaults_are_configs_defaults(tmp_path: Path) -> None:
     """One source of truth: parsing no options at all gives Config's own defaults."""
     from nvpair.config import Config
-    from nvpair.tap import Options
 
     options = Options(environ={"HOME": str(tmp_path)})
     options.parseOptions([])
@@ -206,3 +205,20 @@ def test_exit_with_status_only_after_a_failure() -> None:
     root.exit_status = 1
     exit_with_status(cast(Any, root), exits.append)
     assert exits == [1]
+
+
+def test_tls_is_left_unloaded_only_without_a_cluster_directory_before_any_reactor() -> None:
+    """docs/performance.md#memory: OpenSSL is made unimportable for a node without a cluster
+    directory, and only in a process that imported neither OpenSSL nor a reactor yet."""
+    plain = parse(["--state-dir", "/tmp/s"]).config
+    member = parse(["--state-dir", "/tmp/s", "--cluster-dir", "/tmp/c"]).config
+    assert plain is not None and member is not None
+    fresh: dict[str, object] = {"sys": object()}
+    assert leave_tls_unloaded(plain, fresh) is True
+    assert "OpenSSL" in fresh and fresh["OpenSSL"] is None
+    untouched: dict[str, object] = {}
+    assert leave_tls_unloaded(member, untouched) is False and untouched == {}
+    for already in ("OpenSSL", "twisted.internet.reactor"):
+        loaded: dict[str, object] = {already: already}
+        assert leave_tls_unloaded(plain, loaded) is False
+        assert loaded == {already: already}
