@@ -25,7 +25,6 @@ from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
 from twisted.python.failure import Failure
 from twisted.web.iweb import IPolicyForHTTPS
-from twisted.web.server import Site
 
 from nvpair.activity import NodeActivity
 from nvpair.admission import this_machine
@@ -272,15 +271,6 @@ def _peer_tls(
     return PinnedPeers(lambda: cluster.membership, control.node_for_address)
 
 
-class _QuietSite(Site):
-    """The admin listener's Site: a monitor polling ``/status`` is no news at info level."""
-
-    noisy = False
-
-    def log(self, request: object) -> None:
-        """No access log (docs/README.md#logging: per-request lines stay below info)."""
-
-
 def build(
     reactor: IReactorTCP,
     config: Config,
@@ -374,7 +364,7 @@ def build(
     if config.admin_port is not None:
         # Imported only when asked for: klein and werkzeug are 6 MB of a resident set that
         # every held stream adds to (bench/README.md, held streams).
-        from nvpair.admin import Admin
+        from nvpair.admin import Admin, QuietSite
         from nvpair.status import FleetView
 
         admin = Admin(
@@ -393,7 +383,7 @@ def build(
             metrics=metrics,
             live=activity.counts,
         )
-        site = _QuietSite(admin.app.resource())
+        site = QuietSite(admin.app.resource())
         TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(
             root
         )
