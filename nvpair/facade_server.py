@@ -54,6 +54,7 @@ from twisted.web.http import RESPONSES
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
+from nvpair.headers import SPENT
 from nvpair.outlet import Outlet
 
 #: Request line plus headers, as twisted.web bounds them: past this a head is 400. Trailer
@@ -461,6 +462,7 @@ class FacadeRequest:
         if not self.keep_alive and self.clientproto == b"HTTP/1.1":
             lines.append(b"Connection: close\r\n")
         lines.append(b"\r\n")
+        self.responseHeaders = SPENT
         return b"".join(lines)
 
     @staticmethod

@@ -34,6 +34,7 @@ from nvpair.facade_server import (
     FacadeSite,
     Phase,
 )
+from nvpair.headers import SPENT
 from nvpair.http_facade import Admitted, Facade, RequestHandler
 from tests.httpwire import read_stream, talk
 
@@ -415,3 +416,22 @@ def test_a_connection_is_in_one_named_phase_at_a_time() -> None:
     lingering = refused.protocol.phase
     refused.send(b"x" * 11)
     assert (lingering, refused.protocol.phase) == (Phase.LINGERING, Phase.CLOSING)
+
+
+def test_a_streaming_answer_keeps_no_copy_of_its_head_once_written() -> None:
+    """docs/performance.md#held-streams: the head is on the wire; a header set later reaches
+    nothing, as before, and the request holds no headers while the stream goes on."""
+    conn = Conn()
+    conn.send(get("/a"))
+    request = conn.handler.requests[0]
+    request.setResponseCode(200)
+    request.setHeader(b"content-type", b"text/event-stream")
+    request.write(b"data: 1\n\n")
+    assert request.responseHeaders is SPENT
+    request.setHeader(b"x-late", b"1")
+    assert list(request.responseHeaders.getAllRawHeaders()) == []
+    request.write(b"data: 2\n\n")
+    request.finish()
+    (response,) = read_stream(conn.transport.value(), [b"GET"], closed=False)
+    assert response.values(b"content-type") == [b"text/event-stream"]
+    assert response.values(b"x-late") == [] and response.body == b"data: 1\n\ndata: 2\n\n"
