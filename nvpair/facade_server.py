@@ -808,6 +808,12 @@ class FacadeChannel(Protocol):
 
     def _dispatch(self, request: FacadeRequest) -> None:
         request.dispatched = True
+        # The idle bound never cuts an answer: no timer is held while one is in flight
+        # (answered() arms it again; docs/performance.md#held-streams).
+        idle = self._idle_timer
+        if idle is not None:
+            self._idle_timer = None
+            self._cancel(idle)
         self.site.gate.serve(request)
 
     def answered(self, request: FacadeRequest) -> None:

@@ -435,3 +435,23 @@ def test_a_streaming_answer_keeps_no_copy_of_its_head_once_written() -> None:
     (response,) = read_stream(conn.transport.value(), [b"GET"], closed=False)
     assert response.values(b"content-type") == [b"text/event-stream"]
     assert response.values(b"x-late") == [] and response.body == b"data: 1\n\ndata: 2\n\n"
+
+
+def test_no_idle_timer_is_held_while_a_request_is_answered() -> None:
+    """docs/performance.md#held-streams: a stream in flight holds no idle timer (the idle bound
+    never cuts one); its answer arms the bound again, from then."""
+    conn = Conn()
+    conn.send(get("/a"))
+    request = conn.handler.requests[0]
+    request.setResponseCode(200)
+    request.write(b"data: 1\n\n")
+    assert conn.clock.getDelayedCalls() == []
+    conn.clock.advance(1000.0)
+    request.write(b"data: 2\n\n")
+    request.finish()
+    (armed,) = conn.clock.getDelayedCalls()
+    assert armed.getTime() == 1000.0 + 300.0
+    conn.clock.advance(299.0)
+    assert not conn.closed()
+    conn.clock.advance(1.0)
+    assert conn.closed()
