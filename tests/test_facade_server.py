@@ -16,6 +16,7 @@ from twisted.internet import defer
 from twisted.internet import reactor as _reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -455,3 +456,51 @@ def test_no_idle_timer_is_held_while_a_request_is_answered() -> None:
     assert not conn.closed()
     conn.clock.advance(1.0)
     assert conn.closed()
+
+
+def test_a_request_answered_holds_no_parser_and_split_pipelined_bytes_still_parse() -> None:
+    """docs/performance.md#held-streams: while a kept-alive request is answered with nothing
+    half-read, the connection holds no parser; the next byte makes one, losing nothing."""
+    conn = Conn()
+    conn.send(get("/a"))
+    first = conn.handler.requests[0]
+    first.setResponseCode(200)
+    first.write(b"data: 1\n\n")
+    assert not has_parser(conn)
+    second = post("/completion", b'{"n": 2}')
+    conn.send(second[:7])
+    assert has_parser(conn)
+    conn.send(second[7:30])
+    conn.send(second[30:])
+    # Parsed and queued: nothing half-read is left, so the parser goes again.
+    assert not has_parser(conn)
+    first.finish()
+    assert [a.path for a in conn.handler.admitted] == ["/a", "/completion"]
+    assert conn.handler.admitted[1].body == b'{"n": 2}'
+    answer(conn.handler.requests[1], b"B")
+    responses = read_stream(conn.transport.value(), [b"GET", b"POST"], closed=False)
+    assert [r.body for r in responses] == [b"data: 1\n\n", b"B"]
+
+
+def test_a_lost_connection_lets_go_of_its_parser() -> None:
+    """The parser's callbacks are bound to the connection: a cycle the lost connection must
+    not keep for the collector, also when it went mid-head."""
+    conn = Conn()
+    conn.send(b"GET /a HTTP/1.1\r\nHo")
+    assert has_parser(conn)
+    conn.protocol.connectionLost(Failure(ConnectionDone()))
+    assert not has_parser(conn)
+
+
+def has_parser(conn: Conn) -> bool:
+    return conn.protocol._parser is not None
+
+
+def test_the_last_request_answered_holds_no_parser() -> None:
+    """Nothing after a request that closes the connection is parsed: it keeps no parser."""
+    conn = Conn()
+    conn.send(get("/a", extra="Connection: close\r\n") + b"GET /b HTTP/1.1\r\n")
+    assert not has_parser(conn)
+    answer(conn.handler.requests[0], b"A")
+    responses = read_stream(conn.transport.value(), [b"GET"], closed=True)
+    assert [r.body for r in responses] == [b"A"] and len(conn.handler.admitted) == 1
