@@ -19,6 +19,7 @@ from prometheus_client import (
 )
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
+from twisted.web.server import Site
 
 from nvpair.control import ControlState
 from nvpair.exposition import LiveState, MetricsCollector
@@ -152,3 +153,15 @@ class Admin:
         """Prometheus text (docs/operations.md#metrics), read when scraped."""
         request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
         return generate_latest(self._registry)
+
+
+class QuietSite(Site):
+    """The admin listener's Site: a monitor polling ``/status`` is no news at info level.
+
+    Here, not in :mod:`nvpair.service`: ``twisted.web.server`` is loaded only by a process with
+    an admin listener (docs/performance.md#memory)."""
+
+    noisy = False
+
+    def log(self, request: object) -> None:
+        """No access log (docs/README.md#logging: per-request lines stay below info)."""

@@ -15,29 +15,46 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from attrs import frozen
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
-from OpenSSL import crypto
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+
+if TYPE_CHECKING:
+    # pyOpenSSL and cryptography are loaded only once a cluster directory is read: a node
+    # that is no member never pays for them (docs/performance.md#memory).
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+    from OpenSSL import crypto
+
+    #: The private keys OpenSSL can sign a TLS handshake with.
+    NodeKey: TypeAlias = (
+        rsa.RSAPrivateKey
+        | ec.EllipticCurvePrivateKey
+        | ed25519.Ed25519PrivateKey
+        | ed448.Ed448PrivateKey
+        | dsa.DSAPrivateKey
+    )
 
 _PIN = re.compile(r"sha256:([0-9a-f]{64})")
 
 #: How often the directory is checked for changes.
 WATCH_INTERVAL = 1.0
 
-#: The private keys OpenSSL can sign a TLS handshake with.
-NodeKey = (
-    rsa.RSAPrivateKey
-    | ec.EllipticCurvePrivateKey
-    | ed25519.Ed25519PrivateKey
-    | ed448.Ed448PrivateKey
-    | dsa.DSAPrivateKey
-)
+
+def _node_key_types() -> tuple[type, ...]:
+    """The classes of :data:`NodeKey`, imported when a key is loaded."""
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+
+    return (
+        rsa.RSAPrivateKey,
+        ec.EllipticCurvePrivateKey,
+        ed25519.Ed25519PrivateKey,
+        ed448.Ed448PrivateKey,
+        dsa.DSAPrivateKey,
+    )
 
 
 def fingerprint(der: bytes) -> str:
@@ -46,6 +63,8 @@ def fingerprint(der: bytes) -> str:
 
 
 def certificate_fingerprint(certificate: crypto.X509) -> str:
+    from OpenSSL import crypto
+
     return fingerprint(crypto.dump_certificate(crypto.FILETYPE_ASN1, certificate))
 
 
@@ -95,6 +114,9 @@ def load_membership(directory: Path) -> Membership | None:
         isinstance(document.get(k), str) and document.get(k) for k in ("clusterId", "nodeId")
     ):
         raise ClusterDirError(f"{membership_file}: needs string clusterId and nodeId")
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     try:
         certificate = x509.load_pem_x509_certificate((directory / "node.crt").read_bytes())
         key = serialization.load_pem_private_key(
@@ -102,7 +124,7 @@ def load_membership(directory: Path) -> Membership | None:
         )
     except (OSError, ValueError, TypeError) as error:
         raise ClusterDirError(f"{directory}: node.crt/node.key unusable: {error}") from None
-    if not isinstance(key, NodeKey):
+    if not isinstance(key, _node_key_types()):
         raise ClusterDirError(f"{directory}: node.key is a {type(key).__name__}, not a TLS key")
     pins: dict[str, str] = {}
     pin_dir = directory / "pins"
@@ -114,7 +136,9 @@ def load_membership(directory: Path) -> Membership | None:
                 match = None
             if match is not None:
                 pins[pin_file.stem] = "sha256:" + match.group(1)
-    return Membership(document["clusterId"], document["nodeId"], certificate, key, pins)
+    # The isinstance above checked the NodeKey classes, which mypy cannot see through a tuple.
+    node_key = cast("NodeKey", key)
+    return Membership(document["clusterId"], document["nodeId"], certificate, node_key, pins)
 
 
 def _state(directory: Path) -> tuple[tuple[str, float, int], ...]:

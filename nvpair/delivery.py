@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from nvpair.attempt import Failed, Fault, Outgoing, Served
 from nvpair.control import Node
 from nvpair.engines import RouteClass
-from nvpair.headers import end_to_end, framed_by_length
+from nvpair.headers import SPENT, end_to_end, framed_by_length
 from nvpair.inferstats import StatsReader
 from nvpair.job import Ending, Job, Services
 from nvpair.logs import debug_enabled
@@ -71,6 +71,7 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> N
         # it back keeps the engine's framing (else the client would get chunked encoding).
         headers.setRawHeaders(b"content-length", [b"%d" % response.length])
     headers.setRawHeaders(b"x-nvpair-node", [_answering_node(services, node).encode()])
+    response.headers = SPENT
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
     job.served_status = response.code
     clock = services.clock

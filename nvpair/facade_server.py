@@ -55,6 +55,7 @@ from twisted.web.http import RESPONSES
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
+from nvpair.headers import SPENT
 from nvpair.outlet import Outlet
 
 #: Request line plus headers, as twisted.web bounds them: past this a head is 400. Trailer
@@ -495,6 +496,7 @@ class FacadeRequest:
         if not self.keep_alive and self.clientproto == b"HTTP/1.1":
             lines.append(b"Connection: close\r\n")
         lines.append(b"\r\n")
+        self.responseHeaders = SPENT
         return b"".join(lines)
 
     @staticmethod
@@ -546,7 +548,9 @@ class FacadeChannel(Protocol):
         self.connected = 0
         self.site = site
         self._address = address
-        self._parser = HttpRequestParser(self)
+        #: Made at a request's first byte, dropped while one is answered with nothing half-read
+        #: (docs/performance.md#held-streams).
+        self._parser: HttpRequestParser | None = None
         self._phase = _IDLE
         #: Requests in order: [0] is being answered (or read); the rest wait, parsed. A list:
         #: rarely more than one, where an empty deque is a 600-byte block.
@@ -632,6 +636,8 @@ class FacadeChannel(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._phase = _CLOSED
         self._parsing = None
+        # Its callbacks are bound to this channel: a cycle left for the collector otherwise.
+        self._parser = None
         self._cancel_timers()
         requests, self._requests = self._requests, []
         for request in requests:
@@ -640,9 +646,15 @@ class FacadeChannel(Protocol):
     def _feed(self, data: bytes, between: bool) -> None:
         """Parse ``data``; ``between``: it begins between two requests."""
         parser = self._parser
+        if parser is None:
+            parser = self._parser = HttpRequestParser(self)
         while True:
             try:
                 parser.feed_data(data)
+                if self._parsing is None and self._phase is _ANSWERING:
+                    # Between requests, one kept alive being answered: llhttp holds nothing a
+                    # fresh parser would not, so a held stream keeps none.
+                    self._parser = None
                 return
             except HttpParserUpgrade as upgrade:
                 # An upgrade offer (h2c, websocket) is ignored, as nginx ignores it: llhttp
@@ -665,6 +677,9 @@ class FacadeChannel(Protocol):
                         "reading a request failed", Failure(error.__context__ or error)
                     )
                     self._unparsable(INTERNAL)
+                elif self._parsing is None and self._phase is _FINISHING:
+                    # The last request is read: nothing more is ever parsed (dataReceived).
+                    self._parser = None
                 return
             except HttpParserError as error:
                 self._note_method(error)
@@ -673,6 +688,12 @@ class FacadeChannel(Protocol):
                 self._unparsable(parse_refusal(error, data if between else None))
                 return
 
+    def _llhttp(self) -> HttpRequestParser:
+        """The parser whose callback is running."""
+        parser = self._parser
+        assert parser is not None
+        return parser
+
     def _note_method(self, error: HttpParserError) -> None:
         """Keep the method of a request line llhttp stopped in: a refusal to a HEAD has no body,
         and a client would read one as the start of an answer."""
@@ -680,7 +701,7 @@ class FacadeChannel(Protocol):
         invalid_method = isinstance(error, HttpParserInvalidMethodError)
         if request is not None and not request.method and not invalid_method:
             # llhttp stores the method before it reads on.
-            request.method = self._parser.get_method()
+            request.method = self._llhttp().get_method()
 
     # -- IPushProducer, for the transport's write buffer -----------------------------------
 
@@ -744,7 +765,7 @@ class FacadeChannel(Protocol):
         assert request is not None
         if request.method:
             return
-        request.method = self._parser.get_method()
+        request.method = self._llhttp().get_method()
         request.head_bytes = 0
         front = request is self._requests[0]
         if front:
@@ -778,7 +799,7 @@ class FacadeChannel(Protocol):
     def on_message_complete(self) -> None:
         request = self._parsing
         assert request is not None
-        if request.declared and self._parser.should_upgrade():
+        if request.declared and self._llhttp().should_upgrade():
             # An upgrade offer with a body: llhttp took it as bodiless (see _feed).
             return
         self._parsing = None
@@ -805,7 +826,7 @@ class FacadeChannel(Protocol):
 
     def _head_refusal(self, request: FacadeRequest) -> Refusal | None:
         """HTTP's own reasons to refuse a head, then the gate's, then the body cap."""
-        parser = self._parser
+        parser = self._llhttp()
         version = parser.get_http_version()
         if version == "1.0":
             request.clientproto = b"HTTP/1.0"
@@ -854,6 +875,12 @@ class FacadeChannel(Protocol):
 
     def _dispatch(self, request: FacadeRequest) -> None:
         request.dispatched = True
+        # The idle bound never cuts an answer: no timer is held while one is in flight
+        # (answered() arms it again; docs/performance.md#held-streams).
+        idle = self._idle_timer
+        if idle is not None:
+            self._idle_timer = None
+            self._cancel(idle)
         self.site.gate.serve(request)
 
     def answered(self, request: FacadeRequest) -> None:

@@ -96,6 +96,7 @@ async def serve_inventory(services: Services, job: Job) -> None:
 async def serve_preflight(services: Services, job: Job) -> None:
     """A CORS preflight: every node asked without credentials, permissions intersected."""
     request = job.request
+    origin = request.requestHeaders.getRawHeaders(b"origin", [b""])[0]
     headers = job.outgoing().headers
     for name in _CREDENTIALS:
         headers.removeHeader(name)
@@ -103,7 +104,6 @@ async def serve_preflight(services: Services, job: Job) -> None:
     if not answers:
         job.refuse("no-responders")
         return
-    origin = request.requestHeaders.getRawHeaders(b"origin", [b""])[0]
     decision = preflight(origin, [Reply(a.status, a.headers) for a in answers])
     # A denial passes through as a denial: the engine's status, nothing else. It is not
     # proxy-generated, so it carries no X-Nvpair-Error.

@@ -4,6 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from twisted.web.http_headers import Headers
+
+
+class _Spent(Headers):
+    """Headers whose use is over: empty, shared, and staying empty (a change is dropped)."""
+
+    def setRawHeaders(self, name: str | bytes, values: Sequence[str | bytes]) -> None:
+        """Dropped: what these headers were for has happened."""
+
+    def addRawHeader(self, name: str | bytes, value: str | bytes) -> None:
+        """Dropped: what these headers were for has happened."""
+
+
+#: What a ``Headers`` attribute becomes once it has been used for good (a response head
+#: written, an engine's answer copied, a client's request copied for the attempts): a stream
+#: held open then keeps no copy of any head (docs/performance.md#held-streams).
+SPENT: Headers = _Spent()
+
 #: Connection-specific headers: they describe one hop and are never forwarded.
 HOP_BY_HOP = frozenset(
     {

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from attrs import frozen
-from OpenSSL import crypto
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
@@ -171,12 +170,13 @@ class Facade:
         assert self._peer is not None
         membership = self._peer()
         transport = request.channel.transport if request.channel is not None else None
-        # TLSMemoryBIOProtocol has getPeerCertificate but declares no ISSLTransport.
+        # TLSMemoryBIOProtocol has getPeerCertificate (an X509 once the handshake is done) but
+        # declares no ISSLTransport.
         peer_certificate = getattr(transport, "getPeerCertificate", None)
         certificate = peer_certificate() if peer_certificate is not None else None
         if (
             membership is not None
-            and isinstance(certificate, crypto.X509)
+            and certificate is not None
             and membership.pinned(certificate) is not None
         ):
             return True

@@ -18,9 +18,10 @@ from attrs import frozen
 #: How much of the body's end is kept for reading the engine's report. Every engine's report
 #: (usage, timings, stats, Ollama's counts) begins within its last 700 bytes or so (LM Studio's
 #: pretty-printed answer, its ``usage`` followed by ``stats``, ``model_info`` and ``runtime``, is
-#: the longest); the tail is held by every stream in flight, so it is what thousands of held
-#: streams cost (docs/performance.md#held-streams).
-TAIL_BYTES = 2 * 1024
+#: the longest; tests/test_inferstats.py holds the longest ones); the tail is held by every
+#: stream in flight, so it is what thousands of held streams cost
+#: (docs/performance.md#held-streams).
+TAIL_BYTES = 1024
 
 #: Most chunks the tail holds as they came before joining them (see :meth:`StatsReader._keep`).
 _TAIL_PIECES = 32

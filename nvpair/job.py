@@ -25,7 +25,7 @@ from nvpair.candidates import Candidates
 from nvpair.config import Config
 from nvpair.control import ControlState
 from nvpair.engines import RouteClass
-from nvpair.headers import end_to_end
+from nvpair.headers import SPENT, end_to_end
 from nvpair.http_facade import Admitted
 from nvpair.inferstats import Stats
 from nvpair.metrics import Metrics
@@ -92,13 +92,16 @@ class Job:
         )
 
     def outgoing(self) -> Outgoing:
-        """What each attempt sends: the client's request with its end-to-end headers."""
+        """What each attempt sends: the client's request with its end-to-end headers.
+
+        The last read of the client's headers: the request keeps none from then on, the
+        attempts send this copy (docs/performance.md#held-streams)."""
         admitted = self.admitted
         headers = Headers()
-        for name, values in end_to_end(
-            self.request.requestHeaders.getAllRawHeaders(), request=True
-        ):
+        request = self.request
+        for name, values in end_to_end(request.requestHeaders.getAllRawHeaders(), request=True):
             headers.setRawHeaders(name, values)
+        request.requestHeaders = SPENT
         return Outgoing(
             admitted.engine.id,
             admitted.route,

@@ -24,7 +24,7 @@ from twisted.internet.stdio import StandardIO
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
 from twisted.python.failure import Failure
-from twisted.web.server import Site
+from twisted.web.iweb import IPolicyForHTTPS
 
 from nvpair.activity import NodeActivity
 from nvpair.admission import this_machine
@@ -44,7 +44,6 @@ from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
 from nvpair.scheduling import FleetScheduler
-from nvpair.tls import PinnedPeers
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
 
@@ -260,13 +259,16 @@ def _link_broker(
     BrokerLinkService(core, endpoint, protocol).setServiceParent(root)
 
 
-class _QuietSite(Site):
-    """The admin listener's Site: a monitor polling ``/status`` is no news at info level."""
+def _peer_tls(
+    config: Config, cluster: ClusterWatch, control: ControlState
+) -> IPolicyForHTTPS | None:
+    """How ``https://`` peers are dialled: pinned TLS for a node with a cluster directory; a
+    node without one dials no peer and never loads pyOpenSSL (docs/performance.md#memory)."""
+    if config.cluster_dir is None:
+        return None
+    from nvpair.tls import PinnedPeers
 
-    noisy = False
-
-    def log(self, request: object) -> None:
-        """No access log (docs/README.md#logging: per-request lines stay below info)."""
+    return PinnedPeers(lambda: cluster.membership, control.node_for_address)
 
 
 def build(
@@ -284,11 +286,7 @@ def build(
     observer = JsonLineObserver(log_out or sys.stderr, config.log_level)
     control = ControlState()
     cluster = ClusterWatch(clock, config.cluster_dir)
-    upstream = Upstream(
-        reactor,
-        config.dial_timeout,
-        PinnedPeers(lambda: cluster.membership, control.node_for_address),
-    )
+    upstream = Upstream(reactor, config.dial_timeout, _peer_tls(config, cluster, control))
     reservations = Reservations()
     # A newer scheduler snapshot already counts the work reserved before it
     # (docs/candidate-order.md#reservations).
@@ -366,7 +364,7 @@ def build(
     if config.admin_port is not None:
         # Imported only when asked for: klein and werkzeug are 6 MB of a resident set that
         # every held stream adds to (bench/README.md, held streams).
-        from nvpair.admin import Admin
+        from nvpair.admin import Admin, QuietSite
         from nvpair.status import FleetView
 
         admin = Admin(
@@ -385,7 +383,7 @@ def build(
             metrics=metrics,
             live=activity.counts,
         )
-        site = _QuietSite(admin.app.resource())
+        site = QuietSite(admin.app.resource())
         TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(
             root
         )

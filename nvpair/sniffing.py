@@ -10,6 +10,7 @@ that was read.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from twisted.internet.interfaces import (
     IAddress,
@@ -20,11 +21,12 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.logger import Logger
-from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 
 from nvpair.cluster import Membership
-from nvpair.tls import MemberServer
+
+if TYPE_CHECKING:
+    from twisted.protocols.tls import TLSMemoryBIOFactory
 
 #: A connection that says nothing for this long is closed before it is given a personality.
 SNIFF_TIMEOUT = 10.0
@@ -102,7 +104,10 @@ class SniffingFactory(ServerFactory):
         self.plain = plain
         self.timeout = timeout
         self._membership = membership
-        self._tls = TLSMemoryBIOFactory(MemberServer(membership), False, peer, clock)
+        self._peer = peer
+        # Built for the first peer: only a member speaks TLS, and a node that is none never
+        # loads pyOpenSSL (docs/performance.md#memory).
+        self._tls: TLSMemoryBIOFactory | None = None
 
     def buildProtocol(self, addr: IAddress | None) -> Protocol:
         assert addr is not None
@@ -112,5 +117,17 @@ class SniffingFactory(ServerFactory):
         """A TLS server protocol for a peer, or None when this node is not a member."""
         if self._membership() is None:
             return None
+        if self._tls is None:
+            self._tls = _tls_factory(self.clock, self._peer, self._membership)
         protocol: IProtocol | None = self._tls.buildProtocol(address)
         return protocol
+
+
+def _tls_factory(
+    clock: IReactorTime, peer: IProtocolFactory, membership: Callable[[], Membership | None]
+) -> TLSMemoryBIOFactory:
+    from twisted.protocols.tls import TLSMemoryBIOFactory
+
+    from nvpair.tls import MemberServer
+
+    return TLSMemoryBIOFactory(MemberServer(membership), False, peer, clock)

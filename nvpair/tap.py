@@ -290,8 +290,28 @@ def exit_with_status(root: ProxyService, exit: Callable[[int], object] = os._exi
     exit(status)
 
 
+def leave_tls_unloaded(config: Config, modules: dict[str, Any] = sys.modules) -> bool:
+    """Keep pyOpenSSL (and cryptography under it) out of a process that will never speak TLS;
+    True when it did (docs/performance.md#memory).
+
+    Only a cluster member speaks TLS, so a node without a cluster directory never needs it; but
+    Twisted's reactor imports its TLS support whenever pyOpenSSL is installed. An ``OpenSSL``
+    entry of None in ``sys.modules`` makes every later import of it fail, which Twisted reads as
+    "TLS unavailable". That is done only while neither OpenSSL nor a reactor has been imported:
+    a process that already has either (a test run, ``twistd -r uvloop``) is left as it is.
+    """
+    if config.cluster_dir is not None:
+        return False
+    if "OpenSSL" in modules or "twisted.internet.reactor" in modules:
+        return False
+    modules["OpenSSL"] = None
+    return True
+
+
 def makeService(options: Options) -> IService:
     """Build the process with the global reactor (the only module that imports it)."""
+    assert options.config is not None
+    leave_tls_unloaded(options.config)
     from twisted.internet import reactor
 
     from nvpair import heap, service

@@ -10,17 +10,20 @@ verification means nothing on a LAN of node ids; the pinned certificate is the i
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from OpenSSL import SSL, crypto
 from twisted.internet.interfaces import (
     IOpenSSLClientConnectionCreator,
     IOpenSSLServerConnectionCreator,
 )
-from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from nvpair.cluster import Membership, certificate_fingerprint
+
+if TYPE_CHECKING:
+    from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 
 def _context(membership: Membership, verify: Callable[..., bool], server: bool) -> SSL.Context:

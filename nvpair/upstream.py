@@ -137,6 +137,10 @@ class _Endpoints:
         if scheme == b"https" and self._tls is not None:
             creator = self._tls.creatorForNetloc(host, port)
             return wrapClientTLS(creator, self._tcp(host, port))
+        if scheme == b"https":
+            raise SchemeNotSupported(
+                "an https:// node is a peer: this node has no cluster directory"
+            )
         raise SchemeNotSupported(f"unsupported scheme: {scheme!r}")
 
     def _tcp(self, host: bytes, port: int) -> IStreamClientEndpoint:

@@ -16,6 +16,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
 
 from nvpair.control import PriorityEntry
+from nvpair.headers import SPENT
 from tests.fakes import Harness, Response, harness, node
 
 A, B, C = node("a", "m"), node("b", "m"), node("c", "m")
@@ -565,3 +566,20 @@ def test_failure_copying_a_body_closes_the_client_and_still_releases() -> None:
     assert request.lost and response.connection.state == "stopped"
     response.die()
     assert fired(d) and dict(h.reservations.counts) == {} and h.path.in_flight == 0
+
+
+def test_a_committed_stream_keeps_no_copy_of_the_client_s_or_the_engine_s_headers() -> None:
+    """docs/performance.md#held-streams: while a stream is relayed, the client's headers live
+    only in what the attempt sent, the engine's only in the client's response."""
+    h = harness()
+    h.nodes(A)
+    request, _ = h.serve()
+    sent = h.upstream.calls[0]
+    assert sent.headers.getRawHeaders(b"content-type") == [b"application/json"]
+    assert request.requestHeaders is SPENT
+    served = sent.answer(Response(200))
+    served.send(b"d")
+    assert request.status() == 200 and served.headers is SPENT
+    assert request.responseHeaders.getRawHeaders(b"content-type") == [b"application/json"]
+    served.end()
+    assert request.body == b"d" and request.finished

@@ -16,6 +16,7 @@ from twisted.internet import defer
 from twisted.internet import reactor as _reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -34,6 +35,7 @@ from nvpair.facade_server import (
     FacadeSite,
     Phase,
 )
+from nvpair.headers import SPENT
 from nvpair.http_facade import Admitted, Facade, RequestHandler
 from tests.httpwire import read_stream, talk
 
@@ -415,3 +417,90 @@ def test_a_connection_is_in_one_named_phase_at_a_time() -> None:
     lingering = refused.protocol.phase
     refused.send(b"x" * 11)
     assert (lingering, refused.protocol.phase) == (Phase.LINGERING, Phase.CLOSING)
+
+
+def test_a_streaming_answer_keeps_no_copy_of_its_head_once_written() -> None:
+    """docs/performance.md#held-streams: the head is on the wire; a header set later reaches
+    nothing, as before, and the request holds no headers while the stream goes on."""
+    conn = Conn()
+    conn.send(get("/a"))
+    request = conn.handler.requests[0]
+    request.setResponseCode(200)
+    request.setHeader(b"content-type", b"text/event-stream")
+    request.write(b"data: 1\n\n")
+    assert request.responseHeaders is SPENT
+    request.setHeader(b"x-late", b"1")
+    assert list(request.responseHeaders.getAllRawHeaders()) == []
+    request.write(b"data: 2\n\n")
+    request.finish()
+    (response,) = read_stream(conn.transport.value(), [b"GET"], closed=False)
+    assert response.values(b"content-type") == [b"text/event-stream"]
+    assert response.values(b"x-late") == [] and response.body == b"data: 1\n\ndata: 2\n\n"
+
+
+def test_no_idle_timer_is_held_while_a_request_is_answered() -> None:
+    """docs/performance.md#held-streams: a stream in flight holds no idle timer (the idle bound
+    never cuts one); its answer arms the bound again, from then."""
+    conn = Conn()
+    conn.send(get("/a"))
+    request = conn.handler.requests[0]
+    request.setResponseCode(200)
+    request.write(b"data: 1\n\n")
+    assert conn.clock.getDelayedCalls() == []
+    conn.clock.advance(1000.0)
+    request.write(b"data: 2\n\n")
+    request.finish()
+    (armed,) = conn.clock.getDelayedCalls()
+    assert armed.getTime() == 1000.0 + 300.0
+    conn.clock.advance(299.0)
+    assert not conn.closed()
+    conn.clock.advance(1.0)
+    assert conn.closed()
+
+
+def test_a_request_answered_holds_no_parser_and_split_pipelined_bytes_still_parse() -> None:
+    """docs/performance.md#held-streams: while a kept-alive request is answered with nothing
+    half-read, the connection holds no parser; the next byte makes one, losing nothing."""
+    conn = Conn()
+    conn.send(get("/a"))
+    first = conn.handler.requests[0]
+    first.setResponseCode(200)
+    first.write(b"data: 1\n\n")
+    assert not has_parser(conn)
+    second = post("/completion", b'{"n": 2}')
+    conn.send(second[:7])
+    assert has_parser(conn)
+    conn.send(second[7:30])
+    conn.send(second[30:])
+    # Parsed and queued: nothing half-read is left, so the parser goes again.
+    assert not has_parser(conn)
+    first.finish()
+    assert [a.path for a in conn.handler.admitted] == ["/a", "/completion"]
+    assert conn.handler.admitted[1].body == b'{"n": 2}'
+    answer(conn.handler.requests[1], b"B")
+    responses = read_stream(conn.transport.value(), [b"GET", b"POST"], closed=False)
+    assert [r.body for r in responses] == [b"data: 1\n\n", b"B"]
+
+
+def test_a_lost_connection_lets_go_of_its_parser() -> None:
+    """The parser's callbacks are bound to the connection: a cycle the lost connection must
+    not keep for the collector, also when it went mid-head."""
+    conn = Conn()
+    conn.send(b"GET /a HTTP/1.1\r\nHo")
+    assert has_parser(conn)
+    conn.protocol.connectionLost(Failure(ConnectionDone()))
+    assert not has_parser(conn)
+
+
+def has_parser(conn: Conn) -> bool:
+    return conn.protocol._parser is not None
+
+
+def test_the_last_request_answered_holds_no_parser() -> None:
+    """Nothing after a request that closes the connection is parsed: it keeps no parser."""
+    conn = Conn()
+    conn.send(get("/a", extra="Connection: close\r\n") + b"GET /b HTTP/1.1\r\n")
+    assert not has_parser(conn)
+    answer(conn.handler.requests[0], b"A")
+    responses = read_stream(conn.transport.value(), [b"GET"], closed=True)
+    assert [r.body for r in responses] == [b"A"] and len(conn.handler.admitted) == 1

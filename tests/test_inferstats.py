@@ -251,3 +251,91 @@ def test_an_absurd_count_is_not_believed_and_never_raises(count: bytes) -> None:
         assert stats is not None and stats.prompt_tokens is None
         # At most the reader's own estimate, never the report's figure.
         assert stats.completion_tokens is None or stats.estimated
+
+
+#: The longest reports engines send, each after a long answer: LM Studio's pretty-printed REST
+#: v0 answer (``usage``, then ``stats``, ``model_info`` and ``runtime``), and llama.cpp's final
+#: OpenAI chunk (``usage`` and its full ``timings``) followed by ``[DONE]``.
+_LONG_CONTENT = "word " * 2000
+_LMSTUDIO_V0 = json.dumps(
+    {
+        "id": "chatcmpl-6vx1c0pu4ghv5ykcq0n5ne",
+        "object": "chat.completion",
+        "created": 1764637200,
+        "model": "qwen2.5-7b-instruct-1m",
+        "choices": [
+            {
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": _LONG_CONTENT},
+            }
+        ],
+        "usage": {"prompt_tokens": 1204, "completion_tokens": 2000, "total_tokens": 3204},
+        "stats": {
+            "tokens_per_second": 37.59399891246521,
+            "time_to_first_token": 0.411,
+            "generation_time": 53.201,
+            "stop_reason": "eosFound",
+        },
+        "model_info": {
+            "arch": "qwen2",
+            "quant": "Q4_K_M",
+            "format": "gguf",
+            "context_length": 1010000,
+        },
+        "runtime": {
+            "name": "llama.cpp-linux-x86_64-nvidia-cuda12-avx2",
+            "version": "1.59.0",
+            "supported_formats": ["gguf"],
+        },
+    },
+    indent=2,
+).encode()
+_LLAMACPP_FINAL = sse(
+    *[chunk("word ") for _ in range(200)],
+    {
+        "choices": [{"finish_reason": "stop", "index": 0, "delta": {}}],
+        "created": 1764637200,
+        "id": "chatcmpl-Xw6lYw1lCk3hQ9M5oJcGzJ2fN8wXbQpE",
+        "model": "Qwen2.5-7B-Instruct-Q4_K_M.gguf",
+        "system_fingerprint": "b7213-5b6c7a8d9",
+        "object": "chat.completion.chunk",
+        "usage": {"completion_tokens": 2000, "prompt_tokens": 1204, "total_tokens": 3204},
+        "timings": {
+            "cache_n": 1187,
+            "prompt_n": 1204,
+            "prompt_ms": 412.345,
+            "prompt_per_token_ms": 0.34248,
+            "prompt_per_second": 2919.87654321,
+            "predicted_n": 2000,
+            "predicted_ms": 53201.123,
+            "predicted_per_token_ms": 26.6005615,
+            "predicted_per_second": 37.59399891246521,
+            "draft_n": 0,
+            "draft_n_accepted": 0,
+        },
+    },
+    b"[DONE]",
+)
+
+
+@pytest.mark.parametrize("body", [_LMSTUDIO_V0, _LLAMACPP_FINAL], ids=["lmstudio-v0", "llamacpp"])
+def test_the_longest_reports_fit_the_tail(body: bytes) -> None:
+    """docs/performance.md#held-streams: the tail is short, but every engine's report (the
+    longest of them here) still begins within it."""
+    reader = StatsReader(1.0)
+    for start in range(0, len(body), 100):
+        reader.feed(body[start : start + 100], 1.25)
+    stats = reader.finish(2.25)
+    assert stats is not None and not stats.estimated
+    assert (stats.prompt_tokens, stats.completion_tokens) == (1204, 2000)
+    assert stats.tokens_per_second == 37.59
+
+
+def test_a_stream_holds_under_two_kib_of_its_tail() -> None:
+    """docs/performance.md#held-streams: the tail is what every held stream costs."""
+    reader = StatsReader(0.0)
+    for _ in range(100):
+        reader.feed(sse(chunk("a token or two ")), 1.0)
+        assert reader._tail_size < 2048

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -10,7 +12,7 @@ import pytest
 from twisted.logger import LogLevel
 from twisted.python.usage import UsageError
 
-from nvpair.tap import Options
+from nvpair.tap import Options, leave_tls_unloaded
 
 
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> Options:
@@ -93,7 +95,6 @@ def test_malformed_environment_value_names_the_option() -> None:
 def test_the_command_lines_defaults_are_configs_defaults(tmp_path: Path) -> None:
     """One source of truth: parsing no options at all gives Config's own defaults."""
     from nvpair.config import Config
-    from nvpair.tap import Options
 
     options = Options(environ={"HOME": str(tmp_path)})
     options.parseOptions([])
@@ -206,3 +207,66 @@ def test_exit_with_status_only_after_a_failure() -> None:
     root.exit_status = 1
     exit_with_status(cast(Any, root), exits.append)
     assert exits == [1]
+
+
+def test_tls_is_left_unloaded_only_without_a_cluster_directory_before_any_reactor() -> None:
+    """docs/performance.md#memory: OpenSSL is made unimportable for a node without a cluster
+    directory, and only in a process that imported neither OpenSSL nor a reactor yet."""
+    plain = parse(["--state-dir", "/tmp/s"]).config
+    member = parse(["--state-dir", "/tmp/s", "--cluster-dir", "/tmp/c"]).config
+    assert plain is not None and member is not None
+    fresh: dict[str, object] = {"sys": object()}
+    assert leave_tls_unloaded(plain, fresh) is True
+    assert "OpenSSL" in fresh and fresh["OpenSSL"] is None
+    untouched: dict[str, object] = {}
+    assert leave_tls_unloaded(member, untouched) is False and untouched == {}
+    for already in ("OpenSSL", "twisted.internet.reactor"):
+        loaded: dict[str, object] = {already: already}
+        assert leave_tls_unloaded(plain, loaded) is False
+        assert loaded == {already: already}
+
+
+#: A process started as twistd starts one (the plugin's options, then makeService, which installs
+#: the reactor), printing the startup's modules of interest that it loaded.
+_STARTED = """
+import sys
+from nvpair import tap
+options = tap.Options()
+options.parseOptions(sys.argv[1:])
+options.returns_status = True
+tap.makeService(options)
+wanted = ("OpenSSL", "cryptography", "twisted.internet.ssl", "twisted.web.server")
+print(" ".join(sorted(m for m in wanted if sys.modules.get(m) is not None)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "loaded"),
+    [
+        ([], ""),
+        (["--admin-port", "1"], "twisted.web.server"),
+        (["--cluster-dir", "{tmp}/cluster"], "OpenSSL cryptography twisted.internet.ssl"),
+    ],
+    ids=["plain", "admin", "member"],
+)
+def test_the_startup_loads_tls_and_twisted_web_only_for_what_uses_them(
+    tmp_path: Path, argv: list[str], loaded: str
+) -> None:
+    """docs/performance.md#memory: pyOpenSSL/cryptography for a cluster directory only,
+    twisted.web.server for an admin listener only."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[facades.llamacpp]\nport = 0\n[[nodes]]\nid = "n0"\n'
+        '[nodes.engines]\nllamacpp = "http://127.0.0.1:9"\n'
+    )
+    args = ["--fleet", str(fleet), "--state-dir", str(tmp_path)]
+    args += [a.format(tmp=tmp_path) for a in argv]
+    done = subprocess.run(
+        [sys.executable, "-c", _STARTED, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == loaded

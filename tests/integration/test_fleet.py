@@ -22,6 +22,19 @@ async def eventually(check: object, context: object = None, timeout: float = 10.
     raise AssertionError(f"condition never held; {context}")
 
 
+async def generates(port: int, prompt: str) -> bool:
+    """Whether the Ollama facade on ``port`` answers a llama3 generation 200 now."""
+    body = {"model": "llama3", "prompt": prompt, "stream": False}
+    try:
+        response = await treq.post(
+            f"http://127.0.0.1:{port}/api/generate", json.dumps(body).encode(), timeout=5
+        )
+    except Exception:
+        return False
+    await response.content()
+    return bool(response.code == 200)
+
+
 @pytest_twisted.ensureDeferred
 async def test_fleet_polls_inventories_and_routes(tmp_path: Path) -> None:
     """Facades from the file; a node whose poll fails leaves discovery until it answers."""
@@ -96,18 +109,7 @@ async def test_fleet_workload_events_are_log_records_with_their_fields(tmp_path:
         fleet = write_fleet(tmp_path / "fleet.toml", port, {"a": a.url})
         args = ("--fleet", str(fleet), "--log-level", "debug")
         async with running_proxy(tmp_path, *args) as proxy:
-            url = f"http://127.0.0.1:{port}/api/generate"
-
-            async def served() -> bool:
-                body = {"model": "llama3", "prompt": canary, "stream": False}
-                try:
-                    response = await treq.post(url, json.dumps(body).encode(), timeout=5)
-                except Exception:
-                    return False
-                await response.content()
-                return bool(response.code == 200)
-
-            await eventually(served, proxy.logs)
+            await eventually(lambda: generates(port, canary), proxy.logs)
             completed = await proxy.wait_for_log(lambda r: r.get("method") == "workload:completed")
     assert completed["level"] == "debug"
     assert (completed["state"], completed["scheduledOn"], completed["model"]) == (
