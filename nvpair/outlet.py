@@ -173,10 +173,12 @@ class Outlet:
                 self._producer.resumeProducing()
 
     def stopProducing(self) -> None:
-        """The connection is gone."""
+        """The connection is gone: the producer is told, then let go (it holds this outlet,
+        and a cycle would wait for a full collection)."""
         self._mode = _Mode.DONE
-        if self._producer is not None:
-            self._producer.stopProducing()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.stopProducing()
 
     @property
     def paused(self) -> bool:

@@ -224,6 +224,8 @@ async def test_a_peer_reset_is_reported_as_a_lost_connection(pair: Pair) -> None
         pair.outlet.send(b"x" * 100_000)
     await pair.server.lost
     assert pair.producer.stopped == 1
+    pair.outlet.stopProducing()  # once more, as a late call would: told once, then let go
+    assert pair.producer.stopped == 1
 
 
 def test_any_other_transport_is_written_to_as_usual_with_its_own_backpressure() -> None:
