@@ -29,21 +29,15 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from nvpair.activity import NodeActivity
 from nvpair.cluster import Membership, load_membership
-from nvpair.config import Config
-from nvpair.control import ControlState, Node
 from nvpair.engines import LLAMACPP
 from nvpair.facade_server import FacadeSite
 from nvpair.http_facade import Admitted, Facade, RequestHandler
-from nvpair.requestpath import RequestPath
-from nvpair.reservations import Reservations
 from nvpair.sniffing import SniffingFactory
-from nvpair.upstream import Upstream
-from nvpair.workload import Workloads
 from tests import httpwire
 from tests.certs import NodeIdentity, make_identity, write_cluster_dir
 from tests.httpwire import Raw, WireResponse, read_stream
+from tests.onenode import one_node_path
 
 #: The global reactor, untyped: its listen*/connect* generics reject our factories.
 reactor: Any = _reactor
@@ -308,19 +302,7 @@ class Engine(Resource):
 async def proxied(tmp_path: Path, engine: Engine) -> AsyncIterator[int]:
     """The real request path and upstream client, in front of ``engine``."""
     engine_port = reactor.listenTCP(0, Site(engine), interface="127.0.0.1")
-    control = ControlState()
-    url = f"http://127.0.0.1:{engine_port.getHost().port}"
-    control.set_discovery("llamacpp", [Node("gpu-1", False, url, ("m",), frozenset({"m"}))])
-    upstream = Upstream(reactor, 5.0)
-    path = RequestPath(
-        reactor,
-        control,
-        upstream,
-        Config(state_dir=tmp_path),
-        Reservations(),
-        Workloads(lambda m, p: None, lambda: 0),
-        NodeActivity(reactor, lambda m, p: None),
-    )
+    path, upstream = one_node_path(tmp_path, f"http://127.0.0.1:{engine_port.getHost().port}")
     try:
         async with listening(site(path)) as port:
             yield port

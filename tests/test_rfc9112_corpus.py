@@ -29,16 +29,10 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThread
 
-from nvpair.activity import NodeActivity
-from nvpair.config import Config
-from nvpair.control import ControlState, Node
 from nvpair.facade_manager import FacadeManager
-from nvpair.requestpath import RequestPath
-from nvpair.reservations import Reservations
-from nvpair.upstream import Upstream
-from nvpair.workload import Workloads
 from tests.httpwire import Malformed, WireResponse, read_stream
 from tests.integration.harness import free_port
+from tests.onenode import one_node_path
 
 #: The global reactor, untyped: its listen*/connect* generics reject a Factory.
 reactor: Any = _reactor
@@ -1016,19 +1010,7 @@ async def facade(tmp_path: Path, script: bytes | None, seen: list[bytes]) -> Asy
     stand-in; yields the facade's port."""
     engines = Factory.forProtocol(lambda: EngineStandIn(script, seen))
     engine = reactor.listenTCP(0, engines, interface="127.0.0.1")
-    control = ControlState()
-    url = f"http://127.0.0.1:{engine.getHost().port}"
-    control.set_discovery("llamacpp", [Node("gpu-1", False, url, ("m",), frozenset({"m"}))])
-    upstream = Upstream(reactor, 5.0)
-    path = RequestPath(
-        reactor,
-        control,
-        upstream,
-        Config(state_dir=tmp_path),
-        Reservations(),
-        Workloads(lambda m, p: None, lambda: 0),
-        NodeActivity(reactor, lambda m, p: None),
-    )
+    path, upstream = one_node_path(tmp_path, f"http://127.0.0.1:{engine.getHost().port}")
     manager = FacadeManager(
         reactor,
         path,

@@ -18,17 +18,13 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.task import Clock, deferLater
 
-from nvpair.activity import NodeActivity
-from nvpair.config import Config
-from nvpair.control import ControlState, Node
+from nvpair.control import ControlState
 from nvpair.engines import LLAMACPP
 from nvpair.facade_server import FacadeSite
 from nvpair.fleet import FleetService
 from nvpair.http_facade import Facade
-from nvpair.requestpath import RequestPath
-from nvpair.reservations import Reservations
 from nvpair.upstream import Upstream
-from nvpair.workload import Workloads
+from tests.onenode import one_node_path
 from tests.rawengine import Answer, Engine, Peer, listening, reactor, stale_after_first
 from tests.test_fleet_poll import DIAL, INTERVAL, Facades, discovery_update, fleet, members
 from tests.test_wire_fidelity import Raw
@@ -56,17 +52,8 @@ async def facade(
     :param events: where workload events go: their fields, and ``method``.
     """
     seen: list[dict[str, object]] = [] if events is None else events
-    control = ControlState()
-    control.set_discovery("llamacpp", [Node("gpu-1", False, engine.url, ("m",), frozenset({"m"}))])
-    upstream = Upstream(reactor, 5.0)
-    path = RequestPath(
-        reactor,
-        control,
-        upstream,
-        Config(state_dir=tmp_path),
-        Reservations(),
-        Workloads(lambda m, p: seen.append(workload_event(m, p)), lambda: 0),
-        NodeActivity(reactor, lambda m, p: None),
+    path, upstream = one_node_path(
+        tmp_path, engine.url, lambda m, p: seen.append(workload_event(m, p))
     )
     site = FacadeSite(Facade(LLAMACPP, path), 1 << 20, clock=reactor)
     listener = reactor.listenTCP(0, site, interface="127.0.0.1")

@@ -20,16 +20,10 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from nvpair.activity import NodeActivity
-from nvpair.config import Config
-from nvpair.control import ControlState, Node
 from nvpair.engines import LLAMACPP
 from nvpair.facade_server import FacadeSite
 from nvpair.http_facade import Facade
-from nvpair.requestpath import RequestPath
-from nvpair.reservations import Reservations
-from nvpair.upstream import Upstream
-from nvpair.workload import Workloads
+from tests.onenode import one_node_path
 
 #: The global reactor, untyped: its listen*/connect* generics reject a Site.
 reactor: Any = _reactor
@@ -72,19 +66,9 @@ class Raw(Protocol):
 @contextlib.asynccontextmanager
 async def facade(tmp_path: Path) -> AsyncIterator[int]:
     engine = reactor.listenTCP(0, Site(Engine()), interface="127.0.0.1")
-    control = ControlState()
-    url = f"http://127.0.0.1:{engine.getHost().port}"
-    control.set_discovery("llamacpp", [Node("gpu-1", False, url, ("m",), frozenset({"m"}))])
-    upstream = Upstream(reactor, 5.0)
     events: list[object] = []
-    path = RequestPath(
-        reactor,
-        control,
-        upstream,
-        Config(state_dir=tmp_path),
-        Reservations(),
-        Workloads(lambda m, p: events.append(m), lambda: 0),
-        NodeActivity(reactor, lambda m, p: None),
+    path, upstream = one_node_path(
+        tmp_path, f"http://127.0.0.1:{engine.getHost().port}", lambda m, p: events.append(m)
     )
     listener = reactor.listenTCP(
         0, FacadeSite(Facade(LLAMACPP, path), 1 << 20, clock=reactor), interface="127.0.0.1"
