@@ -24,10 +24,10 @@ from nvpair.facade_server import FacadeSite
 from nvpair.fleet import FleetService
 from nvpair.http_facade import Facade
 from nvpair.upstream import Upstream
+from tests.httpwire import Raw
 from tests.onenode import one_node_path
 from tests.rawengine import Answer, Engine, Peer, listening, reactor, stale_after_first
 from tests.test_fleet_poll import DIAL, INTERVAL, Facades, discovery_update, fleet, members
-from tests.test_wire_fidelity import Raw
 
 
 @pytest.fixture

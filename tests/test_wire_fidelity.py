@@ -13,16 +13,14 @@ from typing import Any
 
 import pytest_twisted
 from twisted.internet import reactor as _reactor
-from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.protocol import Protocol, connectionDone
-from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from nvpair.engines import LLAMACPP
 from nvpair.facade_server import FacadeSite
 from nvpair.http_facade import Facade
+from tests.httpwire import Raw
 from tests.onenode import one_node_path
 
 #: The global reactor, untyped: its listen*/connect* generics reject a Site.
@@ -49,18 +47,6 @@ class Engine(Resource):
             return b"{}"
         request.setResponseCode(404)
         return b"{}"
-
-
-class Raw(Protocol):
-    def __init__(self) -> None:
-        self.data = b""
-        self.done: Deferred[bytes] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data += data
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.done.callback(self.data)
 
 
 @contextlib.asynccontextmanager
