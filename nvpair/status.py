@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from attrs import frozen
 
 from nvpair.control import ControlState
-from nvpair.fleet import PairReport, PollState
+from nvpair.fleetpairs import PairReport, PollState
 from nvpair.loadstate import LoadState
 from nvpair.recent import RecentWorkloads, Trail
 from nvpair.scheduling import FleetScheduler

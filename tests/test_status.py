@@ -9,7 +9,7 @@ import json
 from twisted.internet.task import Clock
 
 from nvpair.control import ControlState, Node, PriorityEntry
-from nvpair.fleet import PairReport, PollState
+from nvpair.fleetpairs import PairReport, PollState
 from nvpair.health import HealthPolicy
 from nvpair.loadstate import LoadState
 from nvpair.scheduling import FleetScheduler
