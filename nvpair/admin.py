@@ -26,7 +26,7 @@ from nvpair.exposition import LiveState, MetricsCollector
 from nvpair.facade_manager import FacadeManager
 from nvpair.metrics import Metrics
 from nvpair.recent import RecentWorkloads
-from nvpair.status import FacadeView, FleetView, readiness, status_document
+from nvpair.status import FacadeView, FleetView, fleet_nodes_up, readiness, status_document
 from nvpair.statuspage import CONTENT_SECURITY_POLICY, PAGE
 
 
@@ -85,6 +85,7 @@ class Admin:
                     in_flight=live,
                     reservations=reservations,
                     requests_in_flight=in_flight,
+                    nodes_up=self._nodes_up,
                 ),
             )
         )
@@ -95,6 +96,11 @@ class Admin:
         ports: dict[str, int | None] = dict.fromkeys(self._expected or ())
         ports.update((engine, live.port) for engine, live in listening.items())
         return ports
+
+    def _nodes_up(self) -> dict[tuple[str, str], bool]:
+        if self._fleet is None:
+            return {}
+        return fleet_nodes_up(self._fleet, self._clock.seconds())
 
     def _views(self) -> dict[str, FacadeView]:
         tls = self._tls()

@@ -110,6 +110,12 @@ class RetryBudget:
         left = self.owner_deadline - now
         return min(wait, left) if left > 0 else None
 
+    def owner_wait_ran_out(self, now: float) -> bool:
+        """Whether the owner wait's own bound (:meth:`owners_gone`) is what ended the wait for
+        an owner, rather than the deadline: the earlier of the two that has passed."""
+        bound = self.owner_deadline
+        return bound is not None and bound <= self.deadline and now >= bound
+
     def backed_off(self) -> RetryBudget:
         """The budget after one pause: the next one is twice as long, up to the cap."""
         return evolve(self, backoff=min(self.backoff * 2, self.first_backoff * BACKOFF_CAP))

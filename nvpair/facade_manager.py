@@ -216,18 +216,23 @@ class FacadeManager:
             raise FacadeError("persist", engine.id, port, message) from None
 
     def _listen(self, engine: Engine, port: int, factory: SniffingFactory) -> IListeningPort:
-        try:
-            listener: IListeningPort = self._reactor.listenTCP(
-                port, factory, backlog=self._backlog, interface=self._bind
-            )
-        except CannotListenError as error:
-            message = f"cannot listen on port {port}: {error.socketError}"
-            self.log.warn("{message}", engine=engine.id, message=message)
-            self._outbox.notify(
-                f"{engine.id}:error", {"tag": "bind", "port": port, "message": message}
-            )
-            raise FacadeError("bind", engine.id, port, message) from None
-        return listener
+        holder = next((live.engine for live in self.facades.values() if live.port == port), None)
+        if holder is not None and holder is not engine:
+            # Said as it is, rather than as the address in use the bind would report.
+            why = f"the {holder.display_name} facade listens there"
+        else:
+            try:
+                listener: IListeningPort = self._reactor.listenTCP(
+                    port, factory, backlog=self._backlog, interface=self._bind
+                )
+            except CannotListenError as error:
+                why = str(error.socketError)
+            else:
+                return listener
+        message = f"cannot listen on port {port}: {why}"
+        self.log.warn("{message}", engine=engine.id, message=message)
+        self._outbox.notify(f"{engine.id}:error", {"tag": "bind", "port": port, "message": message})
+        raise FacadeError("bind", engine.id, port, message)
 
     def _listen_alias(self, live: LiveFacade, alias: str) -> None:
         host, port = parse_alias(alias)

@@ -82,6 +82,7 @@ async def serve_inventory(services: Services, job: Job) -> None:
     if grant is not None and not grant.granted:
         job.refuse("cors-denied")
         return
+    job.served_status = 200
     headers = request.responseHeaders
     request.setResponseCode(200)
     headers.setRawHeaders(b"content-type", [b"application/json; charset=utf-8"])
@@ -106,7 +107,8 @@ async def serve_preflight(services: Services, job: Job) -> None:
         return
     decision = preflight(origin, [Reply(a.status, a.headers) for a in answers])
     # A denial passes through as a denial: the engine's status, nothing else. It is not
-    # proxy-generated, so it carries no X-Nvpair-Error.
+    # proxy-generated, so it carries no X-Nvpair-Error: served, as a grant is.
+    job.served_status = decision.status
     request.setResponseCode(decision.status)
     request.responseHeaders.setRawHeaders(b"content-length", [b"0"])
     for name, value in decision.headers:

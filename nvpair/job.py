@@ -57,7 +57,8 @@ class Job:
     reservation: Reservation | None = None
     deferred: Deferred[None] | None = None
     workload: Workload | None = None
-    #: The status of the response served as the answer (the commit), if one was.
+    #: The status of the engines' answer served (relayed from one node at the commit, or the
+    #: fleet's, merged or intersected), if one was.
     served_status: int | None = None
     #: The reason of the proxy-generated answer, if the proxy answered.
     refused: str | None = None

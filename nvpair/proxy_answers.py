@@ -45,11 +45,32 @@ def _quoted(model: str) -> str:
     return json.dumps(model[:_QUOTED_MODEL], ensure_ascii=False)
 
 
-def no_owner_message(model: str | None) -> str:
-    """``no-owner`` for an inference request: which model nobody advertises, as named."""
+#: The most node ids an answer names; the rest are counted.
+_NAMED_NODES = 8
+
+
+def _nodes(ids: Sequence[str]) -> str:
+    named = ", ".join(ids[:_NAMED_NODES])
+    rest = len(ids) - _NAMED_NODES
+    return f"{named} and {rest} more" if rest > 0 else named
+
+
+def no_owner_message(model: str | None, down: Sequence[str] = ()) -> str:
+    """``no-owner`` for an inference request: which model nobody advertises, as named; or,
+    when the nodes that last listed it are all down (``down``), that they are."""
+    if down:
+        which = f"model {_quoted(model)}" if model is not None else "a model"
+        return f"every node that serves {which} is down: {_nodes(down)}"
     if model is None:
         return REASONS["no-owner"][1]
     return f"no node advertises model {_quoted(model)}"
+
+
+def no_owner_timeout_message(model: str | None, bound: str) -> str:
+    """``no-owner-timeout``: no owner came back within ``bound``, the wait that ran out as the
+    option that set it (``the owner wait (--owner-wait 30s)``)."""
+    which = f"model {_quoted(model)}" if model is not None else "this model"
+    return f"no node serving {which} came back within {bound}"
 
 
 def no_node_message(engine: Engine, model: str | None) -> str:

@@ -3,12 +3,13 @@
 Which server runs is a table lookup on the route class (:data:`SERVERS`). Whatever way a job
 ends — served, refused, the requester leaving, shutdown, a bug — :meth:`RequestPath.handle`
 runs the same cleanup: the reservation is released and exactly one terminal workload event is
-emitted (docs/request-path.md#workload-events).
+emitted (docs/request-path.md#workload-events). A server records how it answered (served or
+refused) on the job; one that ends without doing so is a bug, answered and counted as one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -58,6 +59,7 @@ class RequestPath(RequestHandler):
     :param metrics: what ``/metrics`` counts; None when no admin listener runs.
     :param recent: where admitted workloads and their attempts are recorded for the admin
         ``/status``; None when no admin listener runs.
+    :param servers: each route class's server (:data:`SERVERS`).
     """
 
     def __init__(
@@ -73,7 +75,9 @@ class RequestPath(RequestHandler):
         fleet: FleetScheduler | None = None,
         recent: RecentWorkloads | None = None,
         metrics: Metrics | None = None,
+        servers: Mapping[RouteClass, Server] = SERVERS,
     ) -> None:
+        self._servers = servers
         candidates = Candidates(control, reservations, fleet)
         self._services = Services(
             clock=clock,
@@ -112,7 +116,7 @@ class RequestPath(RequestHandler):
             now, config.job_deadline, config.max_dispatch_attempts, config.retry_backoff
         )
         job = Job(admitted, request, now, budget)
-        d = Deferred.fromCoroutine(SERVERS[admitted.route](services, job))
+        d = Deferred.fromCoroutine(self._servers[admitted.route](services, job))
         job.deferred = d
         self._jobs.add(job)
         # The requester leaving ends the job at once: whatever it is waiting on is cancelled,
@@ -127,6 +131,10 @@ class RequestPath(RequestHandler):
     def _ended(self, result: object, job: Job) -> object:
         # Every exit path runs this. Exactly one terminal event per admitted request.
         services = self._services
+        if not isinstance(result, Failure) and not _accounted(job):
+            # Nothing answered and nothing said why: the client would wait for ever. A bug,
+            # answered 500 as any other (the facade does it) and counted as one.
+            result = Failure(Unanswered(f"the {job.admitted.route.value} server ended unanswered"))
         self._jobs.discard(job)
         services.reservations.release(job.reservation)
         job.reservation = None
@@ -136,6 +144,15 @@ class RequestPath(RequestHandler):
         if services.metrics is not None:
             counted(services.metrics, job, services.clock.seconds())
         return result
+
+
+class Unanswered(RuntimeError):
+    """A route's server returned without answering its request or saying why not."""
+
+
+def _accounted(job: Job) -> bool:
+    """Whether the job says how it ended: served, refused, or cancelled."""
+    return job.served_status is not None or job.refused is not None or job.ending is not None
 
 
 def _requester_gone(_: Failure, job: Job) -> None:
@@ -152,7 +169,9 @@ def _cancelled(failure: Failure, request: ProxiedRequest) -> None:
 
 def outcome(job: Job) -> str:
     """A request's outcome as ``/metrics`` labels it: ``served`` when an engine's answer was
-    relayed, else the proxy's reason, or ``cancelled``."""
+    relayed (the fleet's merged list or intersected preflight included), else the proxy's
+    reason, or ``cancelled``; ``internal`` for a bug (an exception, or a server that ended
+    unanswered)."""
     if job.served_status is not None:
         return "served"
     if job.ending is not None:

@@ -24,7 +24,7 @@ from nvpair.config import DEFAULTS, Config, parse_count
 from nvpair.durations import parse_duration
 from nvpair.fleetfile import FleetFileError, load_fleet
 from nvpair.logs import parse_level
-from nvpair.ports import ascii_digits, valid_port
+from nvpair.ports import ascii_digits, bind_host, valid_port
 
 #: option name -> environment variable consulted when the flag is not given.
 ENVIRONMENT = {
@@ -219,7 +219,7 @@ class Options(usage.Options):
             broker=self._defaulted("broker", _nonempty),
             fleet=parsed,
             fleet_file=Path(fleet) if fleet else None,
-            bind=self._defaulted("bind", _nonempty),
+            bind=self._defaulted("bind", bind_host),
             response_header_timeout=self._defaulted("response-header-timeout", parse_duration),
             dial_timeout=self._defaulted("dial-timeout", parse_duration),
             job_deadline=self._defaulted("job-deadline", parse_duration),

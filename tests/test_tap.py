@@ -86,6 +86,15 @@ def test_malformed_values_name_the_option(argv: list[str], names: str) -> None:
     assert str(refused.value).startswith(names)
 
 
+def test_an_unresolvable_bind_host_is_a_usage_error_naming_it() -> None:
+    with pytest.raises(UsageError) as refused:
+        parse(["--bind", "nosuchhost.invalid"])
+    assert str(refused.value) == (
+        "--bind: cannot resolve host 'nosuchhost.invalid': Name or service not known"
+    )
+    assert parse(["--bind", "localhost"]).config.bind == "localhost"  # type: ignore[union-attr]
+
+
 def test_malformed_environment_value_names_the_option() -> None:
     with pytest.raises(UsageError) as refused:
         parse([], {"NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT": "soon"})

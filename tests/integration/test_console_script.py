@@ -64,6 +64,11 @@ def test_version_is_nvpair_proxys(tmp_path: Path, runner: str) -> None:
         ),
         (["--max-dispatch-attempts", "0"], "nvpair-proxy: --max-dispatch-attempts: '0' is not"),
         (["--bogus"], "nvpair-proxy: option --bogus not recognized"),
+        (
+            ["--bind", "nosuchhost.invalid"],
+            "nvpair-proxy: --bind: cannot resolve host 'nosuchhost.invalid': Name or service "
+            "not known",
+        ),
     ],
 )
 def test_usage_error_is_one_line_naming_the_option(
@@ -76,6 +81,39 @@ def test_usage_error_is_one_line_naming_the_option(
     assert result.stdout == ""
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(line)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (
+            "[facades.ollama]\nport = 18080\n[facades.llamacpp]\nport = 18080\n",
+            "facades.llamacpp.port: port 18080 is also facades.ollama's: each facade needs its own",
+        ),
+        (
+            '[facades.llamacpp]\n[[nodes]]\nid = "a"\n'
+            '[nodes.engines]\nllamacpp = "http://127.0.0.1:99999"\n',
+            "nodes[0].engines.llamacpp: port 99999 is out of range (1-65535)",
+        ),
+        (
+            '[facades.llamacpp]\n[[nodes]]\nid = "a"\n'
+            '[nodes.engines]\nllama = "http://127.0.0.1:8081"\n',
+            "nodes[0].engines.llama: unknown engine 'llama'; expected one of ollama, lmstudio, "
+            "llamacpp",
+        ),
+    ],
+)
+def test_a_fleet_file_mistake_is_one_line_saying_what_it_is(
+    tmp_path: Path, runner: str, text: str, why: str
+) -> None:
+    """Issue 20 item 2: two facades on one port, a port out of range, an engine misnamed: each
+    a usage error (exit 2), one line that says which and what, nothing started."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(text)
+    result = run([*RUNNERS[runner], "--fleet", str(fleet)], tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"nvpair-proxy: --fleet: {fleet}: {why}\n"
 
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
