@@ -110,6 +110,66 @@ def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path, runner
     assert not (tmp_path / "twistd.pid").exists()
 
 
+def _said(stderr: str) -> list[tuple[str, str]]:
+    """What the process said at warn level and above: (level, message) per line; every line
+    of ``stderr`` must be a JSON record (a traceback's lines are not)."""
+    records = [json.loads(line) for line in stderr.splitlines()]
+    return [(r["level"], r["msg"]) for r in records if r["level"] in ("warn", "error")]
+
+
+@pytest.mark.parametrize(
+    ("runner", "mode"),
+    [("console-script", "fleet"), ("twistd", "fleet"), ("console-script", "broker")],
+)
+def test_an_admin_port_in_use_ends_the_process_in_two_lines(
+    tmp_path: Path, runner: str, mode: str
+) -> None:
+    """``--admin-port`` on a port already taken is said as a facade's port is (docs/operations.md
+    #the-admin-listener): a warning naming the address, the error that ends the process, exit
+    status 1 after the ordered shutdown; never a traceback (it was 36 lines of one)."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        args = ["--state-dir", str(tmp_path), "--admin-port", str(taken)]
+        if mode == "fleet":
+            fleet = tmp_path / "fleet.toml"
+            fleet.write_text(
+                f"[facades.llamacpp]\nport = {free_port()}\n"
+                '[[nodes]]\nid = "a"\n[nodes.engines]\nllamacpp = "http://127.0.0.1:9"\n'
+            )
+            args += ["--fleet", str(fleet)]
+        # stdin a pipe kept open, as a broker's: the process must end by itself.
+        out_file, err_file = tmp_path / "stdout", tmp_path / "stderr"
+        with out_file.open("wb") as out_sink, err_file.open("wb") as err_sink:
+            proxy = subprocess.Popen(
+                [*RUNNERS[runner], *args],
+                stdin=subprocess.PIPE,
+                stdout=out_sink,
+                stderr=err_sink,
+                cwd=tmp_path,
+                env=clean_env(),
+            )
+            try:
+                proxy.wait(timeout=30)
+            finally:
+                if proxy.poll() is None:
+                    proxy.kill()
+                    proxy.wait()
+                assert proxy.stdin is not None
+                proxy.stdin.close()
+        out, err = out_file.read_text(), err_file.read_text()
+    assert proxy.returncode == 1, err[-2000:]
+    why = f"cannot listen on 127.0.0.1:{taken}: [Errno 98] Address already in use"
+    assert _said(err) == [
+        ("warn", why),
+        ("error", f"admin listener not started: {why}: ending the process"),
+    ]
+    assert "Traceback" not in err
+    assert '"msg":"Main loop terminated."' in err  # stopped, not crashed
+    assert out == ""
+
+
 @pytest_twisted.ensureDeferred
 async def test_console_script_serves_a_fleet_and_writes_no_pid_file(tmp_path: Path) -> None:
     """``nvpair-proxy --fleet FILE`` is the standalone server: in the foreground, JSON logs on
