@@ -18,6 +18,8 @@ import pytest
 import pytest_twisted
 import treq
 
+from nvpair import examples
+from nvpair.fleetfile import load_fleet
 from tests.integration.conftest import running_proxy, sims
 from tests.integration.harness import NVPAIR_PROXY, TWISTD, free_port, write_fleet
 from tests.integration.test_fleet import eventually
@@ -64,6 +66,10 @@ def test_version_is_nvpair_proxys(tmp_path: Path, runner: str) -> None:
         ),
         (["--max-dispatch-attempts", "0"], "nvpair-proxy: --max-dispatch-attempts: '0' is not"),
         (["--bogus"], "nvpair-proxy: option --bogus not recognized"),
+        (
+            ["--reactor", "bogus"],
+            "nvpair-proxy: --reactor: no reactor named 'bogus' (twistd --help-reactors lists them)",
+        ),
     ],
 )
 def test_usage_error_is_one_line_naming_the_option(
@@ -202,6 +208,66 @@ async def test_console_script_serves_a_fleet_and_writes_no_pid_file(tmp_path: Pa
             assert any(r.get("msg", "").startswith("twistd ") for r in proxy.logs)
 
 
+#: The files the package ships, by the option that prints each (docs/README.md#command-line).
+SHIPPED = {"--example-fleet": examples.FLEET, "--systemd-unit": examples.SYSTEMD_UNIT}
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+@pytest.mark.parametrize("flag", sorted(SHIPPED))
+def test_a_shipped_file_is_printed(tmp_path: Path, runner: str, flag: str) -> None:
+    """``--example-fleet`` and ``--systemd-unit`` print the package's own copy on stdout and
+    exit 0, starting nothing: a ``pip install`` needs no source tree."""
+    result = run([*RUNNERS[runner], flag], tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == examples.text(SHIPPED[flag])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_printed_example_is_a_fleet_file(tmp_path: Path) -> None:
+    """What ``nvpair-proxy --example-fleet > fleet.toml`` writes is read by the fleet-file
+    loader as it stands: two facades, two nodes."""
+    result = run([NVPAIR_PROXY, "--example-fleet"], tmp_path)
+    path = tmp_path / "fleet.toml"
+    path.write_text(result.stdout)
+    fleet = load_fleet(path)
+    assert sorted(fleet.facades) == ["llamacpp", "ollama"]
+    assert [node.id for node in fleet.nodes] == ["gpu-box-1", "gpu-box-2"]
+
+
+def test_a_shipped_file_to_a_stdout_that_cannot_take_it(tmp_path: Path) -> None:
+    """A full disk is one line and exit 1, not a traceback; a reader that is gone (``| head``)
+    is exit 1 and nothing said."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [NVPAIR_PROXY, "--example-fleet"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env=clean_env(),
+            timeout=60,
+        )
+    assert (result.returncode, result.stderr) == (
+        1,
+        "nvpair-proxy: cannot write fleet.example.toml to stdout: No space left on device\n",
+    )
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        result = subprocess.run(
+            [NVPAIR_PROXY, "--systemd-unit"],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env=clean_env(),
+            timeout=60,
+        )
+    finally:
+        os.close(writer)
+    assert (result.returncode, result.stderr) == (1, "")
+
+
 def _read_until(stream: Any, marker: bytes, timeout: float = 30) -> bytes:
     """What ``stream`` (a pipe) gives until ``marker`` appears or ``timeout`` passes."""
     seen = b""
@@ -238,6 +304,8 @@ def test_on_a_terminal_it_says_it_waits_for_a_broker(tmp_path: Path) -> None:
         os.close(controller)
     assert "nvpair-proxy: waiting for a broker on stdin" in said
     assert "nvpair-proxy --fleet FILE" in said and "make demo" in said
+    # An installed copy has no source tree: the example is a command, not a path in one.
+    assert "nvpair-proxy --example-fleet" in said and "etc/" not in said
     assert out == b""
 
 
