@@ -186,6 +186,16 @@ def has_stopped(reactor: MemoryReactorClock) -> bool:
     return bool(reactor.hasStopped)
 
 
+def started_as_under_twistd(root: ProxyService) -> None:
+    """``root`` started with its log observer seeing everything logged meanwhile, as twistd
+    does with the observer the root service registers on its Application."""
+    globalLogPublisher.addObserver(root.observer)
+    try:
+        root.startService()
+    finally:
+        globalLogPublisher.removeObserver(root.observer)
+
+
 def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path) -> None:
     """Contract: in fleet mode a facade that cannot bind ends the process with a non-zero
     status and the reason on stderr. Nothing more starts (no poll), and the end is the ordered
@@ -198,12 +208,7 @@ def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path) -> Non
     )
     log = io.StringIO()
     root = build(reactor, Config(state_dir=tmp_path, fleet=fleet), log_out=log)
-    # What twistd does with the observer the root service registers on its Application.
-    globalLogPublisher.addObserver(root.observer)
-    try:
-        root.startService()
-    finally:
-        globalLogPublisher.removeObserver(root.observer)
+    started_as_under_twistd(root)
     assert root.exit_status == 1 and not has_stopped(reactor)
     reactor.run()
     assert has_stopped(reactor)
@@ -227,11 +232,7 @@ def test_an_admin_port_in_use_ends_the_process(tmp_path: Path) -> None:
     log = io.StringIO()
     config = Config(state_dir=tmp_path, broker="tcp:127.0.0.1:9", admin_port=FACADE + 2)
     root = build(reactor, config, log_out=log)
-    globalLogPublisher.addObserver(root.observer)
-    try:
-        root.startService()
-    finally:
-        globalLogPublisher.removeObserver(root.observer)
+    started_as_under_twistd(root)
     assert root.exit_status == 1 and not has_stopped(reactor)
     reactor.run()
     assert has_stopped(reactor)

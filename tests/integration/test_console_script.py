@@ -234,19 +234,23 @@ def test_the_printed_example_is_a_fleet_file(tmp_path: Path) -> None:
     assert [node.id for node in fleet.nodes] == ["gpu-box-1", "gpu-box-2"]
 
 
-def test_a_shipped_file_to_a_stdout_that_cannot_take_it(tmp_path: Path) -> None:
+def _printed_into(flag: str, stdout: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [NVPAIR_PROXY, flag],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=clean_env(),
+        timeout=60,
+    )
+
+
+def test_a_shipped_file_to_a_stdout_that_cannot_take_it() -> None:
     """A full disk is one line and exit 1, not a traceback; a reader that is gone (``| head``)
     is exit 1 and nothing said."""
     with open("/dev/full", "w") as full:
-        result = subprocess.run(
-            [NVPAIR_PROXY, "--example-fleet"],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            env=clean_env(),
-            timeout=60,
-        )
+        result = _printed_into("--example-fleet", full)
     assert (result.returncode, result.stderr) == (
         1,
         "nvpair-proxy: cannot write fleet.example.toml to stdout: No space left on device\n",
@@ -254,15 +258,7 @@ def test_a_shipped_file_to_a_stdout_that_cannot_take_it(tmp_path: Path) -> None:
     reader, writer = os.pipe()
     os.close(reader)
     try:
-        result = subprocess.run(
-            [NVPAIR_PROXY, "--systemd-unit"],
-            stdout=writer,
-            stderr=subprocess.PIPE,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            env=clean_env(),
-            timeout=60,
-        )
+        result = _printed_into("--systemd-unit", writer)
     finally:
         os.close(writer)
     assert (result.returncode, result.stderr) == (1, "")
