@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from twisted.application.internet import TCPServer
 from twisted.application.service import IServiceCollection, MultiService, Service
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
@@ -27,6 +26,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IPolicyForHTTPS
 
 from nvpair.activity import NodeActivity
+from nvpair.admin_listener import AdminListener
 from nvpair.admission import this_machine
 from nvpair.broker import BrokerProtocol
 from nvpair.cluster import ClusterWatch
@@ -195,10 +195,10 @@ class ProxyService(MultiService):
         ordered shutdown, as a signal would start it.
 
         For what has no one else to tell: in fleet mode a facade that cannot bind
-        (docs/ports.md#bind-failures). The reactor is stopped rather than the process left
-        at once, so facades already listening, polls and the pool close in order; whoever
-        runs the process turns :attr:`exit_status` into the exit status
-        (:func:`nvpair.tap.exit_with_status`, :func:`nvpair.cli.main`).
+        (docs/ports.md#bind-failures), in either mode the admin listener's port. The reactor
+        is stopped rather than the process left at once, so facades already listening, polls
+        and the pool close in order; whoever runs the process turns :attr:`exit_status` into
+        the exit status (:func:`nvpair.tap.exit_with_status`, :func:`nvpair.cli.main`).
         """
         self.log.error("{why}: ending the process", why=why)
         if self.exit_status:
@@ -240,6 +240,10 @@ def _link_broker(
 
     def link_lost() -> None:
         # Broker EOF is the graceful shutdown signal: stop serving, close the pool, exit 0.
+        # A link that the shutdown itself closed (a signal, ProxyService.fail) has nothing left
+        # to stop: the reactor, already stopping, would refuse a second stop with an error.
+        if not root.running:
+            return
         root.log.info("broker link closed: shutting down")
         if core.running:
             core.stop()
@@ -384,7 +388,5 @@ def build(
             live=activity.counts,
         )
         site = QuietSite(admin.app.resource())
-        TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(
-            root
-        )
+        AdminListener(reactor, config.admin_port, site, root.fail).setServiceParent(root)
     return root

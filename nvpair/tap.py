@@ -20,6 +20,8 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 from twisted.application.service import IService
 from twisted.python import usage
 
+from nvpair.cli_actions import PROG as PROG
+from nvpair.cli_actions import ActionOptions
 from nvpair.config import DEFAULTS, Config, parse_count
 from nvpair.durations import parse_duration
 from nvpair.fleetfile import FleetFileError, load_fleet
@@ -39,9 +41,6 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     from nvpair.service import ProxyService
-
-#: The program's name in its own messages (usage errors, the terminal hint).
-PROG = "nvpair-proxy"
 
 #: The exit status of a usage error (POSIX utilities' and argparse's convention).
 USAGE_STATUS = 2
@@ -84,7 +83,7 @@ def _nonempty(text: str) -> str:
     return text
 
 
-class Options(usage.Options):
+class Options(ActionOptions):
     """Options for ``twistd -n nvpair-proxy`` (docs/README.md#command-line)."""
 
     synopsis = "[options]"
@@ -245,7 +244,7 @@ class Options(usage.Options):
 #: Said on stderr when the process waits for a broker on a terminal: a person typed the command.
 TERMINAL_HINT = f"""\
 {PROG}: waiting for a broker on stdin (JSON-RPC, one object per line): no --fleet was given.
-  To run standalone:  {PROG} --fleet FILE   (an example: etc/fleet.example.toml)
+  To run standalone:  {PROG} --fleet FILE   ({PROG} --example-fleet prints one to start from)
   To try it first:    make demo   (in a source checkout: simulated engines behind all three facades)
   Ctrl-D or Ctrl-C ends this process.
 """

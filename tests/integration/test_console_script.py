@@ -18,6 +18,8 @@ import pytest
 import pytest_twisted
 import treq
 
+from nvpair import examples
+from nvpair.fleetfile import load_fleet
 from tests.integration.conftest import running_proxy, sims
 from tests.integration.harness import NVPAIR_PROXY, TWISTD, free_port, write_fleet
 from tests.integration.test_fleet import eventually
@@ -68,6 +70,10 @@ def test_version_is_nvpair_proxys(tmp_path: Path, runner: str) -> None:
             ["--bind", "nosuchhost.invalid"],
             "nvpair-proxy: --bind: cannot resolve host 'nosuchhost.invalid': Name or service "
             "not known",
+        ),
+        (
+            ["--reactor", "bogus"],
+            "nvpair-proxy: --reactor: no reactor named 'bogus' (twistd --help-reactors lists them)",
         ),
     ],
 )
@@ -148,6 +154,66 @@ def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path, runner
     assert not (tmp_path / "twistd.pid").exists()
 
 
+def _said(stderr: str) -> list[tuple[str, str]]:
+    """What the process said at warn level and above: (level, message) per line; every line
+    of ``stderr`` must be a JSON record (a traceback's lines are not)."""
+    records = [json.loads(line) for line in stderr.splitlines()]
+    return [(r["level"], r["msg"]) for r in records if r["level"] in ("warn", "error")]
+
+
+@pytest.mark.parametrize(
+    ("runner", "mode"),
+    [("console-script", "fleet"), ("twistd", "fleet"), ("console-script", "broker")],
+)
+def test_an_admin_port_in_use_ends_the_process_in_two_lines(
+    tmp_path: Path, runner: str, mode: str
+) -> None:
+    """``--admin-port`` on a port already taken is said as a facade's port is (docs/operations.md
+    #the-admin-listener): a warning naming the address, the error that ends the process, exit
+    status 1 after the ordered shutdown; never a traceback (it was 36 lines of one)."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        args = ["--state-dir", str(tmp_path), "--admin-port", str(taken)]
+        if mode == "fleet":
+            fleet = tmp_path / "fleet.toml"
+            fleet.write_text(
+                f"[facades.llamacpp]\nport = {free_port()}\n"
+                '[[nodes]]\nid = "a"\n[nodes.engines]\nllamacpp = "http://127.0.0.1:9"\n'
+            )
+            args += ["--fleet", str(fleet)]
+        # stdin a pipe kept open, as a broker's: the process must end by itself.
+        out_file, err_file = tmp_path / "stdout", tmp_path / "stderr"
+        with out_file.open("wb") as out_sink, err_file.open("wb") as err_sink:
+            proxy = subprocess.Popen(
+                [*RUNNERS[runner], *args],
+                stdin=subprocess.PIPE,
+                stdout=out_sink,
+                stderr=err_sink,
+                cwd=tmp_path,
+                env=clean_env(),
+            )
+            try:
+                proxy.wait(timeout=30)
+            finally:
+                if proxy.poll() is None:
+                    proxy.kill()
+                    proxy.wait()
+                assert proxy.stdin is not None
+                proxy.stdin.close()
+        out, err = out_file.read_text(), err_file.read_text()
+    assert proxy.returncode == 1, err[-2000:]
+    why = f"cannot listen on 127.0.0.1:{taken}: [Errno 98] Address already in use"
+    assert _said(err) == [
+        ("warn", why),
+        ("error", f"admin listener not started: {why}: ending the process"),
+    ]
+    assert "Traceback" not in err
+    assert '"msg":"Main loop terminated."' in err  # stopped, not crashed
+    assert out == ""
+
+
 @pytest_twisted.ensureDeferred
 async def test_console_script_serves_a_fleet_and_writes_no_pid_file(tmp_path: Path) -> None:
     """``nvpair-proxy --fleet FILE`` is the standalone server: in the foreground, JSON logs on
@@ -178,6 +244,62 @@ async def test_console_script_serves_a_fleet_and_writes_no_pid_file(tmp_path: Pa
             assert [p.name for p in run_dir.iterdir() if p.suffix == ".pid"] == []
             assert proxy.raw_stdout == b"" and proxy.bad_log_lines == []
             assert any(r.get("msg", "").startswith("twistd ") for r in proxy.logs)
+
+
+#: The files the package ships, by the option that prints each (docs/README.md#command-line).
+SHIPPED = {"--example-fleet": examples.FLEET, "--systemd-unit": examples.SYSTEMD_UNIT}
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+@pytest.mark.parametrize("flag", sorted(SHIPPED))
+def test_a_shipped_file_is_printed(tmp_path: Path, runner: str, flag: str) -> None:
+    """``--example-fleet`` and ``--systemd-unit`` print the package's own copy on stdout and
+    exit 0, starting nothing: a ``pip install`` needs no source tree."""
+    result = run([*RUNNERS[runner], flag], tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == examples.text(SHIPPED[flag])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_printed_example_is_a_fleet_file(tmp_path: Path) -> None:
+    """What ``nvpair-proxy --example-fleet > fleet.toml`` writes is read by the fleet-file
+    loader as it stands: two facades, two nodes."""
+    result = run([NVPAIR_PROXY, "--example-fleet"], tmp_path)
+    path = tmp_path / "fleet.toml"
+    path.write_text(result.stdout)
+    fleet = load_fleet(path)
+    assert sorted(fleet.facades) == ["llamacpp", "ollama"]
+    assert [node.id for node in fleet.nodes] == ["gpu-box-1", "gpu-box-2"]
+
+
+def _printed_into(flag: str, stdout: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [NVPAIR_PROXY, flag],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=clean_env(),
+        timeout=60,
+    )
+
+
+def test_a_shipped_file_to_a_stdout_that_cannot_take_it() -> None:
+    """A full disk is one line and exit 1, not a traceback; a reader that is gone (``| head``)
+    is exit 1 and nothing said."""
+    with open("/dev/full", "w") as full:
+        result = _printed_into("--example-fleet", full)
+    assert (result.returncode, result.stderr) == (
+        1,
+        "nvpair-proxy: cannot write fleet.example.toml to stdout: No space left on device\n",
+    )
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        result = _printed_into("--systemd-unit", writer)
+    finally:
+        os.close(writer)
+    assert (result.returncode, result.stderr) == (1, "")
 
 
 def _read_until(stream: Any, marker: bytes, timeout: float = 30) -> bytes:
@@ -216,6 +338,8 @@ def test_on_a_terminal_it_says_it_waits_for_a_broker(tmp_path: Path) -> None:
         os.close(controller)
     assert "nvpair-proxy: waiting for a broker on stdin" in said
     assert "nvpair-proxy --fleet FILE" in said and "make demo" in said
+    # An installed copy has no source tree: the example is a command, not a path in one.
+    assert "nvpair-proxy --example-fleet" in said and "etc/" not in said
     assert out == b""
 
 
