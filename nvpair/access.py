@@ -10,7 +10,7 @@ content: no query string, body or header reaches it.
 
 from __future__ import annotations
 
-from attrs import asdict, frozen
+from attrs import fields, frozen
 from twisted.logger import Logger
 
 from nvpair.engines import RouteClass
@@ -59,7 +59,7 @@ class Finished:
 
     def fields(self) -> dict[str, object]:
         """The line's fields: only those known."""
-        return {name: value for name, value in asdict(self).items() if value is not None}
+        return {name: value for name in _FIELDS if (value := getattr(self, name)) is not None}
 
     def template(self) -> str:
         """The line's message: method, path and status, those of them known."""
@@ -85,6 +85,9 @@ def refused(
         route=None if route is None else route.value,
         outcome=reason,
     )
+
+
+_FIELDS = tuple(field.name for field in fields(Finished))
 
 
 class AccessLog:

@@ -92,8 +92,21 @@ def named_fields(template: str) -> frozenset[str]:
     return frozenset(re.split(r"[.\[]", name, maxsplit=1)[0] for _, name, _, _ in parsed if name)
 
 
+def _safe(value: object) -> bool:
+    """A value that reads as itself in a message, unescaped (the common case)."""
+    if isinstance(value, str):
+        return _plain(value, _BARE_IN_MESSAGE)
+    return value is None or isinstance(value, int | float)
+
+
 def message(template: str, fields: Mapping[str, Any]) -> str | None:
     """``template`` filled from ``fields``, each value escaped; None when it does not format."""
+    if all(_safe(fields.get(name)) for name in named_fields(template)):
+        # Nothing to escape: str.format_map, in C, rather than the escaping formatter's Python.
+        try:
+            return template.format_map(fields)
+        except Exception:
+            pass
     try:
         return _FORMATTER.vformat(template, (), fields)
     except Exception:
