@@ -18,7 +18,9 @@ from prometheus_client import (
     generate_latest,
 )
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
 from twisted.web.server import Site
 
 from nvpair.control import ControlState
@@ -168,6 +170,19 @@ class QuietSite(Site):
     an admin listener (docs/performance.md#memory)."""
 
     noisy = False
+    _logger = Logger(namespace="nvpair.admin")
+
+    def __init__(self, resource: IResource, host: str, port: int) -> None:
+        """:param host: and :param port: where it listens, for the line that says so."""
+        super().__init__(resource)  # type: ignore[no-untyped-call]
+        self._where = (host, port)
+
+    def startFactory(self) -> None:
+        # Its port is bound by now (Twisted starts a factory once its socket is); this line
+        # stands for Twisted's own "QuietSite starting on …", which the log drops.
+        super().startFactory()
+        host, port = self._where
+        self._logger.info("admin listener on {host}:{port}", host=host, port=port)
 
     def log(self, request: object) -> None:
         """No access log (docs/README.md#logging: per-request lines stay below info)."""

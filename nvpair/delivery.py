@@ -37,6 +37,8 @@ async def try_node(
         if outgoing.route is RouteClass.PEER
         else services.activity.tracking(job.admitted.engine.id, node.id)
     )
+    job.node = node.id
+    job.dispatches += 1
     with tracking:
         outcome = await services.attempts.run(outgoing, node, final, job.cancelled)
         if job.trail is not None:

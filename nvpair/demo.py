@@ -198,7 +198,7 @@ below (a failed attempt, a node held back or leaving discovery), and on the admi
 
   curl -s http://127.0.0.1:{admin}/status     (every node's state and health, the last workloads)
 
-Proxy logs (JSON lines) follow on stderr; state in {state} (removed at the end).
+Proxy logs follow on stderr; state in {state} (removed at the end).
 Ctrl-C stops everything.
 """
 )

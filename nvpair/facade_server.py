@@ -197,11 +197,11 @@ class Gate(TypingProtocol):
         :param target: the request target as sent.
         """
 
-    def refusal_answer(self, refusal: Refusal, target: bytes, *, head_only: bool) -> bytes:
+    def refusal_answer(self, refusal: Refusal, target: bytes, method: bytes) -> bytes:
         """A whole answer to ``refusal``, in the facade's dialect, saying the connection closes.
 
         :param target: the request target as sent (``b"/"`` when no request line was read).
-        :param head_only: the request was ``HEAD``: no body after the head.
+        :param method: the request's method (empty when no request line was read).
         """
 
     def serve(self, request: FacadeRequest) -> None:
@@ -969,8 +969,8 @@ class FacadeChannel(Protocol):
             return
         self._disarm_head_timer()
         target = request.uri if request is not None and request.uri else b"/"
-        head_only = request is not None and request.method == b"HEAD"
-        self.outlet.send(self.site.gate.refusal_answer(refusal, target, head_only=head_only))
+        method = request.method if request is not None else b""
+        self.outlet.send(self.site.gate.refusal_answer(refusal, target, method))
         if request is None or request is not self._parsing:
             self.close()
             return

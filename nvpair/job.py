@@ -68,6 +68,10 @@ class Job:
     trail: Trail | None = None
     #: When the answer served began (the commit), on the process clock.
     committed_at: float | None = None
+    #: The node last dispatched to: the one whose answer (or failure) the client got.
+    node: str | None = None
+    #: Dispatches made, on any route.
+    dispatches: int = 0
 
     def cancelled(self) -> bool:
         """Whether the request itself was cancelled (the parent scope)."""

@@ -16,6 +16,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
+from nvpair.access import FAN_OUT, AccessLog, Finished, bounded_path, millis
 from nvpair.activity import NodeActivity
 from nvpair.attempt import Attempts
 from nvpair.budget import RetryBudget
@@ -60,6 +61,7 @@ class RequestPath(RequestHandler):
     :param recent: where admitted workloads and their attempts are recorded for the admin
         ``/status``; None when no admin listener runs.
     :param servers: each route class's server (:data:`SERVERS`).
+    :param access: the access log; None when it is off.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class RequestPath(RequestHandler):
         recent: RecentWorkloads | None = None,
         metrics: Metrics | None = None,
         servers: Mapping[RouteClass, Server] = SERVERS,
+        access: AccessLog | None = None,
     ) -> None:
         self._servers = servers
         candidates = Candidates(control, reservations, fleet)
@@ -97,6 +100,7 @@ class RequestPath(RequestHandler):
             metrics=metrics,
         )
         self._jobs: set[Job] = set()
+        self._access = access
 
     @property
     def in_flight(self) -> int:
@@ -143,6 +147,8 @@ class RequestPath(RequestHandler):
             job.workload.terminal(state, error, job.stats)
         if services.metrics is not None:
             counted(services.metrics, job, services.clock.seconds())
+        if self._access is not None:
+            self._access.write(finished(job, services.clock.seconds()))
         return result
 
 
@@ -190,6 +196,25 @@ def counted(metrics: Metrics, job: Job, now: float) -> None:
         now - job.created,
         None if committed is None else committed - job.created,
         job.stats,
+    )
+
+
+def finished(job: Job, now: float) -> Finished:
+    """An admitted request's access line, when its job ends (docs/README.md#the-access-log)."""
+    admitted, request = job.admitted, job.request
+    committed = job.committed_at
+    return Finished(
+        engine=admitted.engine.id,
+        method=admitted.method.decode("latin-1"),
+        path=bounded_path(admitted.path),
+        # What was written, if anything was: a requester gone before any answer has none.
+        status=request.code if request.startedWriting else None,
+        route=admitted.route.value,
+        outcome=outcome(job),
+        node=job.node,
+        attempts=None if admitted.route in FAN_OUT else job.dispatches,
+        ttfb_ms=None if committed is None else millis(committed - job.created),
+        duration_ms=millis(now - job.created),
     )
 
 

@@ -25,7 +25,7 @@ from nvpair.broker import (
 from nvpair.control import ControlState, Node, PriorityEntry
 from nvpair.engines import ENGINES, Engine
 from nvpair.facade_manager import FacadeError, FacadeManager
-from nvpair.logs import JsonLineObserver, parse_level
+from nvpair.logs import LogObserver, parse_level
 from nvpair.ports import parse_aliases, valid_port
 
 #: The largest generation accepted: a scheduler's counter fits an int64. A bigger one is no real
@@ -179,7 +179,7 @@ class BrokerMethods(MethodTable):
         self,
         control: ControlState,
         facades: FacadeManager,
-        observer: JsonLineObserver,
+        observer: LogObserver,
         on_link_lost: Callable[[], None],
         on_enabled: Callable[[str], None],
     ) -> None:

@@ -25,6 +25,7 @@ from twisted.python.components import Componentized
 from twisted.python.failure import Failure
 from twisted.web.iweb import IPolicyForHTTPS
 
+from nvpair.access import AccessLog
 from nvpair.activity import NodeActivity
 from nvpair.admin_listener import AdminListener
 from nvpair.admission import this_machine
@@ -36,7 +37,7 @@ from nvpair.facade_manager import FacadeManager
 from nvpair.fleet import FleetService
 from nvpair.fleetfile import FleetFileError, load_fleet
 from nvpair.health import HealthPolicy
-from nvpair.logs import JsonLineObserver
+from nvpair.logs import LogObserver, chosen_format
 from nvpair.metrics import Metrics
 from nvpair.outbox import BrokerOutbox, LogOutbox
 from nvpair.recent import RecentWorkloads
@@ -44,6 +45,7 @@ from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
 from nvpair.scheduling import FleetScheduler
+from nvpair.twistedlines import TwistedLines, event_loop
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
 
@@ -148,7 +150,7 @@ class FleetReloadService(Service):
 class ProxyService(MultiService):
     """The root service: owns the request path, the facades and the shared pool.
 
-    In ``setServiceParent`` it registers the JSON log observer on the twistd Application, so
+    In ``setServiceParent`` it registers the log observer on the twistd Application, so
     every line twistd itself logs goes to stderr too (twistd -n would otherwise log to stdout,
     which belongs to the broker).
     """
@@ -157,7 +159,7 @@ class ProxyService(MultiService):
 
     def __init__(
         self,
-        observer: JsonLineObserver,
+        observer: LogObserver,
         facades: FacadeManager,
         request_path: RequestPath,
         upstream: Upstream,
@@ -275,6 +277,16 @@ def _peer_tls(
     return PinnedPeers(lambda: cluster.membership, control.node_for_address)
 
 
+def _observer(reactor: object, config: Config, out: IO[str]) -> LogObserver:
+    """The log: text for a person at a terminal, else JSON (``--log-format``); Twisted's own
+    lines in the process's words either way."""
+    from nvpair.tap import version
+
+    text = chosen_format(config.log_format, out) == "text"
+    lines = TwistedLines(version(), event_loop(reactor))
+    return LogObserver(out, config.log_level, text=text, readable=lines)
+
+
 def build(
     reactor: IReactorTCP,
     config: Config,
@@ -284,10 +296,11 @@ def build(
     """Construct the whole process.
 
     :param reactor: the reactor: TCP, and (adapted) time and process control.
-    :param log_out: where JSON log lines go (stderr by default).
+    :param log_out: where log lines go (stderr by default).
     """
     clock, core = IReactorTime(reactor), IReactorCore(reactor)
-    observer = JsonLineObserver(log_out or sys.stderr, config.log_level)
+    observer = _observer(reactor, config, log_out or sys.stderr)
+    access_log = AccessLog() if config.access_log else None
     control = ControlState()
     cluster = ClusterWatch(clock, config.cluster_dir)
     upstream = Upstream(reactor, config.dial_timeout, _peer_tls(config, cluster, control))
@@ -323,6 +336,7 @@ def build(
         fleet=scheduler,
         recent=recent,
         metrics=metrics,
+        access=access_log,
     )
     facades = FacadeManager(
         reactor,
@@ -335,6 +349,7 @@ def build(
         idle_timeout=config.idle_timeout,
         backlog=config.listen_backlog,
         membership=lambda: cluster.membership,
+        access_log=access_log,
     )
 
     def membership_changed(_: object) -> None:
@@ -387,6 +402,6 @@ def build(
             metrics=metrics,
             live=activity.counts,
         )
-        site = QuietSite(admin.app.resource())
+        site = QuietSite(admin.app.resource(), "127.0.0.1", config.admin_port)
         AdminListener(reactor, config.admin_port, site, root.fail).setServiceParent(root)
     return root

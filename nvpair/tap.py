@@ -25,7 +25,7 @@ from nvpair.cli_actions import ActionOptions
 from nvpair.config import DEFAULTS, Config, parse_count
 from nvpair.durations import parse_duration
 from nvpair.fleetfile import FleetFileError, load_fleet
-from nvpair.logs import parse_level
+from nvpair.logs import parse_level, parse_log_format
 from nvpair.ports import ascii_digits, bind_host, valid_port
 
 #: option name -> environment variable consulted when the flag is not given.
@@ -121,6 +121,7 @@ class Options(ActionOptions):
             ("client-write-timeout", "A client that accepts no bytes this long is dropped."),
             ("max-request-body", "Larger request bodies (bytes) get 413."),
             ("log-level", "debug, info, warn or error."),
+            ("log-format", "text, json, or auto: text when stderr is a terminal, else json."),
             ("admin-port", "Loopback-only admin listener (health, metrics, status)."),
             (
                 "request-head-timeout",
@@ -145,6 +146,10 @@ class Options(ActionOptions):
             ("cooldown", "Fleet mode: the first cool-down of a held-back node; 0 holds none."),
             ("cooldown-max", "Fleet mode: cool-downs double up to this."),
         )
+    ]
+
+    optFlags: list[list[Any]] = [
+        ["access-log", None, "One info line per finished request (never its content)."],
     ]
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
@@ -227,6 +232,8 @@ class Options(ActionOptions):
             client_write_timeout=self._defaulted("client-write-timeout", parse_duration),
             max_request_body=self._defaulted("max-request-body", parse_count),
             log_level=self._defaulted("log-level", parse_level),
+            log_format=self._defaulted("log-format", parse_log_format),
+            access_log=bool(self["access-log"]),
             admin_port=self._parse("admin-port", _port),
             request_head_timeout=self._defaulted("request-head-timeout", parse_duration),
             idle_timeout=self._defaulted("idle-timeout", parse_duration),

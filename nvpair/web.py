@@ -28,6 +28,10 @@ class ProxiedRequest(Protocol):
     responseHeaders: Headers
 
     @property
+    def code(self) -> int | None:
+        """The answer's status, once set."""
+
+    @property
     def finished(self) -> bool | int:
         """The answer has been finished."""
 

@@ -37,7 +37,7 @@ from twisted.python.failure import Failure
 from nvpair.broker import FACADE_SCOPED, MAX_LINE, RpcError, resolve_address
 from nvpair.control import PriorityEntry
 from nvpair.engines import ENGINES
-from nvpair.logs import JsonLineObserver, debug_enabled
+from nvpair.logs import LogObserver, debug_enabled
 from nvpair.rpc import MAX_GENERATION
 from nvpair.status import FacadeView, status_document
 from tests.test_rpc import TAKEN_PORT, Stack, build_stack
@@ -65,7 +65,7 @@ def fuzz_stack() -> Iterator[Stack]:
         finally:
             globalLogPublisher.removeObserver(stack.observer)
             # log/set-level flips the process-wide debug gate; put it back for other tests.
-            JsonLineObserver(io.StringIO(), LogLevel.debug if was_debug else LogLevel.info)
+            LogObserver(io.StringIO(), LogLevel.debug if was_debug else LogLevel.info)
 
 
 def feed(stack: Stack, chunks: Iterable[bytes], eof: bool = False) -> None:

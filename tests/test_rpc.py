@@ -20,7 +20,7 @@ from nvpair.control import ControlState
 from nvpair.engines import LMSTUDIO, OLLAMA
 from nvpair.facade_manager import FacadeManager
 from nvpair.http_facade import RequestHandler
-from nvpair.logs import JsonLineObserver
+from nvpair.logs import LogObserver
 from nvpair.rpc import MAX_GENERATION, BrokerMethods, parse_nodes, parse_priority
 
 #: A port the stack's reactor refuses to bind, so bind failures (-32001) are reachable.
@@ -62,7 +62,7 @@ class Stack:
     transport: StringTransport
     control: ControlState
     facades: FacadeManager
-    observer: JsonLineObserver
+    observer: LogObserver
     log: io.StringIO
     lost: list[None]
     subscribe_failures: list[Failure]
@@ -87,7 +87,7 @@ class Stack:
 def build_stack(state_dir: Path) -> Stack:
     reactor = _Reactor()
     log = io.StringIO()
-    observer = JsonLineObserver(log)
+    observer = LogObserver(log)
     control = ControlState()
     outbox = _Outbox()
     facades = FacadeManager(

@@ -36,6 +36,12 @@ def test_defaults_are_the_specs_values() -> None:
     assert config.retry_backoff == 0.25 and config.client_write_timeout == 60
     assert config.max_request_body == 67108864 and config.log_level == LogLevel.info
     assert config.admin_port is None
+    assert (config.log_format, config.access_log) == ("auto", False)
+
+
+def test_log_format_and_access_log() -> None:
+    config = parse(["--log-format", "text", "--access-log"]).config
+    assert config is not None and (config.log_format, config.access_log) == ("text", True)
 
 
 def test_xdg_state_home() -> None:
@@ -72,6 +78,7 @@ def test_go_durations() -> None:
         (["--max-dispatch-attempts", "two"], "--max-dispatch-attempts"),
         (["--max-request-body", "0"], "--max-request-body"),
         (["--log-level", "trace"], "--log-level"),
+        (["--log-format", "yaml"], "--log-format"),
         (["--admin-port", "0"], "--admin-port"),
         (["--owner-wait", "30"], "--owner-wait"),
         (["--fail-threshold", "0"], "--fail-threshold"),

@@ -356,7 +356,7 @@ def test_the_console_script_serves_a_fleet_file(tmp_path: Path, sims: dict[str, 
         assert answered_by(port) == (200, "node-a")
     # Ended as twistd ends on SIGTERM: an ordered shutdown, then the signal's own status.
     assert proxy.process.returncode == -signal.SIGTERM
-    assert '"msg":"Main loop terminated."' in proxy.err.read_text()
+    assert proxy.err.read_text().endswith('"msg":"nvpair-proxy stopped"}\n')
     assert proxy.out.read_bytes() == b""
 
 
@@ -474,7 +474,7 @@ def test_the_uvloop_reactor_serves_a_fleet_file(
     with child(shlex.split(command), tmp_path, environ(tmp_path)) as proxy:
         eventually(ollama_lists_llama3(port), "the facade lists llama3")
         assert answered_by(port) == (200, "node-a")
-    assert "AsyncioSelectorReactor" in proxy.err.read_text()
+    assert '"msg":"event loop: asyncio on uvloop"' in proxy.err.read_text()
 
 
 # -- README.md: as a systemd service --------------------------------------------------------------
