@@ -30,10 +30,11 @@ from nvpair.engines import Engine, RouteClass
 from nvpair.facade_server import FacadeRequest, Refusal, origin_form
 from nvpair.logs import debug_enabled
 from nvpair.proxy_answers import head_refusal, write_error
+from nvpair.reasons import Reason
 from nvpair.web import ProxiedRequest
 
-FORBIDDEN = Refusal("forbidden")
-FORBIDDEN_HOST = Refusal("forbidden-host")
+FORBIDDEN = Refusal(Reason.FORBIDDEN)
+FORBIDDEN_HOST = Refusal(Reason.FORBIDDEN_HOST)
 
 
 def is_preflight(request: FacadeRequest) -> bool:
@@ -101,7 +102,7 @@ class Facade:
         except Exception:
             self.log.failure("admitting a request failed", engine=self.engine.id)
             if not request.startedWriting:
-                write_error(request, self.engine, "internal")
+                write_error(request, self.engine, Reason.INTERNAL)
 
     def refusal_at_head(
         self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
@@ -195,6 +196,6 @@ class Facade:
         if request.finished or request.channel is None:
             return
         if not request.startedWriting:
-            write_error(request, self.engine, "internal")
+            write_error(request, self.engine, Reason.INTERNAL)
         else:
             request.loseConnection()

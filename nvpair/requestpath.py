@@ -29,6 +29,7 @@ from nvpair.forwarding import serve_once_each, serve_peer
 from nvpair.http_facade import Admitted, RequestHandler
 from nvpair.job import Ending, Job, Services
 from nvpair.metrics import Metrics
+from nvpair.reasons import Reason
 from nvpair.recent import RecentWorkloads
 from nvpair.reservations import Reservations
 from nvpair.scheduling import FleetScheduler
@@ -176,7 +177,7 @@ def outcome(job: Job) -> str:
         return "served"
     if job.ending is not None:
         return "cancelled"
-    return job.refused or "internal"
+    return (job.refused or Reason.INTERNAL).value
 
 
 def counted(metrics: Metrics, job: Job, now: float) -> None:
@@ -199,11 +200,11 @@ def terminal(job: Job, result: object) -> tuple[State, str | None]:
         # The requester left, stopped reading, or we shut down: never a node failure.
         return State.CANCELLED, job.ending.value
     if isinstance(result, Failure):
-        return State.FAILED, "internal"
+        return State.FAILED, Reason.INTERNAL.value
     if job.served_status is not None:
         if 200 <= job.served_status < 300:
             # A stream truncated by its node dying still completed: it started, and the
             # proxy cannot tell a truncated stream from a whole one.
             return State.COMPLETED, None
         return State.FAILED, f"upstream status {job.served_status}"
-    return State.FAILED, job.refused or "internal"
+    return State.FAILED, (job.refused or Reason.INTERNAL).value

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from nvpair.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.reasons import Reason
 
 
 @pytest.mark.parametrize(
@@ -57,11 +58,11 @@ def test_ports_and_port_files() -> None:
 
 def test_error_body_dialects() -> None:
     """Ollama native routes say {"error": msg}; everything else OpenAI's envelope."""
-    assert json.loads(OLLAMA.error_body("/api/chat", "m", "no-owner")) == {"error": "m"}
+    assert json.loads(OLLAMA.error_body("/api/chat", "m", Reason.NO_OWNER)) == {"error": "m"}
     openai = {"error": {"message": "m", "type": "nvpair_proxy", "code": "no-owner"}}
-    assert json.loads(OLLAMA.error_body("/v1/chat/completions", "m", "no-owner")) == openai
-    assert json.loads(LMSTUDIO.error_body("/api/v0/models", "m", "no-owner")) == openai
-    assert json.loads(LLAMACPP.error_body("/completion", "m", "no-owner")) == openai
+    assert json.loads(OLLAMA.error_body("/v1/chat/completions", "m", Reason.NO_OWNER)) == openai
+    assert json.loads(LMSTUDIO.error_body("/api/v0/models", "m", Reason.NO_OWNER)) == openai
+    assert json.loads(LLAMACPP.error_body("/completion", "m", Reason.NO_OWNER)) == openai
 
 
 def test_ollama_model_keys_normalize_and_others_match_exactly() -> None:
