@@ -3,7 +3,7 @@
 The loopback gate, Ollama's DNS-rebinding guard on ``Host``, and the model an inference body
 names (the request target's form is HTTP's, in :mod:`nvpair.facade_server`). The facade
 (:mod:`nvpair.http_facade`) applies them; keeping them here means each is tested as a plain
-function (docs/admission.md).
+function (docs/request-path.md#admission).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def _without_port(host: str) -> str:
 
 
 class BadBody(Exception):
-    """The body cannot be admitted: carries the contract's reason (``bad-json``, ...)."""
+    """The body cannot be admitted: carries the answer's reason (``bad-json``, ...)."""
 
     def __init__(self, reason: Reason) -> None:
         super().__init__(reason)

@@ -52,7 +52,7 @@ class RetryBudget:
         return cls(max_attempts, created + job_deadline, retry_backoff)
 
     def refusal(self, now: float) -> Reason | None:
-        """Why no dispatch may start now (the contract's reason), or None when one may."""
+        """Why no dispatch may start now (docs/retry-budget.md#the-bounds), or None when one may."""
         if self.used >= self.max_attempts:
             return Reason.ATTEMPTS_EXHAUSTED
         if now >= self.deadline:

@@ -82,7 +82,7 @@ CHUNKED = -1
 #: covers IPv4 addresses); empty when the target has no authority.
 _HOST = re.compile(rb"(?:\[[0-9A-Za-z:.%~_-]+\]|[0-9A-Za-z!$&'()*+,;=%._~-]*)(?::[0-9]*)?")
 
-#: RFC 9110 §5.6.2's token, which a method is (§9.1).
+#: RFC 9110 §5.6.2's token, which a method is (RFC 9110 §9.1).
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 

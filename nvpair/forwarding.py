@@ -2,8 +2,8 @@
 
 Non-inference routes may change state (``POST /api/pull`` starts a download), so their
 candidates are resolved once and each is tried at most once: no re-resolving, no backoff, no
-deadline (docs/retry-budget.md#other-routes). A pinned peer's request goes to this node's own
-engine and nowhere else: the peer already chose this node and runs its own failover.
+deadline (docs/retry-budget.md#non-inference-routes). A pinned peer's request goes to this
+node's own engine and nowhere else: the peer already chose this node and runs its own failover.
 """
 
 from __future__ import annotations

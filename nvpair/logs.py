@@ -23,7 +23,7 @@ from zope.interface import implementer
 
 COMPONENT = "nvpair-proxy"
 
-#: The contract's level names, mapped onto Twisted's levels.
+#: The level names (docs/README.md#logging), mapped onto Twisted's levels.
 LEVELS: dict[str, LogLevel] = {
     "debug": LogLevel.debug,
     "info": LogLevel.info,
@@ -64,7 +64,7 @@ def debug_enabled() -> bool:
 
 
 def parse_level(name: str) -> LogLevel:
-    """The LogLevel for a contract level name; ValueError naming the accepted ones."""
+    """The LogLevel for a level name; ValueError naming the accepted ones."""
     try:
         return LEVELS[name]
     except KeyError:

@@ -78,7 +78,7 @@ def _add(histogram: Histogram, labels: tuple[str, ...], counts: list[int], total
 
 
 class Metrics:
-    """What the request path counts (the counters and histograms of the contract's table).
+    """What the request path counts (the counters and histograms of docs/operations.md#metrics).
 
     Counted per request: :meth:`attempt_ended` per dispatch, :meth:`request_ended` per
     request. Read per scrape: the properties, summed over what was counted.

@@ -3,7 +3,7 @@
 Which server runs is a table lookup on the route class (:data:`SERVERS`). Whatever way a job
 ends — served, refused, the requester leaving, shutdown, a bug — :meth:`RequestPath.handle`
 runs the same cleanup: the reservation is released and exactly one terminal workload event is
-emitted (docs/request-path.md#workload-events). A server records how it answered (served or
+emitted (docs/request-path.md#workload-lifecycle). A server records how it answered (served or
 refused) on the job; one that ends without doing so is a bug, answered and counted as one.
 """
 
@@ -195,7 +195,7 @@ def counted(metrics: Metrics, job: Job, now: float) -> None:
 
 
 def terminal(job: Job, result: object) -> tuple[State, str | None]:
-    """A job's terminal workload state and error (docs/request-path.md#workload-events)."""
+    """A job's terminal workload state and error (docs/request-path.md#workload-lifecycle)."""
     if job.ending is not None:
         # The requester left, stopped reading, or we shut down: never a node failure.
         return State.CANCELLED, job.ending.value

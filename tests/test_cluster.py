@@ -1,4 +1,4 @@
-"""Cluster directory, pinning and first-byte sniffing, in memory (spec §7; issue 6).
+"""Cluster directory, pinning and first-byte sniffing, in memory (docs/cluster.md; issue 6).
 
 TLS runs for real (OpenSSL through TLSMemoryBIO) over iosim's in-memory transports; the
 server, the client and the pump share one Clock.

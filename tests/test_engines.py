@@ -1,4 +1,5 @@
-"""The engine registry: route classes, error envelopes, inventories (contract engine-routes.md)."""
+"""The engine registry: route classes, error envelopes, inventories
+(docs/README.md#adding-an-engine)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_route_classes(engine: object, method: bytes, path: str, expected: Route
 
 
 def test_ports_and_port_files() -> None:
-    """Spec §8's table."""
+    """The ports table (docs/ports.md#per-engine-ports)."""
     table = {
         e.id: (e.own_port, e.relocated_port, e.standalone_port, e.port_file)
         for e in ENGINES.values()

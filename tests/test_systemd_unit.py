@@ -66,8 +66,8 @@ def test_parse_unit_reads_repeated_keys_and_continuations() -> None:
 
 
 def test_it_runs_the_console_script_on_the_fleet_file(service: dict[str, list[str]]) -> None:
-    """Standalone fleet mode (contract "Standalone fleet file"), in the foreground under the
-    service manager, restarted when it fails and started at boot."""
+    """Standalone fleet mode (docs/broker-protocol.md#standalone-fleet-mode), in the foreground
+    under the service manager, restarted when it fails and started at boot."""
     command = shlex.split(one(service, "ExecStart"))
     assert command == [INSTALLED, "--fleet", "/etc/nvpair/fleet.toml"]
     assert one(service, "Type") == "exec"
