@@ -49,6 +49,12 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: Built once: :func:`json.loads` with a hook builds a decoder (and its scanner) per call, which
+#: costs about as much as decoding a broker line.
+_FINITE = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+_ANY_FLOAT = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def loads(data: str | bytes, *, finite: bool = True, lone_surrogates: bool = True) -> object:
     """The JSON value of ``data``; ValueError when it is not JSON text this reader accepts.
 
@@ -59,21 +65,16 @@ def loads(data: str | bytes, *, finite: bool = True, lone_surrogates: bool = Tru
     :raises NestedTooDeeply: nested past the parser's recursion limit.
     :raises ValueError: not JSON, or refused as above.
     """
+    text = (
+        data if isinstance(data, str) else data.decode(json.detect_encoding(data), "surrogatepass")
+    )
     try:
-        if finite:
-            value = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
-        else:
-            value = json.loads(data, parse_constant=_refuse_constant)
+        value = (_FINITE if finite else _ANY_FLOAT).decode(text)
     except RecursionError:
         raise NestedTooDeeply from None
-    if not lone_surrogates and _escapes_surrogate(data) and _has_lone_surrogate(value):
+    if not lone_surrogates and _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
         raise ValueError("lone surrogate escape")
     return value
-
-
-def _escapes_surrogate(data: str | bytes) -> bool:
-    # Bytes may be UTF-16 or UTF-32, where the escape is not these ASCII bytes: always walk.
-    return not isinstance(data, str) or _SURROGATE_ESCAPE.search(data) is not None
 
 
 def _has_lone_surrogate(value: object) -> bool:
