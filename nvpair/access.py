@@ -14,7 +14,7 @@ from attrs import fields, frozen
 from twisted.logger import Logger
 
 from nvpair.engines import RouteClass
-from nvpair.proxy_answers import REASONS
+from nvpair.reasons import Reason
 
 #: The longest path a line quotes: a path is metadata, but a client chooses its length.
 MAX_PATH = 256
@@ -70,7 +70,7 @@ class Finished:
 
 
 def refused(
-    engine: str, method: bytes, path: str | None, reason: str, route: RouteClass | None = None
+    engine: str, method: bytes, path: str | None, reason: Reason, route: RouteClass | None = None
 ) -> Finished:
     """A request the proxy refused before admitting it (at its head, or for its body).
 
@@ -81,9 +81,9 @@ def refused(
         engine=engine,
         method=method.decode("latin-1") or None,
         path=None if path is None else bounded_path(path),
-        status=REASONS[reason][0],
+        status=reason.status,
         route=None if route is None else route.value,
-        outcome=reason,
+        outcome=reason.value,
     )
 
 

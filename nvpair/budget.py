@@ -14,6 +14,8 @@ import math
 
 from attrs import evolve, field, frozen
 
+from nvpair.reasons import Reason
+
 #: The backoff doubles each round up to this multiple of the first one.
 BACKOFF_CAP = 8
 
@@ -49,12 +51,12 @@ class RetryBudget:
         """A fresh budget for a request admitted at ``created``."""
         return cls(max_attempts, created + job_deadline, retry_backoff)
 
-    def refusal(self, now: float) -> str | None:
-        """Why no dispatch may start now (the contract's reason), or None when one may."""
+    def refusal(self, now: float) -> Reason | None:
+        """Why no dispatch may start now (docs/retry-budget.md#the-bounds), or None when one may."""
         if self.used >= self.max_attempts:
-            return "attempts-exhausted"
+            return Reason.ATTEMPTS_EXHAUSTED
         if now >= self.deadline:
-            return "deadline"
+            return Reason.DEADLINE
         return None
 
     def spend(self) -> RetryBudget:

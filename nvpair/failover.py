@@ -22,6 +22,7 @@ from nvpair.durations import format_duration
 from nvpair.job import Job, Services
 from nvpair.outcome import Verdict, classify
 from nvpair.proxy_answers import no_owner_message, no_owner_timeout_message
+from nvpair.reasons import Reason
 from nvpair.routing import Plan
 
 
@@ -32,7 +33,9 @@ async def serve_inference(services: Services, job: Job) -> None:
     if not round_plan.candidates:
         # No owner at admission: a model nobody advertises will not become servable by
         # waiting, and nothing has been dispatched. Never admitted: no workload events.
-        job.refuse("no-owner", message=no_owner_message(job.admitted.model, _down(services, job)))
+        job.refuse(
+            Reason.NO_OWNER, message=no_owner_message(job.admitted.model, _down(services, job))
+        )
         return
     model = job.admitted.model
     job.workload = services.workloads.admit(engine.id, engine.model_display(model) if model else "")
@@ -47,7 +50,7 @@ async def serve_inference(services: Services, job: Job) -> None:
             wait = job.budget.owner_wait(clock.seconds())
             if wait is None:
                 job.refuse(
-                    "no-owner-timeout",
+                    Reason.NO_OWNER_TIMEOUT,
                     retry_after=job.budget.retry_after(),
                     message=no_owner_timeout_message(job.admitted.model, _bound(services, job)),
                 )
@@ -72,7 +75,7 @@ async def serve_inference(services: Services, job: Job) -> None:
         job.reservation = None
         pause = job.budget.pause(clock.seconds())
         if pause is None:
-            job.refuse("deadline", retry_after=job.budget.retry_after())
+            job.refuse(Reason.DEADLINE, retry_after=job.budget.retry_after())
             return
         await task.deferLater(clock, pause, lambda: None)
         job.budget = job.budget.backed_off()

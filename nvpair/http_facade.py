@@ -31,10 +31,11 @@ from nvpair.engines import Engine, RouteClass
 from nvpair.facade_server import FacadeRequest, Refusal, origin_form
 from nvpair.logs import debug_enabled
 from nvpair.proxy_answers import head_refusal, write_error
+from nvpair.reasons import Reason
 from nvpair.web import ProxiedRequest
 
-FORBIDDEN = Refusal("forbidden")
-FORBIDDEN_HOST = Refusal("forbidden-host")
+FORBIDDEN = Refusal(Reason.FORBIDDEN)
+FORBIDDEN_HOST = Refusal(Reason.FORBIDDEN_HOST)
 
 
 def is_preflight(request: FacadeRequest) -> bool:
@@ -106,8 +107,8 @@ class Facade:
         except Exception:
             self.log.failure("admitting a request failed", engine=self.engine.id)
             if not request.startedWriting:
-                self._refused(request.method, request.path.decode("latin-1"), "internal")
-                write_error(request, self.engine, "internal")
+                self._refused(request.method, request.path.decode("latin-1"), Reason.INTERNAL)
+                write_error(request, self.engine, Reason.INTERNAL)
 
     def refusal_at_head(
         self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
@@ -134,7 +135,7 @@ class Facade:
         )
 
     def _refused(
-        self, method: bytes, path: str | None, reason: str, route: RouteClass | None = None
+        self, method: bytes, path: str | None, reason: Reason, route: RouteClass | None = None
     ) -> None:
         if self._access is not None:
             self._access.write(access.refused(self.engine.id, method, path, reason, route))
@@ -214,6 +215,6 @@ class Facade:
         if request.finished or request.channel is None:
             return
         if not request.startedWriting:
-            write_error(request, self.engine, "internal")
+            write_error(request, self.engine, Reason.INTERNAL)
         else:
             request.loseConnection()

@@ -30,6 +30,7 @@ from nvpair.http_facade import Admitted
 from nvpair.inferstats import Stats
 from nvpair.metrics import Metrics
 from nvpair.proxy_answers import write_error
+from nvpair.reasons import Reason
 from nvpair.recent import RecentWorkloads, Trail
 from nvpair.reservations import Reservation, Reservations
 from nvpair.scheduling import FleetScheduler
@@ -61,7 +62,7 @@ class Job:
     #: fleet's, merged or intersected), if one was.
     served_status: int | None = None
     #: The reason of the proxy-generated answer, if the proxy answered.
-    refused: str | None = None
+    refused: Reason | None = None
     stats: Stats | None = None
     #: Where this workload's attempts are recorded for the admin ``/status``; None when no
     #: admin listener runs (or the route has no workload).
@@ -85,7 +86,7 @@ class Job:
             self.deferred.cancel()
 
     def refuse(
-        self, reason: str, *, retry_after: int | None = None, message: str | None = None
+        self, reason: Reason, *, retry_after: int | None = None, message: str | None = None
     ) -> None:
         """Answer with a proxy-generated error and remember why, for the terminal event.
 

@@ -26,7 +26,7 @@ from nvpair import logtext
 
 COMPONENT = "nvpair-proxy"
 
-#: The contract's level names, mapped onto Twisted's levels.
+#: The level names (docs/README.md#logging), mapped onto Twisted's levels.
 LEVELS: dict[str, LogLevel] = {
     "debug": LogLevel.debug,
     "info": LogLevel.info,
@@ -67,7 +67,7 @@ def debug_enabled() -> bool:
 
 
 def parse_level(name: str) -> LogLevel:
-    """The LogLevel for a contract level name; ValueError naming the accepted ones."""
+    """The LogLevel for a level name; ValueError naming the accepted ones."""
     try:
         return LEVELS[name]
     except KeyError:

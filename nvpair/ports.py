@@ -63,8 +63,8 @@ class PortCorrupt:
     """
     The file exists but cannot be used; the caller reports *reason* and ignores the file.
 
-    An unreadable file (a directory in its place, no permission) lands here too: the
-    contract's answer to a file we cannot use is the same whatever the cause.
+    An unreadable file (a directory in its place, no permission) lands here too: the answer to
+    a file we cannot use is the same whatever the cause (docs/ports.md#persisted-port-files).
     """
 
     reason: str

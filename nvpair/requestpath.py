@@ -3,7 +3,7 @@
 Which server runs is a table lookup on the route class (:data:`SERVERS`). Whatever way a job
 ends — served, refused, the requester leaving, shutdown, a bug — :meth:`RequestPath.handle`
 runs the same cleanup: the reservation is released and exactly one terminal workload event is
-emitted (docs/request-path.md#workload-events). A server records how it answered (served or
+emitted (docs/request-path.md#workload-lifecycle). A server records how it answered (served or
 refused) on the job; one that ends without doing so is a bug, answered and counted as one.
 """
 
@@ -30,6 +30,7 @@ from nvpair.forwarding import serve_once_each, serve_peer
 from nvpair.http_facade import Admitted, RequestHandler
 from nvpair.job import Ending, Job, Services
 from nvpair.metrics import Metrics
+from nvpair.reasons import Reason
 from nvpair.recent import RecentWorkloads
 from nvpair.reservations import Reservations
 from nvpair.scheduling import FleetScheduler
@@ -182,7 +183,7 @@ def outcome(job: Job) -> str:
         return "served"
     if job.ending is not None:
         return "cancelled"
-    return job.refused or "internal"
+    return (job.refused or Reason.INTERNAL).value
 
 
 def counted(metrics: Metrics, job: Job, now: float) -> None:
@@ -219,16 +220,16 @@ def finished(job: Job, now: float) -> Finished:
 
 
 def terminal(job: Job, result: object) -> tuple[State, str | None]:
-    """A job's terminal workload state and error (docs/request-path.md#workload-events)."""
+    """A job's terminal workload state and error (docs/request-path.md#workload-lifecycle)."""
     if job.ending is not None:
         # The requester left, stopped reading, or we shut down: never a node failure.
         return State.CANCELLED, job.ending.value
     if isinstance(result, Failure):
-        return State.FAILED, "internal"
+        return State.FAILED, Reason.INTERNAL.value
     if job.served_status is not None:
         if 200 <= job.served_status < 300:
             # A stream truncated by its node dying still completed: it started, and the
             # proxy cannot tell a truncated stream from a whole one.
             return State.COMPLETED, None
         return State.FAILED, f"upstream status {job.served_status}"
-    return State.FAILED, job.refused or "internal"
+    return State.FAILED, (job.refused or Reason.INTERNAL).value

@@ -1,7 +1,8 @@
 """The broker's methods: validate each message's params and apply it to the process.
 
 Every refusal names the offending field (``-32602``, ``error.data.field``). Handlers are small
-and synchronous: they update control state or a facade and return the contract's result.
+and synchronous: they update control state or a facade and return the method's result
+(docs/broker-protocol.md#broker-to-proxy).
 """
 
 from __future__ import annotations

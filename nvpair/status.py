@@ -225,7 +225,7 @@ def status_document(
     now: float,
     recent: RecentWorkloads | None = None,
 ) -> dict[str, object]:
-    """``GET /status`` (contract "Admin listener")."""
+    """``GET /status`` (docs/operations.md#status)."""
     nodes: dict[str, list[dict[str, object]]]
     if fleet is not None:
         reports = fleet.reports()

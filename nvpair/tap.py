@@ -1,7 +1,7 @@
 """``twistd nvpair-proxy``: the command line (docs/README.md#command-line), and a thin
 ``makeService``.
 
-Every option has its contract default; options with an environment variable take it when the
+Every option has its documented default; options with an environment variable take it when the
 flag is absent. A malformed value is a usage error naming the option, never a silent default:
 one line on stderr and a non-zero exit, under ``twistd`` as under the ``nvpair-proxy`` console
 script (:mod:`nvpair.cli`).
@@ -182,7 +182,7 @@ class Options(ActionOptions):
             usage_exit(error)
 
     def _value(self, name: str) -> str | None:
-        """The flag if given, else its environment variable, else the contract default."""
+        """The flag if given, else its environment variable, else the documented default."""
         flag: str | None = self[name]
         if flag is not None:
             return flag

@@ -1,5 +1,5 @@
-"""Fuzzing the broker link: the real BrokerProtocol over the real BrokerMethods (contract: "Nothing
-a broker sends can crash the process or a facade").
+"""Fuzzing the broker link: the real BrokerProtocol over the real BrokerMethods: nothing a broker
+sends can crash the process or a facade (docs/robustness.md#the-broker-link).
 
 Every example drives a fresh stack (control state, facades on a MemoryReactor, a temp state dir,
 the JSON log observer) over a StringTransport, and checks:
@@ -597,7 +597,7 @@ def enable_line(engine: str) -> Line:
 def test_every_request_gets_exactly_one_valid_answer(
     enabled: list[str], lines: list[Line], ends: list[bytes], cuts: list[int]
 ) -> None:
-    """Envelopes of every shape, every method of the contract, params good and bad: each
+    """Envelopes of every shape, every method of docs/broker-protocol.md, params good and bad: each
     request with a usable id is answered once with that id, and never -32603."""
     # Facades enabled first, so that facade methods mostly reach their handlers.
     lines = [*map(enable_line, enabled), *lines]

@@ -1,4 +1,5 @@
-"""Facade port rules (spec §8) on a MemoryReactor: defaults, persistence, moves, bind races."""
+"""Facade port rules (docs/ports.md) on a MemoryReactor: defaults, persistence, moves, bind
+races."""
 
 from __future__ import annotations
 

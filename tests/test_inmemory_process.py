@@ -197,9 +197,9 @@ def started_as_under_twistd(root: ProxyService) -> None:
 
 
 def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path) -> None:
-    """Contract: in fleet mode a facade that cannot bind ends the process with a non-zero
-    status and the reason on stderr. Nothing more starts (no poll), and the end is the ordered
-    shutdown, begun as soon as the reactor runs."""
+    """In fleet mode a facade that cannot bind ends the process (docs/ports.md#bind-failures)
+    with a non-zero status and the reason on stderr. Nothing more starts (no poll), and the end
+    is the ordered shutdown, begun as soon as the reactor runs."""
     reactor = _PortTaken(FACADE + 1)
     fleet = Fleet(
         60.0,

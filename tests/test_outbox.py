@@ -1,6 +1,6 @@
 """Fleet mode's outbox: each event one readable log record, its fields the record's own
-(contract "Standalone fleet file": workload events go to the log at debug level, operational
-fields only)."""
+(docs/README.md#logging: workload events go to the log at debug level, operational fields
+only)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for nvpair.ports: persisted per-engine ports (spec §8, cli-and-http.md "Files")."""
+"""Tests for nvpair.ports: persisted per-engine ports (docs/ports.md#persisted-port-files)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_round_trip(tmp_path: Path) -> None:
 
 
 def test_file_format(tmp_path: Path) -> None:
-    """The file is the contract's {"port": 11500}."""
+    """The file is the documented {"port": 11500}."""
     path = tmp_path / "proxy-port.json"
     write_persisted_port(path, 11500)
     assert json.loads(path.read_bytes()) == {"port": 11500}

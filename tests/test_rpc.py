@@ -336,7 +336,7 @@ def test_ignore_persisted_port_is_a_boolean(stack: Stack, flag: object) -> None:
 
 
 @pytest.mark.parametrize("level", [None, 1, "", "DEBUG", ["debug"], "critical"])
-def test_log_level_is_one_of_the_contract_names(stack: Stack, level: object) -> None:
+def test_log_level_is_one_of_the_documented_names(stack: Stack, level: object) -> None:
     assert answer_field(stack.request("log/set-level", {"level": level})) == "level"
 
 
@@ -382,7 +382,7 @@ def test_bind_failure_is_tagged(stack: Stack) -> None:
         ("conflict", -32602, {"field": "port"}),
     ],
 )
-def test_a_facade_refusal_becomes_the_contracts_error(
+def test_a_facade_refusal_becomes_the_documented_error(
     tag: str, code: int, data: dict[str, object]
 ) -> None:
     """The facade manager speaks in domain terms; the broker edge alone knows JSON-RPC."""

@@ -97,9 +97,9 @@ def test_parse_unit_reads_repeated_keys_and_continuations() -> None:
 def test_it_runs_the_console_script_on_the_fleet_file(
     unit_text: str, service: dict[str, list[str]]
 ) -> None:
-    """Standalone fleet mode (contract "Standalone fleet file") with the admin listener, so
-    that /metrics and the status page work under the service; in the foreground under the
-    service manager, restarted when it fails and started at boot."""
+    """Standalone fleet mode (docs/broker-protocol.md#standalone-fleet-mode) with the admin
+    listener, so that /metrics and the status page work under the service; in the foreground
+    under the service manager, restarted when it fails and started at boot."""
     command = shlex.split(one(service, "ExecStart"))
     assert command == [
         INSTALLED,

@@ -1,4 +1,5 @@
-"""The command line of the contract: defaults, env vars, Go durations, usage errors."""
+"""The command line (docs/README.md#command-line): defaults, env vars, Go durations, usage
+errors."""
 
 from __future__ import annotations
 

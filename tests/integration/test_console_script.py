@@ -81,8 +81,9 @@ def test_version_is_nvpair_proxys(tmp_path: Path, runner: str) -> None:
 def test_usage_error_is_one_line_naming_the_option(
     tmp_path: Path, runner: str, args: list[str], line: str
 ) -> None:
-    """Contract: a malformed value is a usage error: non-zero, one line naming the option, on
-    stderr; not twistd's whole help, and nothing on stdout (the broker's)."""
+    """A malformed value is a usage error (docs/README.md#command-line): non-zero, one line
+    naming the option, on stderr; not twistd's whole help, and nothing on stdout (the
+    broker's)."""
     result = run([*RUNNERS[runner], *args], tmp_path)
     assert result.returncode == 2
     assert result.stdout == ""
@@ -125,9 +126,9 @@ def test_a_fleet_file_mistake_is_one_line_saying_what_it_is(
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
 def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path, runner: str) -> None:
-    """Contract: in fleet mode a facade that cannot bind ends the process with a non-zero
-    status and the reason on stderr, after an ordered shutdown (the facade that did bind is
-    closed, and twistd's own epilogue runs: no pid file is left behind)."""
+    """In fleet mode a facade that cannot bind ends the process (docs/ports.md#bind-failures)
+    with a non-zero status and the reason on stderr, after an ordered shutdown (the facade that
+    did bind is closed, and twistd's own epilogue runs: no pid file is left behind)."""
     with socket.socket(socket.AF_INET6) as squatter:
         squatter.bind(("::", 0))
         squatter.listen()
