@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 from twisted.logger import Logger
 
 
@@ -20,6 +20,8 @@ class Node:
 
     :ivar models: the inventory exactly as the engine names it.
     :ivar model_keys: the same inventory as comparison keys (engine's normalization).
+    :ivar engine: the engine whose snapshot holds it (:meth:`ControlState.set_discovery` says
+        so): what a facade that reaches several engines' nodes dials it as.
     """
 
     id: str
@@ -27,6 +29,7 @@ class Node:
     url: str | None
     models: tuple[str, ...]
     model_keys: frozenset[str]
+    engine: str = ""
 
 
 @frozen
@@ -129,7 +132,9 @@ class ControlState:
         return engine in self._discovery
 
     def set_discovery(self, engine: str, nodes: Iterable[Node]) -> None:
-        snapshot = Discovery(tuple(nodes))
+        snapshot = Discovery(
+            tuple(node if node.engine == engine else evolve(node, engine=engine) for node in nodes)
+        )
         self._discovery[engine] = snapshot
         self.log.debug(
             "discovery for {engine}: {count} nodes", engine=engine, count=len(snapshot.nodes)

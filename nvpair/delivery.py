@@ -36,7 +36,7 @@ async def try_node(
     tracking = (
         contextlib.nullcontext()
         if outgoing.route is RouteClass.PEER
-        else services.activity.tracking(job.admitted.engine.id, node.id)
+        else services.activity.tracking(node.engine, node.id)
     )
     job.node = node.id
     job.dispatches += 1
@@ -45,7 +45,7 @@ async def try_node(
         if job.trail is not None:
             job.trail.attempt_ended(node.id, outcome)
         if services.metrics is not None:
-            services.metrics.attempt_ended(job.admitted.engine.id, node.id, outcome)
+            services.metrics.attempt_ended(node.engine, node.id, outcome)
         if isinstance(outcome, Served):
             await deliver(services, job, node, outcome)
             return None

@@ -12,10 +12,13 @@ about its node, and the wait for an owner is bounded by ``--owner-wait``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from twisted.internet import task
 from twisted.internet.defer import Deferred
 
 from nvpair.attempt import Failed, Fault, Outgoing
+from nvpair.candidates import model_key_on
 from nvpair.control import Discovery, Node
 from nvpair.delivery import answer_final, try_node
 from nvpair.durations import format_duration
@@ -38,7 +41,11 @@ async def serve_inference(services: Services, job: Job) -> None:
         )
         return
     model = job.admitted.model
-    job.workload = services.workloads.admit(engine.id, engine.model_display(model) if model else "")
+    # A workload's engine is that of the node it goes to: the facade's own, or for a facade
+    # reaching several engines, the first candidate's until a dispatch says otherwise.
+    job.workload = services.workloads.admit(
+        round_plan.candidates[0].engine, engine.model_display(model) if model else ""
+    )
     if services.recent is not None:
         job.trail = services.recent.admitted(job.workload)
     outgoing = job.outgoing()
@@ -55,7 +62,7 @@ async def serve_inference(services: Services, job: Job) -> None:
                     message=no_owner_timeout_message(job.admitted.model, _bound(services, job)),
                 )
                 return
-            await _owner_change(services, engine.id, wait)
+            await _owner_change(services, engine.serves, wait)
             job.budget = job.budget.backed_off()
             round_plan = candidates.plan(job.admitted)
             continue
@@ -106,6 +113,7 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
         job.budget = job.budget.spend()
         if reserving:
             job.reservation = services.reservations.move(job.reservation, node.id)
+        workload.engine = node.engine
         workload.submitted(node.id)
         dispatched = True
         failed = await _attempt(services, job, outgoing, node)
@@ -125,7 +133,12 @@ def _down(services: Services, job: Job) -> list[str]:
     fleet = services.fleet
     if fleet is None:
         return []
-    return fleet.owners_down(job.admitted.engine.id, job.admitted.model_key)
+    admitted = job.admitted
+    return sorted(
+        node
+        for engine in admitted.engine.serves
+        for node in fleet.owners_down(engine, model_key_on(engine, admitted))
+    )
 
 
 def _bound(services: Services, job: Job) -> str:
@@ -150,11 +163,11 @@ async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node)
     fleet = services.fleet
     if fleet is None:
         return await try_node(services, job, outgoing, node, job.budget.final)
-    engine = job.admitted.engine.id
+    engine = node.engine
     trial = fleet.health.dispatching(engine, node.id)
     # Counted as loading there from now, not from the node's next poll: a second request for
     # the model then joins this load instead of starting one on another cold node.
-    fleet.dispatched(engine, node.id, job.admitted.model_key)
+    fleet.dispatched(engine, node.id, model_key_on(engine, job.admitted))
     failed: Failed | None = None
     try:
         failed = await try_node(services, job, outgoing, node, job.budget.final)
@@ -185,8 +198,8 @@ def _against_node(job: Job, failed: Failed | None) -> str | None:
     return ""
 
 
-def _owner_change(services: Services, engine: str, seconds: float) -> Deferred[None]:
-    """Fires after ``seconds``, or as soon as ``engine``'s discovery snapshot changes."""
+def _owner_change(services: Services, engines: Sequence[str], seconds: float) -> Deferred[None]:
+    """Fires after ``seconds``, or as soon as one of ``engines``' discovery snapshots changes."""
     subscribed = True
 
     def stop() -> None:
@@ -203,7 +216,7 @@ def _owner_change(services: Services, engine: str, seconds: float) -> Deferred[N
             d.callback(None)
 
     def changed(changed_engine: str, snapshot: Discovery) -> None:
-        if changed_engine == engine:
+        if changed_engine in engines:
             wake()
 
     d: Deferred[None] = Deferred(lambda _: stop())

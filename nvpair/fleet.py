@@ -28,7 +28,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
 from nvpair.control import ControlState, Node
-from nvpair.engines import ENGINES
+from nvpair.engines import ENGINES, FACADES, served_engines
 from nvpair.facade_manager import FacadeError
 from nvpair.fanout import ask
 from nvpair.fleetfile import Fleet, base_url_hint, restart_needed, unserved
@@ -97,8 +97,9 @@ class FleetService(Service):
         self._upstream = upstream
         self._timeout = (dial_timeout or 10.0) + POLL_GRACE
         self._scheduler = scheduler
-        # The facades this process runs: a reload cannot change them (a port is bound).
-        self._engines = tuple(fleet.facades)
+        # The engines whose nodes this process's facades reach (every engine's with the openai
+        # facade): a reload cannot change them (a port is bound).
+        self._engines = served_engines(fleet.facades)
         # engine -> node id -> models from that node's last successful poll, while in discovery
         self._answered: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in self._engines}
         # engine -> node id -> the last models it ever answered, kept after it leaves: what a
@@ -112,10 +113,14 @@ class FleetService(Service):
     # -- what an operator reads ---------------------------------------------------------------
 
     def reports(self) -> Mapping[str, tuple[PairReport, ...]]:
-        """Every configured (node, engine) of each running facade, in the file's order."""
-        out: dict[str, list[PairReport]] = {engine: [] for engine in self._engines}
+        """Every configured (node, engine) of each running facade, in the file's order: every
+        engine with a facade of its own, and each other engine a facade reaches (the ``openai``
+        facade) that has a node."""
+        out: dict[str, list[PairReport]] = {
+            engine: [] for engine in self._engines if engine in self._fleet.facades
+        }
         for pair in self._pairs.values():
-            out[pair.engine].append(pair.report)
+            out.setdefault(pair.engine, []).append(pair.report)
         return {engine: tuple(reports) for engine, reports in out.items()}
 
     @property
@@ -133,7 +138,7 @@ class FleetService(Service):
             try:
                 self._facades.enable(engine, spec.port or None, spec.aliases, False)
             except FacadeError as error:
-                why = f"{ENGINES[engine].display_name} facade not enabled: {error.message}"
+                why = f"{FACADES[engine].display_name} facade not enabled: {error.message}"
                 if self._cannot_serve is None:
                     self.log.error("{why}", engine=engine, why=why)
                     continue
@@ -483,6 +488,7 @@ class FleetService(Service):
                     url=urls[nid],
                     models=names,
                     model_keys=frozenset(spec.model_key(m) for m in names),
+                    engine=engine,
                 )
                 for nid, names in self._answered[engine].items()
                 if nid in urls

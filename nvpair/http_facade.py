@@ -27,7 +27,7 @@ from nvpair.admission import (
     target_host,
 )
 from nvpair.cluster import Membership
-from nvpair.engines import Engine, RouteClass
+from nvpair.engines import Dialect, RouteClass
 from nvpair.facade_server import FacadeRequest, Refusal, origin_form
 from nvpair.logs import debug_enabled
 from nvpair.proxy_answers import head_refusal, write_error
@@ -56,7 +56,7 @@ class Admitted:
     :ivar model_key: the engine's comparison key for ``model``.
     """
 
-    engine: Engine
+    engine: Dialect
     route: RouteClass
     method: bytes
     path: str
@@ -87,7 +87,7 @@ class Facade:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Dialect,
         handler: RequestHandler,
         *,
         peer: Callable[[], Membership | None] | None = None,

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from nvpair import strictjson
-from nvpair.engines import Engine, InventoryRoute
+from nvpair.engines import Dialect, InventoryRoute
 from nvpair.strictjson import NestedTooDeeply
 
 __all__ = ["InvalidInventory", "empty_inventory", "merge_inventories"]
@@ -38,7 +38,7 @@ class InvalidInventory(ValueError):
         self.reason = reason
 
 
-def empty_inventory(engine: Engine, path: str) -> bytes:
+def empty_inventory(engine: Dialect, path: str) -> bytes:
     """The engine's own empty envelope for an inventory route, as JSON bytes.
 
     :param engine: the facade's engine.
@@ -48,7 +48,12 @@ def empty_inventory(engine: Engine, path: str) -> bytes:
     return _dump(engine.inventory[path].empty)
 
 
-def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> bytes:
+def merge_inventories(
+    engine: Dialect,
+    path: str,
+    bodies: Sequence[bytes],
+    read_as: Sequence[InventoryRoute] | None = None,
+) -> bytes:
     """Merge the 2xx bodies of every responding node for the inventory route *path*.
 
     Entries come out in node order; the first entry with a given model key wins and later
@@ -71,6 +76,9 @@ def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> byt
     :param engine: the facade's engine.
     :param path: the client's inventory route, a key of ``engine.inventory``.
     :param bodies: each responding node's body, in node order.
+    :param read_as: how each body is validated and read, when not as the facade's route: the
+        route of the node's own engine, for a facade that reaches several engines' nodes
+        (an Ollama node's ``"data": null`` is an empty list there too).
     :return: the merged envelope as compact JSON bytes.
     :raises InvalidInventory: when any body is not the expected envelope.
     :raises KeyError: when *path* is not an inventory route of *engine*.
@@ -81,8 +89,9 @@ def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> byt
     for index, body in enumerate(bodies):
         # Every body is validated before anything is returned, duplicates included: one bad
         # node makes the whole answer invalid, so a partial list can never escape.
-        for entry in _entries(route, index, body):
-            key = engine.model_key(_key(route, entry))
+        reading = route if read_as is None else read_as[index]
+        for entry in _entries(reading, index, body):
+            key = engine.model_key(_key(reading, entry))
             if key not in seen:
                 seen.add(key)
                 merged.append(entry)

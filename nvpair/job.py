@@ -109,7 +109,6 @@ class Job:
             headers.setRawHeaders(name, values)
         request.requestHeaders = SPENT
         return Outgoing(
-            admitted.engine.id,
             admitted.route,
             admitted.method,
             admitted.uri,

@@ -23,7 +23,7 @@ from zope.interface import implementer
 from nvpair.activity import NodeActivity
 from nvpair.config import Config
 from nvpair.control import ControlState, Node
-from nvpair.engines import ENGINES, RouteClass
+from nvpair.engines import FACADES, RouteClass
 from nvpair.health import HealthPolicy
 from nvpair.http_facade import Admitted
 from nvpair.metrics import Metrics
@@ -315,7 +315,7 @@ class Harness:
         route_path: str = "/v1/chat/completions",
         method: bytes = b"POST",
     ) -> tuple[ClientRequest, Deferred[None]]:
-        eng = ENGINES[engine]
+        eng = FACADES[engine]
         route = eng.classify(method, route_path)
         request = ClientRequest(method, route_path.encode())
         admitted = Admitted(
