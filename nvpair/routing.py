@@ -169,19 +169,14 @@ def fleet_plan(
     reserved.
     """
     pinned = [node for node in eligible if node.id == pin][:1]
-    rest = [Ranked(node, model_key, standing(node.id)) for node in eligible if node.id != pin]
+    rest = [(node, model_key, standing(node.id)) for node in eligible if node.id != pin]
     return ranked_plan(pinned, rest, reservations)
 
 
-@frozen
-class Ranked:
-    """A candidate as fleet mode ranks it: the node, the requested model as its engine keys
-    it, and what is known of it (a facade reaching several engines ranks each node by its own
-    engine's key and standing)."""
-
-    node: Node
-    model_key: str | None
-    standing: Standing
+#: A candidate as fleet mode ranks it: the node, the requested model as its engine keys it, and
+#: what is known of it (a facade reaching several engines ranks each node by its own engine's key
+#: and standing). A plain tuple: one is made per owner per round.
+Ranked = tuple[Node, str | None, Standing]
 
 
 def ranked_plan(
@@ -189,20 +184,20 @@ def ranked_plan(
 ) -> Plan:
     """``pinned`` (at most one node) first, then ``rest`` in fleet order (:func:`fleet_plan`);
     the first of ``rest`` is reserved when nothing is pinned. Ties keep ``rest``'s order."""
-    ready = [ranked for ranked in rest if not ranked.standing.load.loading]
+    ready = [ranked for ranked in rest if not ranked[2].load.loading]
     if ready or pinned:
         rest = ready
 
     def rank(ranked: Ranked) -> tuple[bool, Tier, int, str]:
-        node, state = ranked.node, ranked.standing
+        node, model_key, state = ranked
         reserved = reservations.get(node.id, 0)
         return (
             state.held,
-            tier(node, ranked.model_key, state.load, reserved),
+            tier(node, model_key, state.load, reserved),
             fleet_load(state.load, reserved),
             node.id,
         )
 
-    ordered = [ranked.node for ranked in sorted(rest, key=rank)]
+    ordered = [node for node, _, _ in sorted(rest, key=rank)]
     reserve = ordered[0].id if ordered and not pinned else None
     return Plan(tuple([*pinned, *ordered]), bool(pinned), reserve)

@@ -150,8 +150,7 @@ class FleetScheduler:
         """A round over several engines' nodes (the ``openai`` facade), in fleet order, each
         ranked by its own engine's standing and ``model_key(engine)``; no pin."""
         keys = {engine: model_key(engine) for engine in {node.engine for node in eligible}}
-        ranked = [
-            Ranked(node, keys[node.engine], self.standing(node.engine, node.id))
-            for node in eligible
+        ranked: list[Ranked] = [
+            (node, keys[node.engine], self.standing(node.engine, node.id)) for node in eligible
         ]
         return ranked_plan((), ranked, reservations)
