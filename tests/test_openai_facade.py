@@ -32,11 +32,14 @@ NODES: tuple[tuple[str, str, list[str]], ...] = (
 class Fleetwide(InMemoryProcess):
     """Only ``[facades.openai]``, and one node per :data:`NODES` entry, each its own sim."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, studio_cors: bool = False) -> None:
+        """:param studio_cors: LM Studio's "Enable CORS" setting (off by default, as LM
+        Studio's is)."""
         reactor = MemoryReactorClock()
         sims: dict[str, SimEngine] = {}
         for index, (node, engine, models) in enumerate(NODES):
-            sims[node] = SimEngine(reactor, engine, models=models, node=node)
+            cors = studio_cors if engine == "lmstudio" else None
+            sims[node] = SimEngine(reactor, engine, models=models, node=node, cors=cors)
             sims[node].listen(ENGINE + index)
         self.by_node = sims
         fleet = Fleet(
@@ -51,17 +54,23 @@ class Fleetwide(InMemoryProcess):
         self.service.startService()
         self.run()  # every node's first poll
 
-    def ask(self, method: str, path: str, body: object = None) -> tuple[int, dict[str, str], Any]:
-        """One request to the openai facade: its status, headers (lower-case) and JSON body."""
+    def ask(
+        self, method: str, path: str, body: object = None, headers: str = ""
+    ) -> tuple[int, dict[str, str], Any]:
+        """One request to the openai facade: its status, headers (lower-case) and JSON body.
+
+        :param headers: more header lines, each ending in CRLF.
+        """
         payload = b"" if body is None else json.dumps(body).encode()
-        head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(payload)}"
+        head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n{headers}"
+        head += f"Content-Length: {len(payload)}"
         client = self.client(head.encode() + b"\r\n\r\n" + payload)
         raw_head, _, raw_body = client.data.partition(b"\r\n\r\n")
         status_line, *lines = raw_head.decode().split("\r\n")
-        headers = {k.lower(): v for k, _, v in (line.partition(": ") for line in lines)}
-        if headers.get("transfer-encoding") == "chunked":
+        answered = {k.lower(): v for k, _, v in (line.partition(": ") for line in lines)}
+        if answered.get("transfer-encoding") == "chunked":
             raw_body = _unchunked(raw_body)
-        return int(status_line.split()[1]), headers, json.loads(raw_body) if raw_body else None
+        return int(status_line.split()[1]), answered, json.loads(raw_body) if raw_body else None
 
     def status(self) -> Any:
         client = self.client(b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n", port=ADMIN)
@@ -232,3 +241,26 @@ def test_metrics_name_the_facade_openai_and_each_node_by_its_engine(fleet: Fleet
         'nvpair_discovery_nodes{engine="llamacpp"} 1.0',
     } <= lines
     assert not any('nvpair_discovery_nodes{engine="openai"}' in line for line in lines)
+
+
+PREFLIGHT = "Origin: http://localhost:5173\r\nAccess-Control-Request-Method: POST\r\n"
+
+
+@pytest.mark.parametrize(
+    ("studio_cors", "status", "allowed"),
+    [(True, 204, "http://localhost:5173"), (False, 200, None)],
+)
+def test_a_preflight_is_what_every_engine_s_nodes_grant(
+    tmp_path: Path, studio_cors: bool, status: int, allowed: str | None
+) -> None:
+    """CORS as the llama.cpp facade's, over every engine's nodes (docs/openai-facade.md#browsers):
+    Ollama allows a localhost origin, llama.cpp reflects any; LM Studio with CORS on allows
+    it too, and the preflight is granted; with CORS off (its default) LM Studio's bare 200 is
+    the answer, a denial."""
+    fleet = Fleetwide(tmp_path, studio_cors=studio_cors)
+    answer, headers, _ = fleet.ask("OPTIONS", "/v1/chat/completions", headers=PREFLIGHT)
+    assert (answer, headers.get("access-control-allow-origin")) == (status, allowed)
+    assert "x-nvpair-error" not in headers
+    assert {node: sim.requests[-1].method for node, sim in fleet.by_node.items()} == {
+        node: "OPTIONS" for node in fleet.by_node
+    }

@@ -267,3 +267,67 @@ async def test_the_status_page_shows_the_fleet_and_a_failover_live(
         assert number and first_byte.endswith(" ms"), row
         assert seen["injected"] == 0, seen
         assert log_problems(proxy) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_page_names_the_openai_facade_and_its_nodes_engines(
+    tmp_path: Path, browser: Browser
+) -> None:
+    """Fleet mode with ``[facades.openai]`` alone (docs/openai-facade.md#what-an-operator-sees):
+    the header names the facade and its port, each node sits in its own engine's column, and a
+    request that failed over from Ollama to llama.cpp is the serving engine's."""
+    ollama, llama = started(
+        SimEngine(reactor, "ollama", models=["tiny:latest"], node="a"),
+        SimEngine(reactor, "llamacpp", models=["tiny"], node="b"),
+    )
+    ollama.faults.status = 503
+    port, admin = free_port(), free_port()
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        f'inventory-interval = "100ms"\n[facades.openai]\nport = {port}\n'
+        f'[[nodes]]\nid = "a"\n[nodes.engines]\nollama = "{ollama.url}"\n'
+        f'[[nodes]]\nid = "b"\n[nodes.engines]\nllamacpp = "{llama.url}"\n'
+    )
+    try:
+        async with running_proxy(
+            tmp_path, "--fleet", str(fleet), "--admin-port", str(admin)
+        ) as proxy:
+
+            async def ready() -> bool:
+                try:
+                    code, _ = await admin_get(admin, "/readyz")
+                except ConnectionRefusedError:
+                    return False
+                return code == 200
+
+            await eventually(ready, "/readyz 200")
+            body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+            response = await treq.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions", body.encode(), timeout=20
+            )
+            assert response.code == 200
+            await response.content()
+
+            def load() -> tuple[Any, str]:
+                browser.navigate(f"http://127.0.0.1:{admin}/")
+                seen = browser.execute_async(READ_PAGE, 10_000, True)
+                return seen, browser.execute(
+                    "return document.getElementById('spanning').textContent"
+                )
+
+            seen, spanning = await deferToThread(load)
+            assert spanning == f"openai facade on port {port}"
+            assert seen["engines"] == ["node", "llamacpp", "ollama"], seen
+            assert [(c["engine"], c["node"], c["state"]) for c in seen["cells"]] == [
+                ("llamacpp", "b", "up"),
+                ("ollama", "a", "up"),
+            ], seen
+            (row,) = seen["rows"]
+            assert row["cells"][1:4] == ["llamacpp", "tiny", "completed"], row
+            assert [(a["node"], a["result"]) for a in row["attempts"]] == [
+                ("a", "status"),
+                ("b", "served"),
+            ]
+            assert log_problems(proxy) == []
+    finally:
+        await stopped([ollama, llama])
