@@ -317,7 +317,8 @@ OPENAI = Dialect(
     model_required=True,
     model_key=_exact,
     model_display=_exact,
-    serves=tuple(ENGINES),
+    # Every engine with OpenAI's model list: it is the one route of theirs asked for it.
+    serves=tuple(engine.id for engine in ENGINES.values() if "/v1/models" in engine.inventory),
     forwards_other=False,
 )
 

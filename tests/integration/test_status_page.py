@@ -53,24 +53,30 @@ async def failing_over(
     port, admin = free_port(), free_port()
     fleet = write_fleet(tmp_path / "fleet.toml", port, {first: a.url, second: b.url})
     try:
-        async with running_proxy(
-            tmp_path, "--fleet", str(fleet), "--admin-port", str(admin)
-        ) as proxy:
-
-            async def both_up() -> bool:
-                try:
-                    code, _ = await admin_get(admin, "/readyz")
-                except ConnectionRefusedError:
-                    return False  # not listening yet
-                if code != 200:
-                    return False
-                _, status = await admin_get(admin, "/status")
-                return all(n["state"] == "up" for n in status["nodes"]["ollama"])
-
-            await eventually(both_up, "both nodes up")
+        async with every_node_up(tmp_path, fleet, admin) as proxy:
             yield proxy, port, admin
     finally:
         await stopped([a, b])
+
+
+@contextlib.asynccontextmanager
+async def every_node_up(tmp_path: Path, fleet: Path, admin: int) -> AsyncIterator[ProxyProcess]:
+    """The proxy over ``fleet`` with its admin listener on ``admin``, once it is ready and every
+    node of every engine is up."""
+    async with running_proxy(tmp_path, "--fleet", str(fleet), "--admin-port", str(admin)) as proxy:
+
+        async def all_up() -> bool:
+            try:
+                code, _ = await admin_get(admin, "/readyz")
+            except ConnectionRefusedError:
+                return False  # not listening yet
+            if code != 200:
+                return False
+            _, status = await admin_get(admin, "/status")
+            return all(n["state"] == "up" for nodes in status["nodes"].values() for n in nodes)
+
+        await eventually(all_up, "every node up")
+        yield proxy
 
 
 async def chat(port: int) -> tuple[int, str | None, dict[str, Any]]:
@@ -289,18 +295,7 @@ async def test_the_page_names_the_openai_facade_and_its_nodes_engines(
         f'[[nodes]]\nid = "b"\n[nodes.engines]\nllamacpp = "{llama.url}"\n'
     )
     try:
-        async with running_proxy(
-            tmp_path, "--fleet", str(fleet), "--admin-port", str(admin)
-        ) as proxy:
-
-            async def ready() -> bool:
-                try:
-                    code, _ = await admin_get(admin, "/readyz")
-                except ConnectionRefusedError:
-                    return False
-                return code == 200
-
-            await eventually(ready, "/readyz 200")
+        async with every_node_up(tmp_path, fleet, admin) as proxy:
             body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
             response = await treq.post(
                 f"http://127.0.0.1:{port}/v1/chat/completions", body.encode(), timeout=20
