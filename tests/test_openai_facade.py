@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import globalLogPublisher
 
 from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode
 from nvpair.sim import SimEngine
@@ -50,7 +51,9 @@ class Fleetwide(InMemoryProcess):
                 for index, (node, engine, _) in enumerate(NODES)
             ),
         )
-        super().__init__(tmp_path, reactor, fleet, list(sims.values()), admin_port=ADMIN)
+        super().__init__(
+            tmp_path, reactor, fleet, list(sims.values()), admin_port=ADMIN, access_log=True
+        )
         self.service.startService()
         self.run()  # every node's first poll
 
@@ -147,7 +150,11 @@ def test_a_model_two_engines_serve_fails_over_from_one_engine_to_the_other(
     moves the request to ``ol`` (docs/openai-facade.md#failover), and the workload's engine
     is that of the node that served it; the facade is ``openai`` in ``/status``."""
     fleet.by_node["lc"].faults.status = 503
-    status, headers, answer = fleet.ask("POST", "/v1/chat/completions", chat("shared"))
+    globalLogPublisher.addObserver(fleet.service.observer)
+    try:
+        status, headers, answer = fleet.ask("POST", "/v1/chat/completions", chat("shared"))
+    finally:
+        globalLogPublisher.removeObserver(fleet.service.observer)
     assert (status, headers["x-nvpair-node"]) == (200, "ol")
     assert answer["choices"][0]["message"]["content"] == "Hello from ol."
     assert [r.path for r in fleet.by_node["lc"].requests if r.method == "POST"] == [
@@ -161,6 +168,9 @@ def test_a_model_two_engines_serve_fails_over_from_one_engine_to_the_other(
         ("lc", "status", 503),
         ("ol", "served", 200),
     ]
+    # The access log names the facade, and the node whose answer the client got.
+    [line] = [r for r in fleet.log_lines() if r["msg"] == "POST /v1/chat/completions 200"]
+    assert (line["engine"], line["node"], line["attempts"]) == ("openai", "ol", 2)
 
 
 def test_the_model_list_merges_every_engine_in_candidate_order(fleet: Fleetwide) -> None:
