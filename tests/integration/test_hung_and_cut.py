@@ -39,7 +39,7 @@ from tests.integration.test_fleet import eventually
 from tests.integration.test_fleet_operator import admin_get, by_id
 from tests.integration.test_fleet_schedules import generate, started, stopped
 from tests.integration.test_metrics_endpoint import labels, scrape
-from tests.integration.test_status_page import READ_PAGE, browser, keep_artifact, settled
+from tests.integration.test_status_page import READ_PAGE, browser, keep_screenshot, settled
 
 pytestmark = pytest.mark.integration
 
@@ -291,9 +291,7 @@ async def test_the_status_page_shows_a_hung_node_and_a_truncated_stream(
                     return seen, browser.screenshot()
 
                 seen, png = await deferToThread(look)
-                shot = tmp_path / "status-page-hung-truncated.png"
-                shot.write_bytes(png)
-                keep_artifact(shot)
+                keep_screenshot(png, tmp_path / "status-page-hung-truncated.png")
                 cells = {c["node"]: c for c in seen["cells"]}
                 assert cells["a"]["state"] == "hung", seen
                 assert (

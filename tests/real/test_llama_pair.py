@@ -31,6 +31,7 @@ from tests.real.servers import (
     fleet_proxy,
     llama_server_binary,
     llama_server_process,
+    post_chat,
     sleep,
 )
 from tests.real.tiny_gguf import write_tiny_gguf
@@ -68,15 +69,7 @@ def header(response: Any, name: bytes) -> str | None:
 
 async def chat(port: int, model: str) -> tuple[Any, dict[str, Any]]:
     """A short non-streaming chat completion through the proxy: the response and its body."""
-    response = await treq.post(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        json.dumps(
-            {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        ).encode(),
-        headers=Headers({b"Content-Type": [b"application/json"]}),
-        timeout=30,
-    )
-    body = await response.content()
+    response, body = await post_chat(port, model)
     assert response.code == 200, (response.code, body[:300])
     return response, json.loads(body)
 
