@@ -325,3 +325,25 @@ def test_a_hung_node_reads_hung_with_why_and_is_not_up() -> None:
     assert hung["why"] == "no answer to 2 liveness probes in a row (GET /, 2s each)"
     assert nodes["b"]["state"] == "up" and nodes["b"]["why"] is None
     assert fleet_nodes_up(rig.view(), now) == {("ollama", "a"): False, ("ollama", "b"): True}
+
+
+def test_a_reload_probes_a_moved_node_afresh_and_a_removed_one_no_more() -> None:
+    """SIGHUP: ``a`` removed, ``b`` moved: ``a``'s probe is closed and none follows; ``b``'s
+    old one is closed, a new one goes to its new URL, its silence so far forgotten."""
+    rig = HungFleet()
+    rig.answer_probes("http://b")
+    rig.clock.advance(PROBE_INTERVAL)
+    old_a, old_b = rig.open(b"/", "http://a"), rig.open(b"/", "http://b")
+    assert rig.probes.of("ollama", "a").suspect
+    rig.fleet.reload(
+        Fleet(60.0, {"ollama": FacadeSpec(0, ())}, (FleetNode("b", {"ollama": "http://b2"}),))
+    )
+    assert all(call.cancelled for call in old_a + old_b)
+    assert [call.base for call in rig.open(b"/")] == ["http://b2"]
+    rig.clock.advance(5 * PROBE_INTERVAL)
+    assert {call.base for call in rig.upstream.calls if call.uri == b"/"} == {
+        "http://a",
+        "http://b",
+        "http://b2",
+    }
+    assert rig.probes.of("ollama", "a") == ALIVE

@@ -32,6 +32,7 @@ from tests.real.servers import (
     post_chat,
     sleep,
 )
+from tests.real.test_llama_pair import placed
 from tests.real.tiny_gguf import write_tiny_gguf
 
 
@@ -66,15 +67,6 @@ async def chat(port: int) -> tuple[int, str | None, str | None]:
         return values[0].decode() if values else None
 
     return int(response.code), header(b"x-nvpair-node"), header(b"x-nvpair-error")
-
-
-def placed(proxy: ProxyProcess) -> list[str]:
-    """Every node a dispatch went to so far, in order."""
-    return [
-        record["scheduledOn"]
-        for record in proxy.logs
-        if record.get("method") == "workload:submitted" and "scheduledOn" in record
-    ]
 
 
 def hung_after(proxy: ProxyProcess, stopped_at: float) -> float:

@@ -146,6 +146,13 @@ async def test_openai_stream_and_the_proxy_stats_are_the_engine_report(
         assert log_problems(proxy) == []
 
 
+def placed(proxy: ProxyProcess) -> list[str]:
+    """Every node a dispatch went to so far, in order."""
+    return [
+        info["scheduledOn"] for info in events(proxy, "workload:submitted") if "scheduledOn" in info
+    ]
+
+
 def request_waiting_at(port: int) -> bool:
     """Whether a connection to loopback ``port`` holds request bytes its server has not read
     (``/proc/net/tcp``: state 01, established, with a receive queue)."""
@@ -168,9 +175,10 @@ async def test_an_engine_killed_before_its_first_byte_leaves_the_answer_to_the_o
     from ``node-a``, and the client never sees the failure."""
     with llama_server_process(pair.binary, pair.model, alias="tiny-a") as doomed:
         nodes = {"doomed": doomed.url, "node-a": pair.a.url}
-        # One poll only: while the doomed server is stopped no poll of it is outstanding, so
-        # the only request bytes waiting at it are the chat's, and it stays in discovery (the
-        # proxy learns of its death from the request alone).
+        # One poll only: while the doomed server is stopped no poll of it is outstanding, and
+        # it stays in discovery (the proxy learns of its death from the request alone; it is
+        # killed long before its liveness probes could find it hung). Those probes may leave
+        # bytes waiting at it too, so the chat is known to be there once it was dispatched.
         quiet = fleet_proxy(tmp_path, nodes, "--log-level", "debug", interval="1h")
         async with quiet as (proxy, port):
             os.kill(doomed.process.pid, signal.SIGSTOP)
@@ -179,7 +187,7 @@ async def test_an_engine_killed_before_its_first_byte_leaves_the_answer_to_the_o
                     chat(port, "tiny-a")
                 )
                 deadline = time.monotonic() + 20
-                while not request_waiting_at(doomed.port):
+                while not (request_waiting_at(doomed.port) and "doomed" in placed(proxy)):
                     assert time.monotonic() < deadline, "the request never reached doomed"
                     assert not answer.called, "answered before reaching doomed"
                     await sleep(0.02)
@@ -188,12 +196,7 @@ async def test_an_engine_killed_before_its_first_byte_leaves_the_answer_to_the_o
             response, body = await answer
             assert header(response, b"x-nvpair-node") == "node-a"
             assert body["model"] == "tiny-a" and body["choices"]
-            placed = [
-                info["scheduledOn"]
-                for info in events(proxy, "workload:submitted")
-                if "scheduledOn" in info
-            ]
-            assert placed == ["doomed", "node-a"]
+            assert placed(proxy) == ["doomed", "node-a"]
             assert doomed.process.wait(timeout=10) == -signal.SIGKILL
             assert log_problems(proxy) == []
 
