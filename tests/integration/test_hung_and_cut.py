@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +43,9 @@ from tests.integration.test_metrics_endpoint import labels, scrape
 from tests.integration.test_status_page import READ_PAGE, browser, keep_screenshot, settled
 
 pytestmark = pytest.mark.integration
+
+#: A hung Ollama's ``why``: two probes made it hung, and the count goes on while it lasts.
+HUNG_WHY = re.compile(r"no answer to ([2-9]|\d\d+) liveness probes in a row \(GET /, 2s each\)")
 
 __all__ = ["browser"]  # the module's headless Chromium, a fixture of test_status_page
 
@@ -202,7 +206,7 @@ async def test_a_stopped_engine_is_hung_its_request_fails_over_and_it_comes_back
                 _, status = await admin_get(admin, "/status")
                 hung = by_id(status)["a"]
                 assert hung["state"] == "hung"
-                assert hung["why"] == "no answer to 2 liveness probes in a row (GET /, 2s each)"
+                assert HUNG_WHY.fullmatch(hung["why"]), hung
                 assert [x["result"] for x in status["recent"][0]["attempts"]] == [
                     "node_left",
                     "served",
@@ -294,9 +298,7 @@ async def test_the_status_page_shows_a_hung_node_and_a_truncated_stream(
                 keep_screenshot(png, tmp_path / "status-page-hung-truncated.png")
                 cells = {c["node"]: c for c in seen["cells"]}
                 assert cells["a"]["state"] == "hung", seen
-                assert (
-                    "no answer to 2 liveness probes in a row (GET /, 2s each)" in cells["a"]["text"]
-                )
+                assert HUNG_WHY.search(cells["a"]["text"])
                 assert cells["b"]["state"] == "up", seen
                 (row,) = seen["rows"]
                 assert row["state"] == "completed", seen

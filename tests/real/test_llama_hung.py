@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -72,7 +72,7 @@ async def chat(port: int) -> tuple[int, str | None, str | None]:
 def hung_after(proxy: ProxyProcess, stopped_at: float) -> float:
     """Seconds from ``stopped_at`` (wall clock) to the proxy's warning that ``a`` is hung."""
     (warned,) = [r for r in proxy.logs if "a's llamacpp is hung" in str(r.get("msg"))]
-    return datetime.fromisoformat(str(warned["time"])).timestamp() - stopped_at
+    return float(warned["time"]) - stopped_at
 
 
 async def status_of(admin: int, node: str) -> dict[str, Any]:
@@ -110,7 +110,11 @@ async def test_a_stopped_engine_stops_being_dispatched_to_within_5s_and_comes_ba
         assert detected < 6.5
         entry = await status_of(admin, "a")
         assert entry["state"] == "hung"
-        assert entry["why"] == "no answer to 2 liveness probes in a row (GET /health, 2s each)"
+        # Two probes made it hung; the count goes on while it lasts.
+        why = re.fullmatch(
+            r"no answer to (\d+) liveness probes in a row \(GET /health, 2s each\)", entry["why"]
+        )
+        assert why is not None and int(why.group(1)) >= 2, entry
         for _ in range(3):
             assert (await chat(port))[:2] == (200, "b")
         os.kill(a.process.pid, signal.SIGCONT)
