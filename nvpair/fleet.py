@@ -33,6 +33,7 @@ from nvpair.facade_manager import FacadeError
 from nvpair.fanout import ask
 from nvpair.fleetfile import Fleet, base_url_hint, restart_needed, unserved
 from nvpair.fleetpairs import Pair, PairReport, PollState
+from nvpair.liveness import LivenessProbes
 from nvpair.loadstate import UNKNOWN, Answer, LoadState
 from nvpair.scheduling import FleetScheduler
 from nvpair.web import UpstreamClient
@@ -71,6 +72,8 @@ class FleetService(Service):
         process's shutdown, with everything else's).
     :param dial_timeout: connect timeout for each poll.
     :param scheduler: where load states go; None polls inventories only.
+    :param liveness: probes every pair for a hang; a hung node is out of discovery until it
+        answers again (docs/fleet-scheduling.md#hung-nodes). None: no probes.
     :param cannot_serve: ends the process, given why: a facade of the file that cannot bind
         (docs/ports.md#bind-failures). None only logs it (a fleet built without a process).
     """
@@ -88,8 +91,12 @@ class FleetService(Service):
         scheduler: FleetScheduler | None = None,
         *,
         cannot_serve: Callable[[str], None] | None = None,
+        liveness: LivenessProbes | None = None,
     ) -> None:
         self._clock = clock
+        self._liveness = liveness
+        if liveness is not None:
+            liveness.changed = lambda engine, node: self._publish(engine)
         self._cannot_serve = cannot_serve
         self._fleet = fleet
         self._control = control
@@ -151,6 +158,7 @@ class FleetService(Service):
         self._pairs = {(pair.node, pair.engine): pair for pair in pairs}
         for pair in pairs:
             self._schedule(pair, now=True)
+            self._probe(pair)
         self._end_first_round()  # nothing to poll: done at once
 
     def stopService(self) -> Deferred[None] | None:
@@ -159,6 +167,8 @@ class FleetService(Service):
         # running), so a shutdown does not read as every node leaving.
         for pair in self._pairs.values():
             pair.stop()
+        if self._liveness is not None:
+            self._liveness.stop()
         return None
 
     def reload(self, fleet: Fleet) -> None:
@@ -247,6 +257,11 @@ class FleetService(Service):
         pair = Pair(key[0], key[1], url)
         self._pairs[key] = pair
         self._schedule(pair, now)
+        self._probe(pair)
+
+    def _probe(self, pair: Pair) -> None:
+        if self._liveness is not None:
+            self._liveness.watch(pair.engine, pair.node, pair.url)
 
     def _schedule(self, pair: Pair, now: bool) -> None:
         # One loop per pair: a LoopingCall waits for its poll's Deferred before it schedules
@@ -263,6 +278,8 @@ class FleetService(Service):
         # Gone from the map first: a poll the stop cancels then counts for nothing.
         del self._pairs[(pair.node, pair.engine)]
         pair.stop()
+        if self._liveness is not None:
+            self._liveness.forget(pair.engine, pair.node)
         self._answered[pair.engine].pop(pair.node, None)
         self._known[pair.engine].pop(pair.node, None)
         if self._scheduler is not None:
@@ -471,20 +488,23 @@ class FleetService(Service):
         self._publish(engine)
 
     def _publish(self, engine: str) -> None:
-        """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now."""
+        """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now.
+
+        A hung node is left out, as one whose poll fails, and for the same reasons: nothing
+        is dispatched to it, and an attempt there not yet committed is abandoned and fails
+        over (docs/fleet-scheduling.md#hung-nodes).
+        """
         spec = ENGINES[engine]
         urls = {p.node: p.url for p in self._pairs.values() if p.engine == engine}
-        self._control.set_discovery(
-            engine,
-            [
-                Node(
-                    id=nid,
-                    local=False,
-                    url=urls[nid],
-                    models=names,
-                    model_keys=frozenset(spec.model_key(m) for m in names),
-                )
-                for nid, names in self._answered[engine].items()
-                if nid in urls
-            ],
-        )
+        nodes = []
+        for nid, names in self._answered[engine].items():
+            if nid not in urls:
+                continue
+            hung = self._liveness is not None and self._liveness.hung(engine, nid)
+            if self._scheduler is not None:
+                # A hung owner is named when nobody serves its model (every-owner-down).
+                self._scheduler.away(engine, nid, names if hung else None)
+            if not hung:
+                model_keys = frozenset(spec.model_key(m) for m in names)
+                nodes.append(Node(nid, False, urls[nid], names, model_keys))
+        self._control.set_discovery(engine, nodes)

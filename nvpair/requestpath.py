@@ -228,8 +228,8 @@ def terminal(job: Job, result: object) -> tuple[State, str | None]:
         return State.FAILED, Reason.INTERNAL.value
     if job.served_status is not None:
         if 200 <= job.served_status < 300:
-            # A stream truncated by its node dying still completed: it started, and the
-            # proxy cannot tell a truncated stream from a whole one.
+            # A stream truncated by its node dying still completed: it started, and only its
+            # attempt's result says it was cut (docs/request-path.md#workload-lifecycle).
             return State.COMPLETED, None
         return State.FAILED, f"upstream status {job.served_status}"
     return State.FAILED, (job.refused or Reason.INTERNAL).value

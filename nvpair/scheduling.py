@@ -8,7 +8,9 @@ answers the request path's questions: the order of a round (:meth:`FleetSchedule
 :func:`nvpair.routing.fleet_plan` on live values) and what an attempt's outcome says about its
 node. Between two polls it also remembers what it has dispatched itself: a model just sent to a
 node counts as in memory there (loading) until a poll asked after the dispatch says otherwise
-(docs/fleet-scheduling.md#dispatched-is-loading).
+(docs/fleet-scheduling.md#dispatched-is-loading). A node whose last liveness probe went
+unanswered (:mod:`nvpair.liveness`) goes last, as a held-back one does
+(docs/fleet-scheduling.md#hung-nodes).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from twisted.internet.interfaces import IReactorTime
 from nvpair.control import Node
 from nvpair.engines import ENGINES
 from nvpair.health import HealthPolicy, PassiveHealth
+from nvpair.liveness import LivenessProbes
 from nvpair.loadstate import UNKNOWN, LoadState, unseen
 from nvpair.routing import Plan, Standing, fleet_plan
 
@@ -31,6 +34,8 @@ class FleetScheduler:
     :param policy: passive health's options.
     :param own_in_flight: this proxy's dispatches in flight to (engine, node): subtracted from
         the busy slots an engine reports, which include them, so they are not counted twice.
+    :param liveness: what the liveness probes say (docs/fleet-scheduling.md#hung-nodes): a
+        node whose last probe went unanswered goes to the end of the order; None: no probes.
     """
 
     def __init__(
@@ -38,8 +43,10 @@ class FleetScheduler:
         clock: IReactorTime,
         policy: HealthPolicy,
         own_in_flight: Callable[[str, str], int] = lambda engine, node: 0,
+        liveness: LivenessProbes | None = None,
     ) -> None:
         self.health = PassiveHealth(clock, policy)
+        self.liveness = liveness
         self._clock = clock
         self._own = own_in_flight
         self._loads: dict[tuple[str, str], LoadState] = {}
@@ -104,12 +111,17 @@ class FleetScheduler:
 
     def owners_down(self, engine: str, model_key: str | None) -> list[str]:
         """The nodes out of discovery whose last list had ``model_key`` (None: any model), by
-        id: why nobody advertises it now (docs/fleet-scheduling.md#every-owner-down)."""
-        return sorted(
-            node
-            for (of, node), keys in self._away.items()
-            if of == engine and (model_key in keys if model_key is not None else keys)
-        )
+        id, a hung one marked so: why nobody advertises it now
+        (docs/fleet-scheduling.md#every-owner-down)."""
+        hung = self.liveness.hung if self.liveness is not None else None
+        return [
+            f"{node} (hung)" if hung is not None and hung(engine, node) else node
+            for node in sorted(
+                node
+                for (of, node), keys in self._away.items()
+                if of == engine and (model_key in keys if model_key is not None else keys)
+            )
+        ]
 
     def forget(self, engine: str, node: str) -> None:
         """A reload removed or moved the node: what was learned of it no longer applies."""
@@ -120,13 +132,17 @@ class FleetScheduler:
 
     def standing(self, engine: str, node: str) -> Standing:
         """The node's last reading, with what was dispatched to it since counted in memory,
-        and whether passive health holds it back."""
+        and whether it goes last: passive health holds it back, or its last liveness probe
+        went unanswered."""
         key = (engine, node)
         load = self._loads.get(key, UNKNOWN)
         sent = self._sent.get(key)
         if sent:
             load = load.assuming(sent.keys())
-        return Standing(load, self.health.held(engine, node))
+        held = self.health.held(engine, node)
+        if not held and self.liveness is not None:
+            held = self.liveness.of(engine, node).suspect
+        return Standing(load, held)
 
     def plan(
         self,

@@ -37,6 +37,7 @@ from nvpair.facade_manager import FacadeManager
 from nvpair.fleet import FleetService
 from nvpair.fleetfile import FleetFileError, load_fleet
 from nvpair.health import HealthPolicy
+from nvpair.liveness import LivenessProbes
 from nvpair.logs import LogObserver, chosen_format
 from nvpair.metrics import Metrics
 from nvpair.outbox import BrokerOutbox, LogOutbox
@@ -311,12 +312,15 @@ def build(
     outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
     workloads = Workloads(outbox.notify, lambda: int(clock.seconds() * 1000), wanted=outbox.wanted)
     activity = NodeActivity(clock, outbox.notify)
-    # Fleet mode has no scheduler: the proxy ranks nodes itself (docs/fleet-scheduling.md).
+    # Fleet mode has no scheduler: the proxy ranks nodes itself (docs/fleet-scheduling.md),
+    # and finds hung nodes itself (docs/fleet-scheduling.md#hung-nodes).
+    liveness = LivenessProbes(clock, upstream) if config.fleet is not None else None
     scheduler = (
         FleetScheduler(
             clock,
             HealthPolicy(config.fail_threshold, config.cooldown, config.cooldown_max),
             activity.in_flight,
+            liveness,
         )
         if config.fleet is not None
         else None
@@ -372,6 +376,7 @@ def build(
             config.dial_timeout,
             scheduler,
             cannot_serve=root.fail,
+            liveness=liveness,
         )
         fleet.setServiceParent(root)
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):

@@ -13,6 +13,7 @@ skipping the real engine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import treq
 from twisted.internet import reactor, task
+from twisted.web.http_headers import Headers
 
 from tests.integration.conftest import running_proxy
 from tests.integration.harness import ProxyProcess, free_port
@@ -138,6 +141,20 @@ def running_llama_server(
     """:func:`llama_server_process`, yielding only the base URL."""
     with llama_server_process(binary, model, *extra, alias=alias, slots=slots) as server:
         yield server.url
+
+
+async def post_chat(port: int, model: str = "tiny", timeout: float = 30) -> tuple[Any, bytes]:
+    """A short non-streaming chat completion for ``model`` through the proxy on ``port``;
+    the response and its body."""
+    response = await treq.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json.dumps(
+            {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        ).encode(),
+        headers=Headers({b"Content-Type": [b"application/json"]}),
+        timeout=timeout,
+    )
+    return response, await response.content()
 
 
 async def sleep(seconds: float) -> None:
