@@ -58,12 +58,12 @@ class FacadeChannel(Protocol):
         "_last_data",
         "_parser",
         "_pending_refusal",
-        "_phase",
         "_reading_paused",
         "_requests",
         "_timeouts",
         "connected",
         "outlet",
+        "phase",
         "site",
         "transport",
         "write_paused",
@@ -81,7 +81,8 @@ class FacadeChannel(Protocol):
         #: Made at a request's first byte, dropped while one is answered with nothing half-read
         #: (docs/performance.md#held-streams).
         self._parser: RequestReader | None = None
-        self._phase = _IDLE
+        #: Where it is now: what becomes of the bytes it reads.
+        self.phase = _IDLE
         #: Requests in order: [0] is being answered (or read); the rest wait, parsed. A list:
         #: rarely more than one, where an empty deque is a 600-byte block.
         self._requests: list[FacadeRequest] = []
@@ -98,18 +99,14 @@ class FacadeChannel(Protocol):
         self._last_data = 0.0
 
     @property
-    def phase(self) -> Phase:
-        return self._phase
-
-    @property
     def _ended(self) -> bool:
         """Nothing more is read: closing or closed."""
-        phase = self._phase
+        phase = self.phase
         return phase is _CLOSING or phase is _CLOSED
 
     @property
     def _in_flight(self) -> bool:
-        phase = self._phase
+        phase = self.phase
         return phase is _ANSWERING or phase is _FINISHING
 
     # -- the connection ------------------------------------------------------------------------
@@ -126,9 +123,9 @@ class FacadeChannel(Protocol):
         self._arm_idle()
 
     def dataReceived(self, data: bytes) -> None:
-        phase = self._phase
+        phase = self.phase
         if phase is _IDLE:
-            self._phase = _READING
+            self.phase = _READING
             self._timeouts.arm_head()
         elif phase is _ANSWERING or phase is _FINISHING:
             self._hold(len(data))
@@ -147,7 +144,7 @@ class FacadeChannel(Protocol):
             self._parser = None
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._phase = _CLOSED
+        self.phase = _CLOSED
         parser, self._parser = self._parser, None
         if parser is not None:
             parser.release()
@@ -203,19 +200,19 @@ class FacadeChannel(Protocol):
 
     def message_parsed(self, request: FacadeRequest) -> bool:
         if request.refused is not None:
-            if self._phase is _LINGERING:
+            if self.phase is _LINGERING:
                 # The refused body is all read: the close leaves nothing unread behind.
                 self.close()
             # Nothing after a refused request is parsed; a queued one is answered in its turn.
             return True
         last = not request.keep_alive
         if request is self._requests[0]:
-            self._phase = _FINISHING if last else _ANSWERING
+            self.phase = _FINISHING if last else _ANSWERING
             self._dispatch(request)
             if self._ended:
                 return True
         elif last:
-            self._phase = _FINISHING
+            self.phase = _FINISHING
         # RFC 9112 §9.6: nothing after a request that closes the connection is processed.
         return last
 
@@ -225,21 +222,21 @@ class FacadeChannel(Protocol):
         if request is self._requests[0]:
             self._answer_refusal(refusal, request)
         else:
-            self._phase = _FINISHING
+            self.phase = _FINISHING
 
     def unparsable(self, refusal: Refusal) -> None:
         """The bytes cannot be read as HTTP/1.1: nothing more is parsed, and ``refusal`` is
         answered now if nothing is in flight, else once the answers before it are out."""
         parser = self._parser
         request = parser.stop() if parser is not None else None
-        if self._ended or self._phase is _LINGERING:
+        if self._ended or self.phase is _LINGERING:
             # Already refused: the body being dropped cannot be framed any more.
             self.close()
             return
         if request is None:
             if self._requests:
                 self._pending_refusal = refusal
-                self._phase = _FINISHING
+                self.phase = _FINISHING
             else:
                 self._answer_refusal(refusal, None)
             return
@@ -248,7 +245,7 @@ class FacadeChannel(Protocol):
         if request is self._requests[0]:
             self._answer_refusal(refusal, request)
         else:
-            self._phase = _FINISHING
+            self.phase = _FINISHING
 
     # -- answering ---------------------------------------------------------------------------
 
@@ -278,7 +275,7 @@ class FacadeChannel(Protocol):
             if self._pending_refusal is not None:
                 self._answer_refusal(self._pending_refusal, None)
             else:
-                self._phase = _IDLE
+                self.phase = _IDLE
             return
         following = requests[0]
         if following.refused is not None:
@@ -286,7 +283,7 @@ class FacadeChannel(Protocol):
         elif following.complete:
             self._dispatch(following)
         else:
-            self._phase = _READING
+            self.phase = _READING
             if not following.method:
                 # Its head is still coming: its time starts now (the previous answer is out).
                 self._timeouts.arm_head()
@@ -297,7 +294,7 @@ class FacadeChannel(Protocol):
         """Close once what was written has gone out; a client that never reads it is aborted."""
         if self._ended:
             return
-        self._phase = _CLOSING
+        self.phase = _CLOSING
         parser = self._parser
         if parser is not None:
             parser.stop()
@@ -323,7 +320,7 @@ class FacadeChannel(Protocol):
             return
         # Closing now, with the body still arriving, would reset the connection and lose the
         # answer at a client that writes its whole body before reading.
-        self._phase = _LINGERING
+        self.phase = _LINGERING
         self._resume_reading()
         self._timeouts.linger(LINGER_SECONDS)
 
@@ -345,7 +342,8 @@ class FacadeChannel(Protocol):
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
     def _arm_idle(self) -> None:
-        if not self._ended:
+        phase = self.phase
+        if phase is not _CLOSING and phase is not _CLOSED:
             self._timeouts.arm_idle()
 
     # -- what the timeouts say ---------------------------------------------------------------

@@ -55,8 +55,8 @@ _CLOSED = Phase.CLOSED
 class Channel(Protocol):
     """The connection a reader reads for: what it is told once per request, and asked."""
 
-    @property
-    def phase(self) -> Phase: ...
+    #: Where it is now.
+    phase: Phase
 
     def begin(self) -> FacadeRequest:
         """A request's first byte is parsed: its request, in line behind any before it."""
@@ -112,20 +112,67 @@ class RequestReader:
 
     def read(self, data: bytes) -> bool:
         """Parse one read; False when this reader holds nothing to keep it for (between
-        requests while one is answered, or once the last request is read)."""
+        requests while one is answered, or once the last request is read).
+
+        One method for the whole read, feeding and bounding alike: it runs on every read.
+        """
         parsing = self.parsing
-        received = parsing.received if parsing is not None else 0
-        if not self._feed(data, parsing is None):
-            return False
+        between = parsing is None
+        received = 0 if parsing is None else parsing.received
+        parser = self._llhttp
+        assert parser is not None
+        fed = data
+        while True:
+            try:
+                parser.feed_data(fed)
+                if self.parsing is None and self._channel.phase is _ANSWERING:
+                    # Between requests, one kept alive being answered: llhttp holds nothing a
+                    # fresh parser would not, so a held stream keeps none.
+                    self._llhttp = None
+                    return False
+                break
+            except HttpParserUpgrade as upgrade:
+                # An upgrade offer (h2c, websocket) is ignored, as nginx ignores it: llhttp
+                # stopped where the other protocol would begin, taking the request as bodiless.
+                # Its body, if it has one, is framed by a head made for it; then reading goes on
+                # as HTTP/1.1.
+                fed = fed[upgrade.args[0] :]
+                between = False
+                if self._ended:
+                    return True
+                request = self.parsing
+                if request is not None:
+                    # A fresh parser: the one that stopped would refuse anything after an offer
+                    # that also said Connection: close.
+                    parser = self._llhttp = HttpRequestParser(self)
+                    fed = _reframing_head(request) + fed
+            except HttpParserCallbackError as error:
+                # Each way here leaves no request being parsed: nothing more to bound.
+                if not isinstance(error.__context__, _Stop):
+                    self.log.failure(
+                        "reading a request failed", Failure(error.__context__ or error)
+                    )
+                    self._channel.unparsable(INTERNAL)
+                elif self.parsing is None and self._channel.phase is _FINISHING:
+                    # The last request is read: nothing more is ever parsed.
+                    self._llhttp = None
+                    return False
+                return True
+            except HttpParserError as error:
+                self._note_method(error)
+                # Only a read that began between requests shows the refused one's first word
+                # (or, if requests came before it in the read, the first one's: a method).
+                self._channel.unparsable(parse_refusal(error, fed if between else None))
+                return True
         current = self.parsing
         if current is None or self._ended:
             return True
         # llhttp keeps a partial name or value itself, across reads: bound what it holds.
         if current is parsing:
-            if parsing.received != received:
-                parsing.stalled = 0
+            if current.received != received:
+                current.stalled = 0
                 return True
-            parsing.stalled += len(data)
+            current.stalled += len(data)
         elif current.received:
             return True
         else:
@@ -151,53 +198,6 @@ class RequestReader:
         phase = self._channel.phase
         return phase is _CLOSING or phase is _CLOSED
 
-    def _feed(self, data: bytes, between: bool) -> bool:
-        """Parse ``data``; ``between``: it begins between two requests. False when the reader
-        is let go of."""
-        parser = self._llhttp
-        assert parser is not None
-        while True:
-            try:
-                parser.feed_data(data)
-                if self.parsing is None and self._channel.phase is _ANSWERING:
-                    # Between requests, one kept alive being answered: llhttp holds nothing a
-                    # fresh parser would not, so a held stream keeps none.
-                    self._llhttp = None
-                    return False
-                return True
-            except HttpParserUpgrade as upgrade:
-                # An upgrade offer (h2c, websocket) is ignored, as nginx ignores it: llhttp
-                # stopped where the other protocol would begin, taking the request as bodiless.
-                # Its body, if it has one, is framed by a head made for it; then reading goes on
-                # as HTTP/1.1.
-                data = data[upgrade.args[0] :]
-                between = False
-                if self._ended:
-                    return True
-                request = self.parsing
-                if request is not None:
-                    # A fresh parser: the one that stopped would refuse anything after an offer
-                    # that also said Connection: close.
-                    parser = self._llhttp = HttpRequestParser(self)
-                    data = _reframing_head(request) + data
-            except HttpParserCallbackError as error:
-                if not isinstance(error.__context__, _Stop):
-                    self.log.failure(
-                        "reading a request failed", Failure(error.__context__ or error)
-                    )
-                    self._channel.unparsable(INTERNAL)
-                elif self.parsing is None and self._channel.phase is _FINISHING:
-                    # The last request is read: nothing more is ever parsed.
-                    self._llhttp = None
-                    return False
-                return True
-            except HttpParserError as error:
-                self._note_method(error)
-                # Only a read that began between requests shows the refused one's first word
-                # (or, if requests came before it in the read, the first one's: a method).
-                self._channel.unparsable(parse_refusal(error, data if between else None))
-                return True
-
     def _parser(self) -> HttpRequestParser:
         """The parser whose callback is running."""
         parser = self._llhttp
@@ -217,7 +217,7 @@ class RequestReader:
 
     def on_message_begin(self) -> None:
         if self.parsing is not None:
-            # The head framing an upgrade offer's body (_feed): the request is the same.
+            # The head framing an upgrade offer's body (read): the request is the same.
             return
         self.parsing = self._channel.begin()
 
@@ -275,7 +275,7 @@ class RequestReader:
         request = self.parsing
         assert request is not None
         if request.declared and self._parser().should_upgrade():
-            # An upgrade offer with a body: llhttp took it as bodiless (see _feed).
+            # An upgrade offer with a body: llhttp took it as bodiless (see read).
             return
         self.parsing = None
         request.complete = True
