@@ -1,4 +1,4 @@
-"""Plays the broker on a proxy's stdio (shared/contract/broker-protocol.md), from a thread.
+"""Plays the broker on a proxy's stdio (docs/broker-protocol.md), from a thread.
 
 The bench is synchronous, so a reader thread takes every line the proxy writes to stdout: the
 answers to this side's requests, the proxy's own requests (``<engine>:discovery:subscribe``,
@@ -49,7 +49,7 @@ class Broker:
             try:
                 frame = json.loads(line)
             except ValueError:
-                continue  # stdout is the broker's: the contract tests hold it clean
+                continue  # stdout is the broker's: the tests hold it clean
             if not isinstance(frame, dict):
                 continue
             method = frame.get("method")

@@ -1,5 +1,5 @@
 """The cold-start mix: the same seeded workload through nvpair in fleet mode (warm-aware order)
-and in broker mode with no scheduler (the spec's default order), each in front of four fresh
+and in broker mode with no scheduler (the default order), each in front of four fresh
 simulated Ollama nodes that start with no model in memory and hold at most two models at once.
 
 - **warm-aware** — ``twistd -n nvpair-proxy --fleet FILE``: the proxy polls every node's

@@ -118,7 +118,7 @@ def markdown(
 
 
 def _mix_table(table: Table) -> list[str]:
-    """The cold-start mix's rows: nvpair in broker mode with no scheduler (the spec's default
+    """The cold-start mix's rows: nvpair in broker mode with no scheduler (the default
     order) beside nvpair in fleet mode (warm-aware order)."""
     rows = [(label, metric, d) for label, metric, d in MIX_ROWS if metric in table]
     if not rows:

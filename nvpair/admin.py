@@ -18,7 +18,9 @@ from prometheus_client import (
     generate_latest,
 )
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
 from twisted.web.server import Site
 
 from nvpair.control import ControlState
@@ -26,7 +28,7 @@ from nvpair.exposition import LiveState, MetricsCollector
 from nvpair.facade_manager import FacadeManager
 from nvpair.metrics import Metrics
 from nvpair.recent import RecentWorkloads
-from nvpair.status import FacadeView, FleetView, readiness, status_document
+from nvpair.status import FacadeView, FleetView, fleet_nodes_up, readiness, status_document
 from nvpair.statuspage import CONTENT_SECURITY_POLICY, PAGE
 
 
@@ -85,6 +87,7 @@ class Admin:
                     in_flight=live,
                     reservations=reservations,
                     requests_in_flight=in_flight,
+                    nodes_up=self._nodes_up,
                 ),
             )
         )
@@ -95,6 +98,11 @@ class Admin:
         ports: dict[str, int | None] = dict.fromkeys(self._expected or ())
         ports.update((engine, live.port) for engine, live in listening.items())
         return ports
+
+    def _nodes_up(self) -> dict[tuple[str, str], bool]:
+        if self._fleet is None:
+            return {}
+        return fleet_nodes_up(self._fleet, self._clock.seconds())
 
     def _views(self) -> dict[str, FacadeView]:
         tls = self._tls()
@@ -162,6 +170,19 @@ class QuietSite(Site):
     an admin listener (docs/performance.md#memory)."""
 
     noisy = False
+    _logger = Logger(namespace="nvpair.admin")
+
+    def __init__(self, resource: IResource, host: str, port: int) -> None:
+        """:param host: and :param port: where it listens, for the line that says so."""
+        super().__init__(resource)  # type: ignore[no-untyped-call]
+        self._where = (host, port)
+
+    def startFactory(self) -> None:
+        # Its port is bound by now (Twisted starts a factory once its socket is); this line
+        # stands for Twisted's own "QuietSite starting on …", which the log drops.
+        super().startFactory()
+        host, port = self._where
+        self._logger.info("admin listener on {host}:{port}", host=host, port=port)
 
     def log(self, request: object) -> None:
         """No access log (docs/README.md#logging: per-request lines stay below info)."""

@@ -3,7 +3,7 @@
 The loopback gate, Ollama's DNS-rebinding guard on ``Host``, and the model an inference body
 names (the request target's form is HTTP's, in :mod:`nvpair.facade_server`). The facade
 (:mod:`nvpair.http_facade`) applies them; keeping them here means each is tested as a plain
-function (docs/admission.md).
+function (docs/request-path.md#admission).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from twisted.internet.address import IPv4Address, IPv6Address
 
 from nvpair.engines import Engine, RouteClass
+from nvpair.reasons import Reason
 
 
 def is_loopback(address: object) -> bool:
@@ -122,9 +123,9 @@ def _without_port(host: str) -> str:
 
 
 class BadBody(Exception):
-    """The body cannot be admitted: carries the contract's reason (``bad-json``, ...)."""
+    """The body cannot be admitted: carries the answer's reason (``bad-json``, ...)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: Reason) -> None:
         super().__init__(reason)
         self.reason = reason
 
@@ -153,10 +154,10 @@ def model_from_body(engine: Engine, route: RouteClass, path: str, body: bytes) -
             named = document.get("name")
         return named if isinstance(named, str) and named else None
     if not isinstance(document, dict):
-        raise BadBody("bad-json")
+        raise BadBody(Reason.BAD_JSON)
     named = document.get("model")
     if isinstance(named, str) and named:
         return named
     if engine.model_required:
-        raise BadBody("model-missing")
+        raise BadBody(Reason.MODEL_MISSING)
     return None

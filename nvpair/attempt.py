@@ -94,7 +94,7 @@ class Fault(enum.Enum):
 
 
 #: An attempt's result as operators read it: ``/metrics``' ``result`` label and ``/status``'s
-#: ``recent`` attempts (contract "Admin listener").
+#: ``recent`` attempts (docs/operations.md#metrics, docs/operations.md#recent-workloads).
 RESULTS: dict[Fault, str] = {
     Fault.STATUS: "status",
     Fault.TRANSPORT: "transport",
@@ -257,7 +257,7 @@ class Attempts:
         """Start the exchange, with the header budget armed once the connection is up.
 
         Dial, headers and first content are budgets run in sequence
-        (docs/retry-budget.md#three-budgets-per-attempt). Anything that fails while starting
+        (docs/retry-budget.md#per-attempt-budgets). Anything that fails while starting
         is this node's transport failure, never the request's: the loop fails over.
         """
 

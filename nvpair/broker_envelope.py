@@ -41,7 +41,7 @@ class RpcError(Exception):
 
 
 def invalid_params(field: str, message: str) -> RpcError:
-    """The -32602 answer naming the offending field (docs/broker-protocol.md)."""
+    """The -32602 answer naming the offending field (docs/broker-protocol.md#errors)."""
     return RpcError(INVALID_PARAMS, message, {"field": field})
 
 

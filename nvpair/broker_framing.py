@@ -11,16 +11,12 @@ made one line by :func:`encode_frame`. What a value means as JSON-RPC is
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
+
+from nvpair import strictjson
 
 #: Longest line accepted; longer ones are answered -32600 and discarded (docs/broker-protocol.md).
 MAX_LINE = 1024 * 1024
-
-# A backslash-u escape of a UTF-16 surrogate (D800-DFFF). Only a line containing one can decode
-# to a lone surrogate, so only such a line pays for the walk that looks for one.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class LineReader:
@@ -75,47 +71,20 @@ class LineReader:
         return size
 
 
-def _refuse_constant(name: str) -> object:
-    # json.loads accepts NaN, Infinity and -Infinity by default; JSON has no such literals.
-    raise ValueError(f"{name} is not a JSON value")
-
-
 def parse_line(line: bytes) -> object:
     """The JSON value of one line; ValueError when it is not JSON text this link accepts.
 
-    Stricter than :func:`json.loads`, on purpose:
+    Strict JSON (:func:`nvpair.strictjson.loads`: no ``NaN``/``Infinity`` literals, nesting
+    past the recursion limit a parse error), and stricter still, on purpose:
 
     - UTF-8 only (``json.loads`` of bytes would also guess UTF-16 and UTF-32);
-    - no ``NaN``/``Infinity`` literals;
-    - nesting deeper than the parser's recursion limit is a parse error, not a RecursionError;
     - no lone surrogate escapes (``"\\ud800"``): such a string has no UTF-8 form, so it could
       be neither stored, logged nor echoed back as the text it claims to be.
 
-    Integers longer than Python's digit limit already raise ValueError inside ``json.loads``.
+    A number past a double's range (``1e400``) reads as an infinity: each field that takes a
+    number refuses it there, with -32602 naming the field.
     """
-    try:
-        value = json.loads(line.decode("utf-8"), parse_constant=_refuse_constant)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    if _SURROGATE_ESCAPE.search(line) and _has_lone_surrogate(value):
-        raise ValueError("lone surrogate escape")
-    return value
-
-
-def _has_lone_surrogate(value: object) -> bool:
-    # Iterative: the value may be nested nearly as deep as the recursion limit allows.
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
+    return strictjson.loads(line.decode("utf-8"), finite=False, lone_surrogates=False)
 
 
 def encode_frame(message: Mapping[str, object]) -> bytes:

@@ -14,6 +14,8 @@ import math
 
 from attrs import evolve, field, frozen
 
+from nvpair.reasons import Reason
+
 #: The backoff doubles each round up to this multiple of the first one.
 BACKOFF_CAP = 8
 
@@ -49,12 +51,12 @@ class RetryBudget:
         """A fresh budget for a request admitted at ``created``."""
         return cls(max_attempts, created + job_deadline, retry_backoff)
 
-    def refusal(self, now: float) -> str | None:
-        """Why no dispatch may start now (the contract's reason), or None when one may."""
+    def refusal(self, now: float) -> Reason | None:
+        """Why no dispatch may start now (docs/retry-budget.md#the-bounds), or None when one may."""
         if self.used >= self.max_attempts:
-            return "attempts-exhausted"
+            return Reason.ATTEMPTS_EXHAUSTED
         if now >= self.deadline:
-            return "deadline"
+            return Reason.DEADLINE
         return None
 
     def spend(self) -> RetryBudget:
@@ -109,6 +111,12 @@ class RetryBudget:
             return wait
         left = self.owner_deadline - now
         return min(wait, left) if left > 0 else None
+
+    def owner_wait_ran_out(self, now: float) -> bool:
+        """Whether the owner wait's own bound (:meth:`owners_gone`) is what ended the wait for
+        an owner, rather than the deadline: the earlier of the two that has passed."""
+        bound = self.owner_deadline
+        return bound is not None and bound <= self.deadline and now >= bound
 
     def backed_off(self) -> RetryBudget:
         """The budget after one pause: the next one is twice as long, up to the cap."""

@@ -11,7 +11,6 @@ on), and is this certificate pinned. A pin is the SHA-256 of a peer certificate'
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,6 +20,8 @@ from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+
+from nvpair import strictjson
 
 if TYPE_CHECKING:
     # pyOpenSSL and cryptography are loaded only once a cluster directory is read: a node
@@ -107,7 +108,7 @@ def load_membership(directory: Path) -> Membership | None:
     if not membership_file.exists():
         return None
     try:
-        document = json.loads(membership_file.read_text(encoding="utf-8"))
+        document = strictjson.loads(membership_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise ClusterDirError(f"{membership_file}: {error}") from None
     if not isinstance(document, dict) or not all(

@@ -16,7 +16,7 @@ from twisted.logger import LogLevel
 
 from nvpair.durations import parse_duration
 from nvpair.fleetfile import Fleet
-from nvpair.logs import parse_level
+from nvpair.logs import parse_level, parse_log_format
 
 #: Every option's default, as the text a user would type.
 DEFAULTS: Mapping[str, str] = {
@@ -30,6 +30,7 @@ DEFAULTS: Mapping[str, str] = {
     "client-write-timeout": "60s",
     "max-request-body": "67108864",
     "log-level": "info",
+    "log-format": "auto",
     "request-head-timeout": "30s",
     "idle-timeout": "5m",
     "listen-backlog": "4096",
@@ -74,6 +75,10 @@ class Config:
     client_write_timeout: float = _default("client-write-timeout", parse_duration)
     max_request_body: int = _default("max-request-body", parse_count)
     log_level: LogLevel = _default("log-level", parse_level)  # noqa: RUF009 (a constant)
+    #: ``auto`` (text on a terminal, else JSON), ``text`` or ``json``.
+    log_format: str = _default("log-format", parse_log_format)
+    #: One info line per finished request (docs/README.md#the-access-log).
+    access_log: bool = False
     admin_port: int | None = None
     request_head_timeout: float = _default("request-head-timeout", parse_duration)
     idle_timeout: float = _default("idle-timeout", parse_duration)

@@ -21,6 +21,7 @@ from nvpair.headers import SPENT, end_to_end, framed_by_length
 from nvpair.inferstats import StatsReader
 from nvpair.job import Ending, Job, Services
 from nvpair.logs import debug_enabled
+from nvpair.reasons import Reason
 from nvpair.relay import WriteDeadline
 
 log = Logger(namespace="nvpair.delivery")
@@ -37,6 +38,8 @@ async def try_node(
         if outgoing.route is RouteClass.PEER
         else services.activity.tracking(job.admitted.engine.id, node.id)
     )
+    job.node = node.id
+    job.dispatches += 1
     with tracking:
         outcome = await services.attempts.run(outgoing, node, final, job.cancelled)
         if job.trail is not None:
@@ -131,4 +134,4 @@ def _write_deadline(services: Services, job: Job, upstream: IPushProducer) -> Wr
 def answer_final(job: Job, failed: Failed) -> None:
     """The final permitted attempt answers for itself (docs/retry-budget.md)."""
     timed_out = failed.why is Fault.FIRST_BODY_TIMEOUT
-    job.refuse("first-body-timeout" if timed_out else "upstream-transport")
+    job.refuse(Reason.FIRST_BODY_TIMEOUT if timed_out else Reason.UPSTREAM_TRANSPORT)

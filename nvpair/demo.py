@@ -2,14 +2,17 @@
 
 Starts one simulator process per node the demo fleet names, then ``nvpair-proxy --fleet`` with
 the admin listener, checks that every facade answers a real request (its model list and an
-inference request, answered by a node), prints what to try — requests, and how to make a node
-fail and watch the proxy route around it — and runs until interrupted.
+inference request, answered by a node), prints what to try — requests, the status page, and
+how to make a node fail and watch the proxy route around it — and runs until interrupted.
+Whichever way it ends (Ctrl-C, SIGTERM, a child that died), its children are stopped and its
+temporary state directory is removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -171,6 +174,11 @@ Try (each answer streams through the proxy from a simulated node):
     + _CHAT % "tiny"
     + """'
 
+The status page, live, in a browser on this machine (every node's state, the last requests
+and the path each took):
+
+  http://127.0.0.1:{admin}/
+
 Routing and failover. llama3 is on node-a and node-b; both healthy, node-a answers. Every
 answer relayed from a node names it in the X-Nvpair-Node header:
 
@@ -190,7 +198,8 @@ below (a failed attempt, a node held back or leaving discovery), and on the admi
 
   curl -s http://127.0.0.1:{admin}/status     (every node's state and health, the last workloads)
 
-Proxy logs (JSON lines) follow on stderr; state in {state}. Ctrl-C stops everything.
+Proxy logs follow on stderr; state in {state} (removed at the end).
+Ctrl-C stops everything.
 """
 )
 
@@ -215,45 +224,61 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+#: The signals that end the demo as Ctrl-C does.
+_ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop(children: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Every child still running stopped: SIGTERM, then SIGKILL after 5 s."""
+    for child in children.values():
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children.values():
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 def main() -> int:
     python = sys.executable
     # A SIGTERM or a closed terminal ends the demo as Ctrl-C does: children stopped first.
     signal.signal(signal.SIGTERM, _interrupted)
     signal.signal(signal.SIGHUP, _interrupted)
-    state = tempfile.mkdtemp(prefix="nvpair-demo-")
     # One simulator per node, so that a fault knob (a signal) fails one node.
     serves: dict[str, list[str]] = {}
     for engine, port, node, models in SIMULATED:
         serves.setdefault(node, []).extend(["--serve", engine, str(port), node, models])
     # Each child in a process group of its own: a Ctrl-C reaches the demo alone, which then
     # stops every child once (a signal from the terminal as well would be a second stop).
-    nodes: dict[str, subprocess.Popen[bytes]] = {}
-    children: list[subprocess.Popen[bytes]] = []
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    state: str | None = None
     try:
-        # Started inside the try: a failed start or a signal meanwhile still stops the ones
-        # already running.
+        # Made inside the try, as the children are started: a failed start or a signal
+        # meanwhile still stops the ones already running and removes the directory.
+        state = tempfile.mkdtemp(prefix="nvpair-demo-")
         for node, serve in serves.items():
-            nodes[node] = subprocess.Popen([python, "-m", "nvpair.sim", *serve], process_group=0)
-            children.append(nodes[node])
+            children[f"{node}'s simulator"] = subprocess.Popen(
+                [python, "-m", "nvpair.sim", *serve], process_group=0
+            )
         deadline = time.monotonic() + START_TIMEOUT
         if not all(_wait_for(port, deadline) for _, port, _, _ in SIMULATED):
             print("demo: the simulated engines did not start", file=sys.stderr)
             return 1
-        children.append(
-            subprocess.Popen(
-                [
-                    *_proxy_command(python),
-                    "--fleet",
-                    str(FLEET),
-                    "--state-dir",
-                    state,
-                    "--admin-port",
-                    str(ADMIN_PORT),
-                ],
-                stdin=subprocess.DEVNULL,
-                cwd=state,
-                process_group=0,
-            )
+        children["the proxy"] = subprocess.Popen(
+            [
+                *_proxy_command(python),
+                "--fleet",
+                str(FLEET),
+                "--state-dir",
+                state,
+                "--admin-port",
+                str(ADMIN_PORT),
+            ],
+            stdin=subprocess.DEVNULL,
+            cwd=state,
+            process_group=0,
         )
         if not all(_wait_for(port, deadline) for port in FACADES.values()):
             ports = ", ".join(str(port) for port in FACADES.values())
@@ -269,26 +294,30 @@ def main() -> int:
             return 1
         banner = TRY.format(
             checked="\n".join(checked),
-            node_a=nodes["node-a"].pid,
-            node_b=nodes["node-b"].pid,
+            node_a=children["node-a's simulator"].pid,
+            node_b=children["node-b's simulator"].pid,
             admin=ADMIN_PORT,
             state=state,
         )
         print(banner, flush=True)
-        while all(child.poll() is None for child in children):
+        while True:
+            for name, child in children.items():
+                if child.poll() is not None:
+                    print(
+                        f"demo: {name} ended (exit status {child.returncode}): stopping",
+                        file=sys.stderr,
+                    )
+                    return 1
             time.sleep(0.5)
-        return 1
     except KeyboardInterrupt:
         return 0
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        # A second Ctrl-C must not cut the clean-up short; it is bounded (5 s a child).
+        for signum in _ENDING:
+            signal.signal(signum, signal.SIG_IGN)
+        _stop(children)
+        if state is not None:
+            shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":

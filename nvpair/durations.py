@@ -1,6 +1,6 @@
 """Go-style durations (``250ms``, ``1h30m``, ``0``): parse option values, format for humans.
 
-The accepted grammar is Go's ``time.ParseDuration`` (the contract promises "Go's form"), with
+The accepted grammar is Go's ``time.ParseDuration`` (docs/README.md#command-line), with
 one deliberate narrowing: a leading ``-`` is refused, because none of our options can be
 negative and a negative timeout silently meaning "already expired" is worse than a usage error.
 Values are exact integer nanoseconds internally, like Go's ``time.Duration``; the public API

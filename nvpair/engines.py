@@ -15,6 +15,7 @@ from attrs import frozen
 
 from nvpair.loadstate import LLAMACPP_PROBE, LMSTUDIO_PROBE, OLLAMA_PROBE, LoadProbe
 from nvpair.names import ollama_display, ollama_key
+from nvpair.reasons import Reason
 
 
 class RouteClass(enum.Enum):
@@ -122,14 +123,14 @@ class Engine:
             return ErrorStyle.PLAIN
         return ErrorStyle.OPENAI
 
-    def error_body(self, path: str, message: str, reason: str) -> bytes:
+    def error_body(self, path: str, message: str, reason: Reason) -> bytes:
         """A proxy-generated error body in the route's dialect
         (docs/request-path.md#proxy-generated-answers)."""
         body: dict[str, object]
         if self.error_style(path) is ErrorStyle.PLAIN:
             body = {"error": message}
         else:
-            body = {"error": {"message": message, "type": "nvpair_proxy", "code": reason}}
+            body = {"error": {"message": message, "type": "nvpair_proxy", "code": reason.value}}
         return json.dumps(body, separators=(",", ":")).encode()
 
     def inventory_models(self, body: object) -> list[str] | None:

@@ -58,6 +58,7 @@ class LiveState:
         in_flight: Callable[[], Mapping[tuple[str, str], int]],
         reservations: Callable[[], Mapping[str, int]],
         requests_in_flight: Callable[[], int],
+        nodes_up: Callable[[], Mapping[tuple[str, str], bool]] = dict,
     ) -> None:
         """
         :param facades: engine -> the port its facade listens on, for every facade that is
@@ -66,12 +67,15 @@ class LiveState:
         :param in_flight: (engine, node) -> dispatches in flight (only those with some).
         :param reservations: node -> reservations held.
         :param requests_in_flight: admitted requests not yet ended.
+        :param nodes_up: (engine, node) -> whether the node is up, for every configured node
+            (fleet mode; empty in broker mode, where the broker keeps the fleet).
         """
         self.facades = facades
         self.discovery = discovery
         self.in_flight = in_flight
         self.reservations = reservations
         self.requests_in_flight = requests_in_flight
+        self.nodes_up = nodes_up
 
 
 class MetricsCollector(Collector):
@@ -160,6 +164,15 @@ class MetricsCollector(Collector):
         yield discovery
         yield up
         yield port
+        node_up = GaugeMetricFamily(
+            "nvpair_node_up",
+            "1 while a configured node is up; 0 when down, held back or not polled yet "
+            "(fleet mode).",
+            labels=["engine", "node"],
+        )
+        for (engine, node), is_up in sorted(live.nodes_up().items()):
+            node_up.add_metric([engine, node], 1 if is_up else 0)
+        yield node_up
         yield GaugeMetricFamily(
             "nvpair_requests_in_flight",
             "Admitted requests not yet ended.",

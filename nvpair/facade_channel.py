@@ -312,8 +312,8 @@ class FacadeChannel(Protocol):
             return
         self._timeouts.disarm_head()
         target = request.uri if request is not None and request.uri else b"/"
-        head_only = request is not None and request.method == b"HEAD"
-        self.outlet.send(self.site.gate.refusal_answer(refusal, target, head_only=head_only))
+        method = request.method if request is not None else b""
+        self.outlet.send(self.site.gate.refusal_answer(refusal, target, method))
         parser = self._parser
         if request is None or parser is None or request is not parser.parsing:
             self.close()

@@ -23,6 +23,8 @@ from httptools.parser.errors import (
 from httptools.parser.parser import HttpRequestParser
 from twisted.web.http_headers import Headers
 
+from nvpair.reasons import Reason
+
 #: Request line plus headers, as twisted.web bounds them: past this a head is 400. Trailer
 #: fields, and chunk framing that carries no body byte, get the same bound.
 MAX_HEAD_BYTES = 16 * 1024
@@ -34,7 +36,7 @@ CHUNKED = -1
 #: covers IPv4 addresses); empty when the target has no authority.
 _HOST = re.compile(rb"(?:\[[0-9A-Za-z:.%~_-]+\]|[0-9A-Za-z!$&'()*+,;=%._~-]*)(?::[0-9]*)?")
 
-#: RFC 9110 §5.6.2's token, which a method is (§9.1).
+#: RFC 9110 §5.6.2's token, which a method is (RFC 9110 §9.1).
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
@@ -43,31 +45,36 @@ class Refusal:
     """Why a request is not served: the proxy's reason and, when the reason's own message
     would not say it, what was wrong (fixed text, never request content)."""
 
-    reason: str
+    reason: Reason
     message: str | None = None
 
 
-HEAD_TOO_LARGE = Refusal("bad-request", "the request line and headers are over 16 KiB")
+HEAD_TOO_LARGE = Refusal(Reason.BAD_REQUEST, "the request line and headers are over 16 KiB")
 FRAMING_TOO_LARGE = Refusal(
-    "bad-request", "the chunked body's framing or trailer fields are over 16 KiB"
+    Reason.BAD_REQUEST, "the chunked body's framing or trailer fields are over 16 KiB"
 )
-BAD_VERSION = Refusal("bad-request", "only HTTP/1.0 and HTTP/1.1 are served")
-OBS_FOLD = Refusal("bad-request", "a header field is folded onto the next line (obs-fold)")
+BAD_VERSION = Refusal(Reason.BAD_REQUEST, "only HTTP/1.0 and HTTP/1.1 are served")
+OBS_FOLD = Refusal(Reason.BAD_REQUEST, "a header field is folded onto the next line (obs-fold)")
 NOT_A_REQUEST_LINE = Refusal(
-    "bad-request", "the request line is not a method, a target and an HTTP version"
+    Reason.BAD_REQUEST, "the request line is not a method, a target and an HTTP version"
 )
-NO_HOST = Refusal("bad-request", "an HTTP/1.1 request must carry a Host header")
-SEVERAL_HOSTS = Refusal("bad-request", "a request must carry one Host header, not several")
-BAD_HOST = Refusal("bad-request", "the Host header is not a host with an optional port")
-FRAMING_IN_1_0 = Refusal("bad-request", "an HTTP/1.0 request cannot carry Transfer-Encoding")
+NO_HOST = Refusal(Reason.BAD_REQUEST, "an HTTP/1.1 request must carry a Host header")
+SEVERAL_HOSTS = Refusal(Reason.BAD_REQUEST, "a request must carry one Host header, not several")
+BAD_HOST = Refusal(Reason.BAD_REQUEST, "the Host header is not a host with an optional port")
+FRAMING_IN_1_0 = Refusal(Reason.BAD_REQUEST, "an HTTP/1.0 request cannot carry Transfer-Encoding")
 BAD_TARGET = Refusal(
-    "bad-request", "a target must be in origin form (/path) or absolute form (http://host/path)"
+    Reason.BAD_REQUEST,
+    "a target must be in origin form (/path) or absolute form (http://host/path)",
 )
-NOT_CHUNKED = Refusal("not-implemented", "the only request transfer coding implemented is chunked")
-UNKNOWN_METHOD = Refusal("not-implemented", "the request method is not one this proxy can carry")
-NO_TUNNEL = Refusal("not-implemented", "CONNECT is not served: this is no forward proxy")
-TOO_LARGE = Refusal("body-too-large")
-INTERNAL = Refusal("internal")
+NOT_CHUNKED = Refusal(
+    Reason.NOT_IMPLEMENTED, "the only request transfer coding implemented is chunked"
+)
+UNKNOWN_METHOD = Refusal(
+    Reason.NOT_IMPLEMENTED, "the request method is not one this proxy can carry"
+)
+NO_TUNNEL = Refusal(Reason.NOT_IMPLEMENTED, "CONNECT is not served: this is no forward proxy")
+TOO_LARGE = Refusal(Reason.BODY_TOO_LARGE)
+INTERNAL = Refusal(Reason.INTERNAL)
 
 #: llhttp's reasons for a transfer coding it will not frame (RFC 9112 §6.3: chunked not last).
 _CODING_ERRORS = frozenset(
@@ -109,7 +116,7 @@ def parse_refusal(error: HttpParserError, start: bytes | None = None) -> Refusal
         return OBS_FOLD
     if reason == _PREFACE:
         return BAD_VERSION
-    return Refusal("bad-request", f"malformed request: {reason}")
+    return Refusal(Reason.BAD_REQUEST, f"malformed request: {reason}")
 
 
 def origin_form(target: bytes) -> bytes | None:

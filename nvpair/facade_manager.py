@@ -16,6 +16,7 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
 from twisted.logger import Logger
 
+from nvpair.access import AccessLog
 from nvpair.cluster import Membership
 from nvpair.engines import ENGINES, Engine
 from nvpair.facade_server import FacadeSite
@@ -84,9 +85,11 @@ class FacadeManager:
         idle_timeout: float = 300.0,
         backlog: int = 4096,
         membership: Callable[[], Membership | None] = lambda: None,
+        access_log: AccessLog | None = None,
     ) -> None:
         """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
-        :param membership: the live cluster membership (None: plaintext personality only)."""
+        :param membership: the live cluster membership (None: plaintext personality only).
+        :param access_log: where each facade writes the requests it refuses (None: off)."""
         self._reactor = reactor
         self._clock = IReactorTime(reactor)
         self._membership = membership
@@ -98,6 +101,7 @@ class FacadeManager:
         self._head_timeout = head_timeout
         self._idle_timeout = idle_timeout
         self._backlog = backlog
+        self._access = access_log
         self.facades: dict[str, LiveFacade] = {}
 
     def enabled(self, engine: str) -> bool:
@@ -147,16 +151,18 @@ class FacadeManager:
             return self._result(live)
         factory = SniffingFactory(
             self._clock,
-            self._site(Facade(engine, self._handler)),
-            self._site(Facade(engine, self._handler, peer=self._membership)),
+            self._site(Facade(engine, self._handler, access_log=self._access)),
+            self._site(
+                Facade(engine, self._handler, peer=self._membership, access_log=self._access)
+            ),
             self._membership,
         )
         listener = self._listen(engine, wanted, factory)
         live = LiveFacade(engine, factory, wanted, listener)
         self.facades[engine_id] = live
+        self.log.info("{engine} facade listening on {port}", engine=engine_id, port=wanted)
         for alias in aliases:
             self._listen_alias(live, alias)
-        self.log.info("{engine} facade listening on {port}", engine=engine_id, port=wanted)
         self._ready(live)
         return self._result(live)
 
@@ -216,18 +222,23 @@ class FacadeManager:
             raise FacadeError("persist", engine.id, port, message) from None
 
     def _listen(self, engine: Engine, port: int, factory: SniffingFactory) -> IListeningPort:
-        try:
-            listener: IListeningPort = self._reactor.listenTCP(
-                port, factory, backlog=self._backlog, interface=self._bind
-            )
-        except CannotListenError as error:
-            message = f"cannot listen on port {port}: {error.socketError}"
-            self.log.warn("{message}", engine=engine.id, message=message)
-            self._outbox.notify(
-                f"{engine.id}:error", {"tag": "bind", "port": port, "message": message}
-            )
-            raise FacadeError("bind", engine.id, port, message) from None
-        return listener
+        holder = next((live.engine for live in self.facades.values() if live.port == port), None)
+        if holder is not None and holder is not engine:
+            # Said as it is, rather than as the address in use the bind would report.
+            why = f"the {holder.display_name} facade listens there"
+        else:
+            try:
+                listener: IListeningPort = self._reactor.listenTCP(
+                    port, factory, backlog=self._backlog, interface=self._bind
+                )
+            except CannotListenError as error:
+                why = str(error.socketError)
+            else:
+                return listener
+        message = f"cannot listen on port {port}: {why}"
+        self.log.warn("{message}", engine=engine.id, message=message)
+        self._outbox.notify(f"{engine.id}:error", {"tag": "bind", "port": port, "message": message})
+        raise FacadeError("bind", engine.id, port, message)
 
     def _listen_alias(self, live: LiveFacade, alias: str) -> None:
         host, port = parse_alias(alias)
@@ -250,6 +261,9 @@ class FacadeManager:
             return
         live.aliases.append(alias)
         live.alias_listeners.append(listener)
+        self.log.info(
+            "{engine} facade also listening on {alias}", engine=live.engine.id, alias=alias
+        )
 
     def _result(self, live: LiveFacade) -> dict[str, object]:
         return {"engine": live.engine.id, "port": live.port, "aliases": list(live.aliases)}

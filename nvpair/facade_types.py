@@ -30,11 +30,11 @@ class Gate(Protocol):
         :param target: the request target as sent.
         """
 
-    def refusal_answer(self, refusal: Refusal, target: bytes, *, head_only: bool) -> bytes:
+    def refusal_answer(self, refusal: Refusal, target: bytes, method: bytes) -> bytes:
         """A whole answer to ``refusal``, in the facade's dialect, saying the connection closes.
 
         :param target: the request target as sent (``b"/"`` when no request line was read).
-        :param head_only: the request was ``HEAD``: no body after the head.
+        :param method: the request's method (empty when no request line was read).
         """
 
     def serve(self, request: FacadeRequest) -> None:

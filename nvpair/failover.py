@@ -18,9 +18,11 @@ from twisted.internet.defer import Deferred
 from nvpair.attempt import Failed, Fault, Outgoing
 from nvpair.control import Discovery, Node
 from nvpair.delivery import answer_final, try_node
+from nvpair.durations import format_duration
 from nvpair.job import Job, Services
 from nvpair.outcome import Verdict, classify
-from nvpair.proxy_answers import no_owner_message
+from nvpair.proxy_answers import no_owner_message, no_owner_timeout_message
+from nvpair.reasons import Reason
 from nvpair.routing import Plan
 
 
@@ -31,7 +33,9 @@ async def serve_inference(services: Services, job: Job) -> None:
     if not round_plan.candidates:
         # No owner at admission: a model nobody advertises will not become servable by
         # waiting, and nothing has been dispatched. Never admitted: no workload events.
-        job.refuse("no-owner", message=no_owner_message(job.admitted.model))
+        job.refuse(
+            Reason.NO_OWNER, message=no_owner_message(job.admitted.model, _down(services, job))
+        )
         return
     model = job.admitted.model
     job.workload = services.workloads.admit(engine.id, engine.model_display(model) if model else "")
@@ -45,7 +49,11 @@ async def serve_inference(services: Services, job: Job) -> None:
             job.budget = job.budget.owners_gone(clock.seconds(), _owner_wait(services))
             wait = job.budget.owner_wait(clock.seconds())
             if wait is None:
-                job.refuse("no-owner-timeout", retry_after=job.budget.retry_after())
+                job.refuse(
+                    Reason.NO_OWNER_TIMEOUT,
+                    retry_after=job.budget.retry_after(),
+                    message=no_owner_timeout_message(job.admitted.model, _bound(services, job)),
+                )
                 return
             await _owner_change(services, engine.id, wait)
             job.budget = job.budget.backed_off()
@@ -67,7 +75,7 @@ async def serve_inference(services: Services, job: Job) -> None:
         job.reservation = None
         pause = job.budget.pause(clock.seconds())
         if pause is None:
-            job.refuse("deadline", retry_after=job.budget.retry_after())
+            job.refuse(Reason.DEADLINE, retry_after=job.budget.retry_after())
             return
         await task.deferLater(clock, pause, lambda: None)
         job.budget = job.budget.backed_off()
@@ -109,6 +117,23 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
         # Between attempts the job is placed nowhere.
         workload.submitted(None)
     return dispatched
+
+
+def _down(services: Services, job: Job) -> list[str]:
+    """Fleet mode: the nodes that last listed the model and are down now (a broker's
+    discovery says nothing of nodes that left it)."""
+    fleet = services.fleet
+    if fleet is None:
+        return []
+    return fleet.owners_down(job.admitted.engine.id, job.admitted.model_key)
+
+
+def _bound(services: Services, job: Job) -> str:
+    """The wait for an owner that ran out, as the option that set it."""
+    config = services.config
+    if job.budget.owner_wait_ran_out(services.clock.seconds()):
+        return f"the owner wait (--owner-wait {format_duration(config.owner_wait)})"
+    return f"the job deadline (--job-deadline {format_duration(config.job_deadline)})"
 
 
 def _owner_wait(services: Services) -> float:

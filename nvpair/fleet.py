@@ -5,19 +5,19 @@ The file names the facades to enable and each node's engine URLs. Each node's in
 engine's own model list, polled; a node whose poll fails leaves discovery until it answers
 again. There is no scheduler: with each inventory the poll also reads the engine's load state
 (models in memory, busy slots, loading) for the fleet's own scheduling
-(docs/fleet-scheduling.md). Every configured (node, engine) has a :class:`PairReport` an
-operator can read (``/status``) and whose changes are logged; SIGHUP hands a re-read file to
-:meth:`FleetService.reload` (docs/fleet-scheduling.md#the-fleet-file-re-read).
+(docs/fleet-scheduling.md). Every configured (node, engine) has a report
+(:mod:`nvpair.fleetpairs`) an operator can read (``/status``) and whose changes are logged;
+SIGHUP hands a re-read file to :meth:`FleetService.reload`
+(docs/fleet-scheduling.md#the-fleet-file-re-read).
 """
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-from attrs import evolve, frozen
+from attrs import evolve
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.defer import CancelledError, Deferred
@@ -31,7 +31,8 @@ from nvpair.control import ControlState, Node
 from nvpair.engines import ENGINES
 from nvpair.facade_manager import FacadeError
 from nvpair.fanout import ask
-from nvpair.fleetfile import Fleet, restart_needed
+from nvpair.fleetfile import Fleet, base_url_hint, restart_needed, unserved
+from nvpair.fleetpairs import Pair, PairReport, PollState
 from nvpair.loadstate import UNKNOWN, Answer, LoadState
 from nvpair.scheduling import FleetScheduler
 from nvpair.web import UpstreamClient
@@ -51,64 +52,6 @@ class Facades(Protocol):
     def enable(
         self, engine_id: str, port: int | None, aliases: Sequence[str], ignore_persisted: bool
     ) -> object: ...
-
-
-class PollState(enum.Enum):
-    """What a configured (node, engine)'s polls say of it."""
-
-    #: Not polled to the end yet.
-    PENDING = "pending"
-    #: Its model list answered: in discovery.
-    UP = "up"
-    #: Its model list failed (refused, timed out, an error status, not its envelope): not in
-    #: discovery.
-    DOWN = "down"
-    #: Its engine says it is loading a model; in discovery with its last models, if it ever
-    #: listed any.
-    LOADING = "loading"
-
-
-@frozen
-class PairReport:
-    """What an operator sees of one configured (node, engine): ``/status`` and the log.
-
-    :ivar last_poll: clock time the last poll ended; None before the first.
-    :ivar last_error: why the last failed poll failed; cleared by an answer.
-    :ivar since: clock time of the last change of :attr:`state`.
-    """
-
-    node: str
-    engine: str
-    url: str
-    state: PollState = PollState.PENDING
-    models: tuple[str, ...] = ()
-    last_poll: float | None = None
-    last_error: str | None = None
-    since: float | None = None
-
-
-class _Pair:
-    """One configured (node, engine): its schedule, its polls in flight, its report.
-
-    A reload that changes the pair's URL or removes it replaces or drops this object, so the
-    answer of a poll it started is recognised as stale and dropped.
-    """
-
-    def __init__(self, node: str, engine: str, url: str) -> None:
-        self.node = node
-        self.engine = engine
-        self.url = url
-        self.loop: LoopingCall | None = None
-        self.polling: set[Deferred[Any]] = set()
-        self.report = PairReport(node, engine, url)
-
-    def stop(self) -> None:
-        """No next poll; the ones in flight are cancelled (their connections closed)."""
-        if self.loop is not None and self.loop.running:
-            self.loop.stop()
-        self.loop = None
-        for poll in list(self.polling):
-            poll.cancel()
 
 
 class FleetService(Service):
@@ -162,7 +105,7 @@ class FleetService(Service):
         # node that comes back loading is known to serve.
         self._known: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in self._engines}
         # (node id, engine) -> the pair, in the file's order
-        self._pairs: dict[tuple[str, str], _Pair] = {}
+        self._pairs: dict[tuple[str, str], Pair] = {}
         #: Latched once every pair has answered or failed (:attr:`polled`).
         self._first_round_done = False
 
@@ -199,10 +142,11 @@ class FleetService(Service):
                 # Nothing more starts; the process's shutdown closes what did.
                 self._cannot_serve(why)
                 return
+        self._warn_unserved(self._fleet)
         # Every pair exists before the first poll starts: a poll answered at once must not
         # find the first round done while pairs are still to come.
         pairs = [
-            _Pair(node, engine, url) for (node, engine), url in self._wanted(self._fleet).items()
+            Pair(node, engine, url) for (node, engine), url in self._wanted(self._fleet).items()
         ]
         self._pairs = {(pair.node, pair.engine): pair for pair in pairs}
         for pair in pairs:
@@ -229,6 +173,7 @@ class FleetService(Service):
         """
         for change in restart_needed(self._fleet, fleet):
             self.log.warn("fleet file reloaded: {change} needs a restart", change=change)
+        self._warn_unserved(fleet)
         interval = fleet.inventory_interval != self._fleet.inventory_interval
         self._fleet = evolve(fleet, facades=self._fleet.facades)
         wanted = self._wanted(fleet)
@@ -278,6 +223,17 @@ class FleetService(Service):
         # A reload before the first round ended may have removed what it waited for.
         self._end_first_round()
 
+    def _warn_unserved(self, fleet: Fleet) -> None:
+        """Nothing silently ignored: at start and at each re-read
+        (docs/fleet-scheduling.md#every-configured-node-is-visible)."""
+        for node, engine, why in unserved(fleet, self._engines):
+            self.log.warn(
+                "{node}'s {engine} is ignored, neither polled nor served: {why}",
+                node=node,
+                engine=engine,
+                why=why,
+            )
+
     def _wanted(self, fleet: Fleet) -> dict[tuple[str, str], str]:
         """(node id, engine) -> URL of every pair of ``fleet`` whose facade runs here."""
         return {
@@ -288,11 +244,11 @@ class FleetService(Service):
         }
 
     def _add(self, key: tuple[str, str], url: str, now: bool) -> None:
-        pair = _Pair(key[0], key[1], url)
+        pair = Pair(key[0], key[1], url)
         self._pairs[key] = pair
         self._schedule(pair, now)
 
-    def _schedule(self, pair: _Pair, now: bool) -> None:
+    def _schedule(self, pair: Pair, now: bool) -> None:
         # One loop per pair: a LoopingCall waits for its poll's Deferred before it schedules
         # the next, so a slow poll is never duplicated and holds up nobody else's.
         loop = LoopingCall(self._poll, pair)
@@ -302,7 +258,7 @@ class FleetService(Service):
             lambda failure: self.log.failure("inventory polling stopped", failure)
         )
 
-    def _drop(self, pair: _Pair) -> None:
+    def _drop(self, pair: Pair) -> None:
         """Forget a pair the file no longer has (or has at another URL)."""
         # Gone from the map first: a poll the stop cancels then counts for nothing.
         del self._pairs[(pair.node, pair.engine)]
@@ -312,7 +268,7 @@ class FleetService(Service):
         if self._scheduler is not None:
             self._scheduler.forget(pair.engine, pair.node)
 
-    def _live(self, pair: _Pair) -> bool:
+    def _live(self, pair: Pair) -> bool:
         """Whether what ``pair``'s poll learned still counts: running, and not reloaded away."""
         return bool(self.running) and self._pairs.get((pair.node, pair.engine)) is pair
 
@@ -336,7 +292,8 @@ class FleetService(Service):
         spec = ENGINES[engine]
         reply = await self._ask(url, spec.poll_path)
         if not 200 <= reply.status < 300:
-            raise ValueError(f"status {reply.status}")
+            hint = base_url_hint(url) if reply.status == 404 else ""
+            raise ValueError(f"status {reply.status}{hint}")
         models = spec.inventory_models(json.loads(reply.body))
         if models is None:
             raise ValueError("not the engine's model-list envelope")
@@ -362,7 +319,7 @@ class FleetService(Service):
         )
         return probe.read(answers, ENGINES[engine].model_key)
 
-    def _track(self, pair: _Pair, d: Deferred[T]) -> Deferred[T]:
+    def _track(self, pair: Pair, d: Deferred[T]) -> Deferred[T]:
         """Remember ``d`` until it settles, so a shutdown or reload can cancel it."""
         pair.polling.add(d)
 
@@ -372,7 +329,7 @@ class FleetService(Service):
 
         return d.addBoth(settled)
 
-    def _poll(self, pair: _Pair) -> Deferred[None]:
+    def _poll(self, pair: Pair) -> Deferred[None]:
         if pair.polling:
             # A reload rescheduled the pair while a poll of its old schedule was still out.
             return defer.succeed(None)
@@ -389,7 +346,7 @@ class FleetService(Service):
 
         return Deferred.fromCoroutine(self._poll_pair(pair)).addBoth(done)
 
-    async def _poll_pair(self, pair: _Pair) -> None:
+    async def _poll_pair(self, pair: Pair) -> None:
         engine, url = pair.engine, pair.url
         # What this proxy dispatched after this moment the answer cannot have seen
         # (docs/fleet-scheduling.md#dispatched-is-loading).
@@ -446,14 +403,14 @@ class FleetService(Service):
         PollState.LOADING: "{node} left {engine} discovery: poll of {url} failed ({why})",
     }
 
-    def _answer(self, pair: _Pair, models: tuple[str, ...]) -> None:
+    def _answer(self, pair: Pair, models: tuple[str, ...]) -> None:
         came_up = self._CAME_UP.get(pair.report.state)
         self._report(pair, PollState.UP, models, None)
         if came_up is not None:
             self.log.info(came_up, engine=pair.engine, node=pair.node, count=len(models))
         self._record(pair.engine, pair.node, models)
 
-    def _failed(self, pair: _Pair, why: str, loading: bool) -> None:
+    def _failed(self, pair: Pair, why: str, loading: bool) -> None:
         engine, node_id = pair.engine, pair.node
         why = why[:200]
         before = pair.report.state
@@ -480,7 +437,7 @@ class FleetService(Service):
         self._record(engine, node_id, None)
 
     def _report(
-        self, pair: _Pair, state: PollState, models: tuple[str, ...], error: str | None
+        self, pair: Pair, state: PollState, models: tuple[str, ...], error: str | None
     ) -> None:
         now = self._clock.seconds()
         previous = pair.report
@@ -507,6 +464,10 @@ class FleetService(Service):
                 return
             answered[node_id] = models
             self._known[engine][node_id] = models
+        if self._scheduler is not None:
+            # What a node that left last listed: who a request for it finds down.
+            away = None if models is not None else self._known[engine].get(node_id, ())
+            self._scheduler.away(engine, node_id, away)
         self._publish(engine)
 
     def _publish(self, engine: str) -> None:

@@ -8,7 +8,7 @@ the offending key, never a silent default.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -16,7 +16,7 @@ from attrs import frozen
 
 from nvpair.durations import parse_duration
 from nvpair.engines import ENGINES
-from nvpair.ports import parse_aliases, valid_port
+from nvpair.ports import ascii_digits, parse_aliases, valid_port
 
 
 class FleetFileError(ValueError):
@@ -54,16 +54,66 @@ def _check_keys(path: Path, where: str, table: Mapping[str, object], allowed: se
         raise _fail(path, where, f"unknown key(s) {', '.join(unknown)}")
 
 
-def _http_url(url: str) -> bool:
-    """Whether ``url`` is an ``http://`` URL with a host (and a valid port, if any)."""
+def _port_text(netloc: str) -> str:
+    """The port as written in ``netloc`` (``""`` when none)."""
+    host = netloc.rpartition("@")[2]
+    if host.startswith("["):
+        host = host.partition("]")[2]
+    return host.partition(":")[2]
+
+
+def _url_problem(url: object) -> str | None:
+    """What is wrong with a node's engine URL, or None: an ``http://`` URL with a host and,
+    if it names one, a port from 1 to 65535."""
+    if not isinstance(url, str):
+        return "must be an http:// URL such as http://127.0.0.1:11434"
     try:
         parts = urlsplit(url)
-        # Raises for a port that is not a number from 0 to 65535.
-        parts.port  # noqa: B018
-    except ValueError:
+    except ValueError as error:
         # An unclosed IPv6 bracket, say.
-        return False
-    return parts.scheme == "http" and bool(parts.hostname)
+        return f"not a URL: {error}"
+    if parts.scheme != "http":
+        return "must be an http:// URL such as http://127.0.0.1:11434"
+    if not parts.hostname:
+        return "names no host"
+    port = _port_text(parts.netloc)
+    if port and not ascii_digits(port):
+        return f"port {port!r} is not a number"
+    if port and not valid_port(int(port)):
+        return f"port {port} is out of range (1-65535)"
+    return None
+
+
+def _unknown_engine(name: str) -> str:
+    return f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}"
+
+
+def base_url_hint(url: str) -> str:
+    """What to say of a node URL whose poll answered 404: when it has a path (``/v1``), that
+    it should be the engine's base URL, the poll's path being the engine's own
+    (docs/fleet-scheduling.md#every-configured-node-is-visible); else nothing."""
+    parts = urlsplit(url)
+    if parts.path in ("", "/") and not parts.query:
+        return ""
+    base = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    extra = parts.path.rstrip("/") + (f"?{parts.query}" if parts.query else "")
+    return f" (the URL should be the engine's base URL, {base}, without {extra})"
+
+
+def _one_facade_per_port(path: Path, facades: Mapping[str, FacadeSpec]) -> None:
+    """Two facades cannot share a port: said here, naming both, rather than as the second
+    one's bind failing at start."""
+    holders: dict[int, str] = {}
+    for engine, spec in facades.items():
+        port = spec.port or ENGINES[engine].standalone_port
+        holder = holders.setdefault(port, engine)
+        if holder != engine:
+            default = "" if spec.port else " (its default)"
+            raise _fail(
+                path,
+                f"facades.{engine}.port",
+                f"port {port}{default} is also facades.{holder}'s: each facade needs its own",
+            )
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -94,7 +144,7 @@ def load_fleet(path: Path) -> Fleet:
     for engine, spec in facades_table.items():
         where = f"facades.{engine}"
         if engine not in ENGINES:
-            raise _fail(path, where, f"unknown engine; expected one of {', '.join(ENGINES)}")
+            raise _fail(path, where, _unknown_engine(engine))
         if not isinstance(spec, dict):
             raise _fail(path, where, "must be a table")
         _check_keys(path, where, spec, {"port", "aliases"})
@@ -106,6 +156,7 @@ def load_fleet(path: Path) -> Fleet:
         except ValueError as bad:
             raise _fail(path, f"{where}.aliases", str(bad)) from None
         facades[engine] = FacadeSpec(port, aliases)
+    _one_facade_per_port(path, facades)
 
     nodes_list = document.get("nodes", [])
     if not isinstance(nodes_list, list):
@@ -126,11 +177,32 @@ def load_fleet(path: Path) -> Fleet:
             raise _fail(path, f"{where}.engines", "must be a table of engine = URL")
         for engine, url in engines.items():
             if engine not in ENGINES:
-                raise _fail(path, f"{where}.engines.{engine}", "unknown engine")
-            if not (isinstance(url, str) and _http_url(url)):
-                raise _fail(path, f"{where}.engines.{engine}", "must be an http:// URL")
+                raise _fail(path, f"{where}.engines.{engine}", _unknown_engine(engine))
+            problem = _url_problem(url)
+            if problem is not None:
+                raise _fail(path, f"{where}.engines.{engine}", problem)
         nodes.append(FleetNode(node_id, dict(engines)))
     return Fleet(interval, facades, tuple(nodes))
+
+
+def unserved(fleet: Fleet, running: Collection[str]) -> list[tuple[str, str, str]]:
+    """Each node's engine that no ``running`` facade serves, with why: ``(node, engine, why)``.
+
+    Neither polled nor served, so said rather than silently ignored
+    (docs/fleet-scheduling.md#every-configured-node-is-visible).
+    """
+    return [
+        (
+            node.id,
+            engine,
+            "its facade was added to the fleet file and starts with a restart"
+            if engine in fleet.facades
+            else f"the fleet file has no [facades.{engine}] table",
+        )
+        for node in fleet.nodes
+        for engine in node.engines
+        if engine not in running
+    ]
 
 
 def restart_needed(running: Fleet, reread: Fleet) -> list[str]:

@@ -17,6 +17,7 @@ from nvpair.fanout import NodeReply, ask_all
 from nvpair.inventory import InvalidInventory, merge_inventories
 from nvpair.job import Job, Services
 from nvpair.proxy_answers import write_error
+from nvpair.reasons import Reason
 
 #: Caller credentials never sent along with a preflight (docs/browser-policy.md).
 _CREDENTIALS = (b"cookie", b"authorization", b"proxy-authorization", b"x-api-key")
@@ -55,7 +56,7 @@ async def serve_inventory(services: Services, job: Job) -> None:
         services, job, b"GET", route.upstream_path or admitted.path, job.outgoing().headers
     )
     if not answers:
-        job.refuse("no-responders")
+        job.refuse(Reason.NO_RESPONDERS)
         return
     replies = [Reply(a.status, a.headers) for a in answers]
     grant = inventory_grant(origin, replies) if origin is not None else None
@@ -76,12 +77,13 @@ async def serve_inventory(services: Services, job: Job) -> None:
     if invalid:
         # No partial list. CORS headers only when every responder granted.
         cors = grant.headers if grant is not None and grant.granted else ()
-        job.refused = "inventory-invalid"
-        write_error(request, engine, "inventory-invalid", cors=cors)
+        job.refused = Reason.INVENTORY_INVALID
+        write_error(request, engine, Reason.INVENTORY_INVALID, cors=cors)
         return
     if grant is not None and not grant.granted:
-        job.refuse("cors-denied")
+        job.refuse(Reason.CORS_DENIED)
         return
+    job.served_status = 200
     headers = request.responseHeaders
     request.setResponseCode(200)
     headers.setRawHeaders(b"content-type", [b"application/json; charset=utf-8"])
@@ -102,11 +104,12 @@ async def serve_preflight(services: Services, job: Job) -> None:
         headers.removeHeader(name)
     answers = await _ask_every_node(services, job, b"OPTIONS", job.admitted.path, headers)
     if not answers:
-        job.refuse("no-responders")
+        job.refuse(Reason.NO_RESPONDERS)
         return
     decision = preflight(origin, [Reply(a.status, a.headers) for a in answers])
     # A denial passes through as a denial: the engine's status, nothing else. It is not
-    # proxy-generated, so it carries no X-Nvpair-Error.
+    # proxy-generated, so it carries no X-Nvpair-Error: served, as a grant is.
+    job.served_status = decision.status
     request.setResponseCode(decision.status)
     request.responseHeaders.setRawHeaders(b"content-length", [b"0"])
     for name, value in decision.headers:

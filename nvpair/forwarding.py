@@ -2,8 +2,8 @@
 
 Non-inference routes may change state (``POST /api/pull`` starts a download), so their
 candidates are resolved once and each is tried at most once: no re-resolving, no backoff, no
-deadline (docs/retry-budget.md#other-routes). A pinned peer's request goes to this node's own
-engine and nowhere else: the peer already chose this node and runs its own failover.
+deadline (docs/retry-budget.md#non-inference-routes). A pinned peer's request goes to this
+node's own engine and nowhere else: the peer already chose this node and runs its own failover.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from nvpair.control import Node
 from nvpair.delivery import answer_final, try_node
 from nvpair.job import Job, Services
 from nvpair.proxy_answers import no_node_message
+from nvpair.reasons import Reason
 
 #: The node a peer's request is served by: this node's own engine (its local backend).
 _LOCAL = Node(id="local", local=True, url=None, models=(), model_keys=frozenset())
@@ -21,7 +22,7 @@ async def serve_once_each(services: Services, job: Job) -> None:
     candidates = services.candidates.plan(job.admitted).candidates
     if not candidates:
         admitted = job.admitted
-        job.refuse("no-owner", message=no_node_message(admitted.engine, admitted.model))
+        job.refuse(Reason.NO_OWNER, message=no_node_message(admitted.engine, admitted.model))
         return
     outgoing = job.outgoing()
     for index, node in enumerate(candidates):

@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
+from nvpair import access
 from nvpair.admission import (
     BadBody,
     is_loopback,
@@ -30,10 +31,11 @@ from nvpair.engines import Engine, RouteClass
 from nvpair.facade_server import FacadeRequest, Refusal, origin_form
 from nvpair.logs import debug_enabled
 from nvpair.proxy_answers import head_refusal, write_error
+from nvpair.reasons import Reason
 from nvpair.web import ProxiedRequest
 
-FORBIDDEN = Refusal("forbidden")
-FORBIDDEN_HOST = Refusal("forbidden-host")
+FORBIDDEN = Refusal(Reason.FORBIDDEN)
+FORBIDDEN_HOST = Refusal(Reason.FORBIDDEN_HOST)
 
 
 def is_preflight(request: FacadeRequest) -> bool:
@@ -77,6 +79,8 @@ class Facade:
 
     :param engine: the engine whose dialect this facade speaks.
     :param handler: the request path.
+    :param access_log: where a request refused before the request path is written down (the
+        request path writes the rest); None when the access log is off.
     """
 
     log = Logger()
@@ -87,12 +91,14 @@ class Facade:
         handler: RequestHandler,
         *,
         peer: Callable[[], Membership | None] | None = None,
+        access_log: access.AccessLog | None = None,
     ) -> None:
         """:param peer: serve the cluster personality with this live membership: every request
         is a pinned peer's and goes to the local engine as it is."""
         self.engine = engine
         self._handler = handler
         self._peer = peer
+        self._access = access_log
 
     def serve(self, request: FacadeRequest) -> None:
         """Admit a whole request (head and body) and hand it to the request path."""
@@ -101,7 +107,8 @@ class Facade:
         except Exception:
             self.log.failure("admitting a request failed", engine=self.engine.id)
             if not request.startedWriting:
-                write_error(request, self.engine, "internal")
+                self._refused(request.method, request.path.decode("latin-1"), Reason.INTERNAL)
+                write_error(request, self.engine, Reason.INTERNAL)
 
     def refusal_at_head(
         self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
@@ -117,9 +124,21 @@ class Facade:
                 return FORBIDDEN_HOST
         return None
 
-    def refusal_answer(self, refusal: Refusal, target: bytes, *, head_only: bool) -> bytes:
-        path = (origin_form(target) or b"/").split(b"?", 1)[0].decode("latin-1")
-        return head_refusal(self.engine, path, refusal.reason, refusal.message, head_only=head_only)
+    def refusal_answer(self, refusal: Refusal, target: bytes, method: bytes) -> bytes:
+        """The refusal in this engine's dialect; with the access log on, its line too."""
+        form = origin_form(target)
+        path = (form or b"/").split(b"?", 1)[0].decode("latin-1")
+        # No method: no request line was read, and the target is a stand-in.
+        self._refused(method, path if form is not None and method else None, refusal.reason)
+        return head_refusal(
+            self.engine, path, refusal.reason, refusal.message, head_only=method == b"HEAD"
+        )
+
+    def _refused(
+        self, method: bytes, path: str | None, reason: Reason, route: RouteClass | None = None
+    ) -> None:
+        if self._access is not None:
+            self._access.write(access.refused(self.engine.id, method, path, reason, route))
 
     def _admit(self, request: FacadeRequest) -> None:
         engine = self.engine
@@ -138,6 +157,7 @@ class Facade:
             try:
                 model = model_from_body(engine, route, path, body)
             except BadBody as refused:
+                self._refused(request.method, path, refused.reason, route)
                 write_error(request, engine, refused.reason)
                 return
         admitted = Admitted(
@@ -195,6 +215,6 @@ class Facade:
         if request.finished or request.channel is None:
             return
         if not request.startedWriting:
-            write_error(request, self.engine, "internal")
+            write_error(request, self.engine, Reason.INTERNAL)
         else:
             request.loseConnection()

@@ -75,7 +75,8 @@ class Stats:
     estimated: bool
 
     def to_json(self) -> dict[str, object]:
-        """The contract's ``stats`` object (only measured fields)."""
+        """A workload event's ``stats`` object (docs/broker-protocol.md#workload-events): only the
+        measured fields."""
         out: dict[str, object] = {}
         if self.prompt_tokens is not None:
             out["promptTokens"] = self.prompt_tokens

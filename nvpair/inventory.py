@@ -14,7 +14,9 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
+from nvpair import strictjson
 from nvpair.engines import Engine, InventoryRoute
+from nvpair.strictjson import NestedTooDeeply
 
 __all__ = ["InvalidInventory", "empty_inventory", "merge_inventories"]
 
@@ -121,28 +123,15 @@ def _entries(route: InventoryRoute, index: int, body: bytes) -> list[dict[str, o
     return entries
 
 
-def _reject_constant(name: str) -> object:
-    # Python's json accepts NaN and Infinity, which are not JSON: re-serialized they would
-    # make the merged answer unparseable for every client.
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        # 1e400 parses to inf, which would re-serialize as the non-JSON "Infinity".
-        raise ValueError(f"{text} overflows a double")
-    return value
-
-
 def _load(index: int, body: bytes) -> object:
+    # Strict: NaN, Infinity or 1e400 re-serialized would make the merged answer unparseable
+    # for every client.
     try:
-        return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
-    except RecursionError:
-        # Deeply nested input exhausts the parser's stack; it is no envelope either way.
+        return strictjson.loads(body)
+    except NestedTooDeeply:
         raise InvalidInventory(index, "nested too deeply") from None
     except ValueError as error:
-        # JSONDecodeError, UnicodeDecodeError, the two refusals above, and integers over
+        # JSONDecodeError, UnicodeDecodeError, the strict reader's refusals, and integers over
         # Python's digit limit are all ValueErrors.
         raise InvalidInventory(index, f"not JSON ({type(error).__name__})") from None
 

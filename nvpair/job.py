@@ -30,6 +30,7 @@ from nvpair.http_facade import Admitted
 from nvpair.inferstats import Stats
 from nvpair.metrics import Metrics
 from nvpair.proxy_answers import write_error
+from nvpair.reasons import Reason
 from nvpair.recent import RecentWorkloads, Trail
 from nvpair.reservations import Reservation, Reservations
 from nvpair.scheduling import FleetScheduler
@@ -57,16 +58,21 @@ class Job:
     reservation: Reservation | None = None
     deferred: Deferred[None] | None = None
     workload: Workload | None = None
-    #: The status of the response served as the answer (the commit), if one was.
+    #: The status of the engines' answer served (relayed from one node at the commit, or the
+    #: fleet's, merged or intersected), if one was.
     served_status: int | None = None
     #: The reason of the proxy-generated answer, if the proxy answered.
-    refused: str | None = None
+    refused: Reason | None = None
     stats: Stats | None = None
     #: Where this workload's attempts are recorded for the admin ``/status``; None when no
     #: admin listener runs (or the route has no workload).
     trail: Trail | None = None
     #: When the answer served began (the commit), on the process clock.
     committed_at: float | None = None
+    #: The node last dispatched to: the one whose answer (or failure) the client got.
+    node: str | None = None
+    #: Dispatches made, on any route.
+    dispatches: int = 0
 
     def cancelled(self) -> bool:
         """Whether the request itself was cancelled (the parent scope)."""
@@ -80,7 +86,7 @@ class Job:
             self.deferred.cancel()
 
     def refuse(
-        self, reason: str, *, retry_after: int | None = None, message: str | None = None
+        self, reason: Reason, *, retry_after: int | None = None, message: str | None = None
     ) -> None:
         """Answer with a proxy-generated error and remember why, for the terminal event.
 

@@ -17,10 +17,11 @@ reading yet: :meth:`LoadState.assuming` counts the models it has dispatched sinc
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from attrs import frozen
+
+from nvpair import strictjson
 
 __all__ = [
     "LISTING_LAG",
@@ -154,22 +155,11 @@ def _json(answer: Answer | None) -> object:
     if answer is None or not 200 <= answer.status < 300:
         return None
     try:
-        return json.loads(answer.body, parse_constant=_refuse, parse_float=_finite)
-    except (ValueError, RecursionError):
-        # JSONDecodeError, bad UTF-8, integers over Python's digit limit, the refusals below,
-        # and nesting deep enough to exhaust the parser's stack.
+        return strictjson.loads(answer.body)
+    except ValueError:
+        # JSONDecodeError, bad UTF-8, integers over Python's digit limit, NaN or 1e400, and
+        # nesting deep enough to exhaust the parser's stack.
         return None
-
-
-def _refuse(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"{text} overflows a double")
-    return value
 
 
 def _names(

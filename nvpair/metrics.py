@@ -6,7 +6,7 @@ is scraped; then :mod:`nvpair.exposition` reads these counts (and the live proce
 into prometheus-client's metric families. This module imports no prometheus-client: a process
 without an admin listener neither counts nor loads it. Label values are operational only —
 engine, node id, route class, a proxy reason — never request content, so their number is
-bounded by the fleet and the contract's reason list.
+bounded by the fleet and by :class:`~nvpair.reasons.Reason`.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _add(histogram: Histogram, labels: tuple[str, ...], counts: list[int], total
 
 
 class Metrics:
-    """What the request path counts (the counters and histograms of the contract's table).
+    """What the request path counts (the counters and histograms of docs/operations.md#metrics).
 
     Counted per request: :meth:`attempt_ended` per dispatch, :meth:`request_ended` per
     request. Read per scrape: the properties, summed over what was counted.
@@ -105,7 +105,7 @@ class Metrics:
     ) -> None:
         """One request ended.
 
-        :param outcome: ``served``, the proxy's reason, or ``cancelled``.
+        :param outcome: ``served``, the proxy's reason (a ``Reason``'s value), or ``cancelled``.
         :param dispatches: how many attempts it made; each after the first is a failover.
         :param first_byte: seconds from admission to the first byte of the served answer.
         :param stats: the served answer's token statistics (the workload's own).

@@ -125,9 +125,9 @@ def ollama_key(text: str) -> str:
     ``registry.ollama.ai/library/llama3:latest`` all give
     ``registry.ollama.ai/library/llama3:latest``.
 
-    An invalid name is returned unchanged. The contract says an invalid name is matched
-    exactly and so finds no owner (502 ``no-owner``), and Ollama itself would refuse it with
-    a 400: normalizing it would invent a model the engine does not recognise. Returning it
+    An invalid name is returned unchanged: it is matched exactly and so finds no owner (502
+    ``no-owner``, docs/candidate-order.md#owners), and Ollama itself would refuse it with a
+    400: normalizing it would invent a model the engine does not recognise. Returning it
     as-is cannot collide with a real model either: every key of a valid name is itself a valid
     name, so no invalid text equals one.
 

@@ -1,4 +1,5 @@
-"""Ports: what counts as one, loopback aliases, and the persisted per-engine port files.
+"""Ports: what counts as one, the host facades bind, loopback aliases, and the persisted
+per-engine port files.
 
 Persisted ports (docs/ports.md#persisted-port-files) are read and atomically written as
 ``{"port": 11500}`` files.
@@ -14,6 +15,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +30,7 @@ __all__ = [
     "PortCorrupt",
     "PortFound",
     "PortRead",
+    "bind_host",
     "parse_alias",
     "parse_aliases",
     "read_persisted_port",
@@ -60,8 +63,8 @@ class PortCorrupt:
     """
     The file exists but cannot be used; the caller reports *reason* and ignores the file.
 
-    An unreadable file (a directory in its place, no permission) lands here too: the
-    contract's answer to a file we cannot use is the same whatever the cause.
+    An unreadable file (a directory in its place, no permission) lands here too: the answer to
+    a file we cannot use is the same whatever the cause (docs/ports.md#persisted-port-files).
     """
 
     reason: str
@@ -84,6 +87,33 @@ def valid_port(value: object, *, zero: bool = False) -> bool:
     # bool is an int subclass, and {"port": true} is not a port.
     low = 0 if zero else MIN_PORT
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_PORT
+
+
+Resolver = Callable[[str, None, int, int], object]
+
+
+def bind_host(text: str, resolve: Resolver = socket.getaddrinfo) -> str:
+    """``--bind``: an IP address, or a name that resolves to an IPv4 one; ValueError naming
+    the host else (docs/ports.md#bind-failures).
+
+    Checked once at start, so that a typo is a usage error naming the host rather than
+    every facade failing to bind. A name is resolved as the listener will bind it: an IPv4
+    socket, for anything that is not an IPv6 address literal.
+    """
+    if not text.strip():
+        raise ValueError("must not be empty")
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    else:
+        return text
+    try:
+        resolve(text, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError) as error:
+        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise ValueError(f"cannot resolve host {text!r}: {why}") from None
+    return text
 
 
 def read_persisted_port(path: Path) -> PortRead:

@@ -1,7 +1,8 @@
 """Responses the proxy generates itself (docs/request-path.md#proxy-generated-answers).
 
-Each carries ``X-Nvpair-Error`` and a body in the route's dialect, and grants no CORS
-permission: every header the response already held (an engine's, a default) is cleared first.
+Each answers for a :class:`~nvpair.reasons.Reason` (its status, its default message): it
+carries ``X-Nvpair-Error`` and a body in the route's dialect, and grants no CORS permission:
+every header the response already held (an engine's, a default) is cleared first.
 """
 
 from __future__ import annotations
@@ -12,30 +13,8 @@ from collections.abc import Sequence
 from twisted.web.http import RESPONSES
 
 from nvpair.engines import Engine
+from nvpair.reasons import Reason
 from nvpair.web import ProxiedRequest
-
-#: reason → (status, message). A message is operational text only, never request content; the
-#: one thing from a request it may quote is the model named, metadata as in the log.
-REASONS: dict[str, tuple[int, str]] = {
-    "no-owner": (502, "no node advertises this model"),
-    "upstream-transport": (502, "the upstream failed at the transport"),
-    "first-body-timeout": (504, "the upstream answered but produced no content in time"),
-    "deadline": (503, "the job deadline passed while attempts were failing"),
-    "no-owner-timeout": (503, "no node advertising this model came back before the deadline"),
-    "attempts-exhausted": (503, "every dispatch attempt failed"),
-    "no-responders": (502, "no engine responded"),
-    "inventory-invalid": (502, "an engine's model list could not be parsed"),
-    "cors-denied": (403, "an engine denies this origin"),
-    "model-missing": (400, "the request body names no model"),
-    "bad-json": (400, "the request body is not a JSON object"),
-    "body-too-large": (413, "the request body is too large"),
-    "forbidden": (403, "plaintext access is allowed from loopback only"),
-    "forbidden-host": (403, "this Host is not allowed (DNS-rebinding guard)"),
-    "bad-request": (400, "malformed request"),
-    "not-implemented": (501, "not implemented by this proxy"),
-    "internal": (500, "internal error in the proxy"),
-}
-
 
 #: The longest model name an answer quotes back (a name, not a body, but bounded all the same).
 _QUOTED_MODEL = 200
@@ -45,11 +24,32 @@ def _quoted(model: str) -> str:
     return json.dumps(model[:_QUOTED_MODEL], ensure_ascii=False)
 
 
-def no_owner_message(model: str | None) -> str:
-    """``no-owner`` for an inference request: which model nobody advertises, as named."""
+#: The most node ids an answer names; the rest are counted.
+_NAMED_NODES = 8
+
+
+def _nodes(ids: Sequence[str]) -> str:
+    named = ", ".join(ids[:_NAMED_NODES])
+    rest = len(ids) - _NAMED_NODES
+    return f"{named} and {rest} more" if rest > 0 else named
+
+
+def no_owner_message(model: str | None, down: Sequence[str] = ()) -> str:
+    """``no-owner`` for an inference request: which model nobody advertises, as named; or,
+    when the nodes that last listed it are all down (``down``), that they are."""
+    if down:
+        which = f"model {_quoted(model)}" if model is not None else "a model"
+        return f"every node that serves {which} is down: {_nodes(down)}"
     if model is None:
-        return REASONS["no-owner"][1]
+        return Reason.NO_OWNER.message
     return f"no node advertises model {_quoted(model)}"
+
+
+def no_owner_timeout_message(model: str | None, bound: str) -> str:
+    """``no-owner-timeout``: no owner came back within ``bound``, the wait that ran out as the
+    option that set it (``the owner wait (--owner-wait 30s)``)."""
+    which = f"model {_quoted(model)}" if model is not None else "this model"
+    return f"no node serving {which} came back within {bound}"
 
 
 def no_node_message(engine: Engine, model: str | None) -> str:
@@ -59,15 +59,14 @@ def no_node_message(engine: Engine, model: str | None) -> str:
 
 
 def error_answer(
-    engine: Engine, path: str, reason: str, message: str | None = None
+    engine: Engine, path: str, reason: Reason, message: str | None = None
 ) -> tuple[int, bytes]:
     """The status and dialect body of the proxy-generated answer ``reason`` on ``path``."""
-    status, default_message = REASONS[reason]
-    return status, engine.error_body(path, message or default_message, reason)
+    return reason.status, engine.error_body(path, message or reason.message, reason)
 
 
 def head_refusal(
-    engine: Engine, path: str, reason: str, message: str | None = None, *, head_only: bool
+    engine: Engine, path: str, reason: Reason, message: str | None = None, *, head_only: bool
 ) -> bytes:
     """A whole HTTP/1.1 answer for a request refused at its head, closing the connection.
 
@@ -82,14 +81,14 @@ def head_refusal(
         b"Content-Length: %d\r\n"
         b"X-Nvpair-Error: %s\r\n"
         b"Connection: close\r\n\r\n"
-    ) % (status, phrase, len(body), reason.encode("ascii"))
+    ) % (status, phrase, len(body), reason.value.encode("ascii"))
     return head if head_only else head + body
 
 
 def write_error(
     request: ProxiedRequest,
     engine: Engine,
-    reason: str,
+    reason: Reason,
     *,
     retry_after: int | None = None,
     message: str | None = None,
@@ -110,7 +109,7 @@ def write_error(
     request.setResponseCode(status)
     headers.setRawHeaders(b"content-type", [b"application/json; charset=utf-8"])
     headers.setRawHeaders(b"content-length", [str(len(body)).encode()])
-    headers.setRawHeaders(b"x-nvpair-error", [reason.encode()])
+    headers.setRawHeaders(b"x-nvpair-error", [reason.value.encode()])
     if retry_after is not None:
         headers.setRawHeaders(b"retry-after", [str(max(1, retry_after)).encode()])
     for name, value in cors:

@@ -20,7 +20,7 @@ from attrs import frozen
 from nvpair.attempt import RESULTS, SERVED, Failed, Outcome, Served
 from nvpair.workload import Workload
 
-#: How many workloads ``/status`` shows (contract "Admin listener").
+#: How many workloads ``/status`` shows (docs/operations.md#recent-workloads).
 RECENT = 200
 
 

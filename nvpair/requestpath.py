@@ -3,18 +3,20 @@
 Which server runs is a table lookup on the route class (:data:`SERVERS`). Whatever way a job
 ends — served, refused, the requester leaving, shutdown, a bug — :meth:`RequestPath.handle`
 runs the same cleanup: the reservation is released and exactly one terminal workload event is
-emitted (docs/request-path.md#workload-events).
+emitted (docs/request-path.md#workload-lifecycle). A server records how it answered (served or
+refused) on the job; one that ends without doing so is a bug, answered and counted as one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
+from nvpair.access import FAN_OUT, AccessLog, Finished, bounded_path, millis
 from nvpair.activity import NodeActivity
 from nvpair.attempt import Attempts
 from nvpair.budget import RetryBudget
@@ -28,6 +30,7 @@ from nvpair.forwarding import serve_once_each, serve_peer
 from nvpair.http_facade import Admitted, RequestHandler
 from nvpair.job import Ending, Job, Services
 from nvpair.metrics import Metrics
+from nvpair.reasons import Reason
 from nvpair.recent import RecentWorkloads
 from nvpair.reservations import Reservations
 from nvpair.scheduling import FleetScheduler
@@ -58,6 +61,8 @@ class RequestPath(RequestHandler):
     :param metrics: what ``/metrics`` counts; None when no admin listener runs.
     :param recent: where admitted workloads and their attempts are recorded for the admin
         ``/status``; None when no admin listener runs.
+    :param servers: each route class's server (:data:`SERVERS`).
+    :param access: the access log; None when it is off.
     """
 
     def __init__(
@@ -73,7 +78,10 @@ class RequestPath(RequestHandler):
         fleet: FleetScheduler | None = None,
         recent: RecentWorkloads | None = None,
         metrics: Metrics | None = None,
+        servers: Mapping[RouteClass, Server] = SERVERS,
+        access: AccessLog | None = None,
     ) -> None:
+        self._servers = servers
         candidates = Candidates(control, reservations, fleet)
         self._services = Services(
             clock=clock,
@@ -93,6 +101,7 @@ class RequestPath(RequestHandler):
             metrics=metrics,
         )
         self._jobs: set[Job] = set()
+        self._access = access
 
     @property
     def in_flight(self) -> int:
@@ -112,7 +121,7 @@ class RequestPath(RequestHandler):
             now, config.job_deadline, config.max_dispatch_attempts, config.retry_backoff
         )
         job = Job(admitted, request, now, budget)
-        d = Deferred.fromCoroutine(SERVERS[admitted.route](services, job))
+        d = Deferred.fromCoroutine(self._servers[admitted.route](services, job))
         job.deferred = d
         self._jobs.add(job)
         # The requester leaving ends the job at once: whatever it is waiting on is cancelled,
@@ -127,6 +136,10 @@ class RequestPath(RequestHandler):
     def _ended(self, result: object, job: Job) -> object:
         # Every exit path runs this. Exactly one terminal event per admitted request.
         services = self._services
+        if not isinstance(result, Failure) and not _accounted(job):
+            # Nothing answered and nothing said why: the client would wait for ever. A bug,
+            # answered 500 as any other (the facade does it) and counted as one.
+            result = Failure(Unanswered(f"the {job.admitted.route.value} server ended unanswered"))
         self._jobs.discard(job)
         services.reservations.release(job.reservation)
         job.reservation = None
@@ -135,7 +148,18 @@ class RequestPath(RequestHandler):
             job.workload.terminal(state, error, job.stats)
         if services.metrics is not None:
             counted(services.metrics, job, services.clock.seconds())
+        if self._access is not None:
+            self._access.write(finished(job, services.clock.seconds()))
         return result
+
+
+class Unanswered(RuntimeError):
+    """A route's server returned without answering its request or saying why not."""
+
+
+def _accounted(job: Job) -> bool:
+    """Whether the job says how it ended: served, refused, or cancelled."""
+    return job.served_status is not None or job.refused is not None or job.ending is not None
 
 
 def _requester_gone(_: Failure, job: Job) -> None:
@@ -152,12 +176,14 @@ def _cancelled(failure: Failure, request: ProxiedRequest) -> None:
 
 def outcome(job: Job) -> str:
     """A request's outcome as ``/metrics`` labels it: ``served`` when an engine's answer was
-    relayed, else the proxy's reason, or ``cancelled``."""
+    relayed (the fleet's merged list or intersected preflight included), else the proxy's
+    reason, or ``cancelled``; ``internal`` for a bug (an exception, or a server that ended
+    unanswered)."""
     if job.served_status is not None:
         return "served"
     if job.ending is not None:
         return "cancelled"
-    return job.refused or "internal"
+    return (job.refused or Reason.INTERNAL).value
 
 
 def counted(metrics: Metrics, job: Job, now: float) -> None:
@@ -174,17 +200,36 @@ def counted(metrics: Metrics, job: Job, now: float) -> None:
     )
 
 
+def finished(job: Job, now: float) -> Finished:
+    """An admitted request's access line, when its job ends (docs/README.md#the-access-log)."""
+    admitted, request = job.admitted, job.request
+    committed = job.committed_at
+    return Finished(
+        engine=admitted.engine.id,
+        method=admitted.method.decode("latin-1"),
+        path=bounded_path(admitted.path),
+        # What was written, if anything was: a requester gone before any answer has none.
+        status=request.code if request.startedWriting else None,
+        route=admitted.route.value,
+        outcome=outcome(job),
+        node=job.node,
+        attempts=None if admitted.route in FAN_OUT else job.dispatches,
+        ttfb_ms=None if committed is None else millis(committed - job.created),
+        duration_ms=millis(now - job.created),
+    )
+
+
 def terminal(job: Job, result: object) -> tuple[State, str | None]:
-    """A job's terminal workload state and error (docs/request-path.md#workload-events)."""
+    """A job's terminal workload state and error (docs/request-path.md#workload-lifecycle)."""
     if job.ending is not None:
         # The requester left, stopped reading, or we shut down: never a node failure.
         return State.CANCELLED, job.ending.value
     if isinstance(result, Failure):
-        return State.FAILED, "internal"
+        return State.FAILED, Reason.INTERNAL.value
     if job.served_status is not None:
         if 200 <= job.served_status < 300:
             # A stream truncated by its node dying still completed: it started, and the
             # proxy cannot tell a truncated stream from a whole one.
             return State.COMPLETED, None
         return State.FAILED, f"upstream status {job.served_status}"
-    return State.FAILED, job.refused or "internal"
+    return State.FAILED, (job.refused or Reason.INTERNAL).value

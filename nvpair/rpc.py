@@ -1,7 +1,8 @@
 """The broker's methods: validate each message's params and apply it to the process.
 
 Every refusal names the offending field (``-32602``, ``error.data.field``). Handlers are small
-and synchronous: they update control state or a facade and return the contract's result.
+and synchronous: they update control state or a facade and return the method's result
+(docs/broker-protocol.md#broker-to-proxy).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from nvpair.broker import (
 from nvpair.control import ControlState, Node, PriorityEntry
 from nvpair.engines import ENGINES, Engine
 from nvpair.facade_manager import FacadeError, FacadeManager
-from nvpair.logs import JsonLineObserver, parse_level
+from nvpair.logs import LogObserver, parse_level
 from nvpair.ports import parse_aliases, valid_port
 
 #: The largest generation accepted: a scheduler's counter fits an int64. A bigger one is no real
@@ -179,7 +180,7 @@ class BrokerMethods(MethodTable):
         self,
         control: ControlState,
         facades: FacadeManager,
-        observer: JsonLineObserver,
+        observer: LogObserver,
         on_link_lost: Callable[[], None],
         on_enabled: Callable[[str], None],
     ) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair.control import Node
+from nvpair.engines import ENGINES
 from nvpair.health import HealthPolicy, PassiveHealth
 from nvpair.loadstate import UNKNOWN, LoadState, unseen
 from nvpair.routing import Plan, Standing, fleet_plan
@@ -44,6 +45,8 @@ class FleetScheduler:
         self._loads: dict[tuple[str, str], LoadState] = {}
         # (engine, node) -> model key -> clock time of the latest dispatch no poll speaks for yet
         self._sent: dict[tuple[str, str], dict[str, float]] = {}
+        # (engine, node) -> the model keys it last listed, while it is out of discovery
+        self._away: dict[tuple[str, str], frozenset[str]] = {}
 
     def load(self, engine: str, node: str) -> LoadState:
         """What ``node``'s ``engine`` said about its load at its last poll."""
@@ -90,9 +93,28 @@ class FleetScheduler:
         else:
             self._loads[(engine, node)] = state
 
+    def away(self, engine: str, node: str, models: Sequence[str] | None) -> None:
+        """``node`` left discovery having last listed ``models`` (its poll fails), or (None) is
+        back in it."""
+        if models is None:
+            self._away.pop((engine, node), None)
+        else:
+            key = ENGINES[engine].model_key
+            self._away[(engine, node)] = frozenset(key(model) for model in models)
+
+    def owners_down(self, engine: str, model_key: str | None) -> list[str]:
+        """The nodes out of discovery whose last list had ``model_key`` (None: any model), by
+        id: why nobody advertises it now (docs/fleet-scheduling.md#every-owner-down)."""
+        return sorted(
+            node
+            for (of, node), keys in self._away.items()
+            if of == engine and (model_key in keys if model_key is not None else keys)
+        )
+
     def forget(self, engine: str, node: str) -> None:
         """A reload removed or moved the node: what was learned of it no longer applies."""
         self._loads.pop((engine, node), None)
+        self._away.pop((engine, node), None)
         self._sent.pop((engine, node), None)
         self.health.forget(engine, node)
 

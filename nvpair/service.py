@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from twisted.application.internet import TCPServer
 from twisted.application.service import IServiceCollection, MultiService, Service
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
@@ -26,7 +25,9 @@ from twisted.python.components import Componentized
 from twisted.python.failure import Failure
 from twisted.web.iweb import IPolicyForHTTPS
 
+from nvpair.access import AccessLog
 from nvpair.activity import NodeActivity
+from nvpair.admin_listener import AdminListener
 from nvpair.admission import this_machine
 from nvpair.broker import BrokerProtocol
 from nvpair.cluster import ClusterWatch
@@ -36,7 +37,7 @@ from nvpair.facade_manager import FacadeManager
 from nvpair.fleet import FleetService
 from nvpair.fleetfile import FleetFileError, load_fleet
 from nvpair.health import HealthPolicy
-from nvpair.logs import JsonLineObserver
+from nvpair.logs import LogObserver, chosen_format
 from nvpair.metrics import Metrics
 from nvpair.outbox import BrokerOutbox, LogOutbox
 from nvpair.recent import RecentWorkloads
@@ -44,6 +45,7 @@ from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
 from nvpair.scheduling import FleetScheduler
+from nvpair.twistedlines import TwistedLines, event_loop
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
 
@@ -148,7 +150,7 @@ class FleetReloadService(Service):
 class ProxyService(MultiService):
     """The root service: owns the request path, the facades and the shared pool.
 
-    In ``setServiceParent`` it registers the JSON log observer on the twistd Application, so
+    In ``setServiceParent`` it registers the log observer on the twistd Application, so
     every line twistd itself logs goes to stderr too (twistd -n would otherwise log to stdout,
     which belongs to the broker).
     """
@@ -157,7 +159,7 @@ class ProxyService(MultiService):
 
     def __init__(
         self,
-        observer: JsonLineObserver,
+        observer: LogObserver,
         facades: FacadeManager,
         request_path: RequestPath,
         upstream: Upstream,
@@ -195,10 +197,10 @@ class ProxyService(MultiService):
         ordered shutdown, as a signal would start it.
 
         For what has no one else to tell: in fleet mode a facade that cannot bind
-        (docs/ports.md#bind-failures). The reactor is stopped rather than the process left
-        at once, so facades already listening, polls and the pool close in order; whoever
-        runs the process turns :attr:`exit_status` into the exit status
-        (:func:`nvpair.tap.exit_with_status`, :func:`nvpair.cli.main`).
+        (docs/ports.md#bind-failures), in either mode the admin listener's port. The reactor
+        is stopped rather than the process left at once, so facades already listening, polls
+        and the pool close in order; whoever runs the process turns :attr:`exit_status` into
+        the exit status (:func:`nvpair.tap.exit_with_status`, :func:`nvpair.cli.main`).
         """
         self.log.error("{why}: ending the process", why=why)
         if self.exit_status:
@@ -240,6 +242,10 @@ def _link_broker(
 
     def link_lost() -> None:
         # Broker EOF is the graceful shutdown signal: stop serving, close the pool, exit 0.
+        # A link that the shutdown itself closed (a signal, ProxyService.fail) has nothing left
+        # to stop: the reactor, already stopping, would refuse a second stop with an error.
+        if not root.running:
+            return
         root.log.info("broker link closed: shutting down")
         if core.running:
             core.stop()
@@ -271,6 +277,16 @@ def _peer_tls(
     return PinnedPeers(lambda: cluster.membership, control.node_for_address)
 
 
+def _observer(reactor: object, config: Config, out: IO[str]) -> LogObserver:
+    """The log: text for a person at a terminal, else JSON (``--log-format``); Twisted's own
+    lines in the process's words either way."""
+    from nvpair.tap import version
+
+    text = chosen_format(config.log_format, out) == "text"
+    lines = TwistedLines(version(), event_loop(reactor))
+    return LogObserver(out, config.log_level, text=text, readable=lines)
+
+
 def build(
     reactor: IReactorTCP,
     config: Config,
@@ -280,10 +296,11 @@ def build(
     """Construct the whole process.
 
     :param reactor: the reactor: TCP, and (adapted) time and process control.
-    :param log_out: where JSON log lines go (stderr by default).
+    :param log_out: where log lines go (stderr by default).
     """
     clock, core = IReactorTime(reactor), IReactorCore(reactor)
-    observer = JsonLineObserver(log_out or sys.stderr, config.log_level)
+    observer = _observer(reactor, config, log_out or sys.stderr)
+    access_log = AccessLog() if config.access_log else None
     control = ControlState()
     cluster = ClusterWatch(clock, config.cluster_dir)
     upstream = Upstream(reactor, config.dial_timeout, _peer_tls(config, cluster, control))
@@ -319,6 +336,7 @@ def build(
         fleet=scheduler,
         recent=recent,
         metrics=metrics,
+        access=access_log,
     )
     facades = FacadeManager(
         reactor,
@@ -331,6 +349,7 @@ def build(
         idle_timeout=config.idle_timeout,
         backlog=config.listen_backlog,
         membership=lambda: cluster.membership,
+        access_log=access_log,
     )
 
     def membership_changed(_: object) -> None:
@@ -383,8 +402,6 @@ def build(
             metrics=metrics,
             live=activity.counts,
         )
-        site = QuietSite(admin.app.resource())
-        TCPServer(config.admin_port, site, interface="127.0.0.1", reactor=reactor).setServiceParent(
-            root
-        )
+        site = QuietSite(admin.app.resource(), "127.0.0.1", config.admin_port)
+        AdminListener(reactor, config.admin_port, site, root.fail).setServiceParent(root)
     return root

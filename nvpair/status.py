@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from attrs import frozen
 
 from nvpair.control import ControlState
-from nvpair.fleet import PairReport, PollState
+from nvpair.fleetpairs import PairReport, PollState
 from nvpair.loadstate import LoadState
 from nvpair.recent import RecentWorkloads, Trail
 from nvpair.scheduling import FleetScheduler
@@ -105,6 +105,22 @@ def fleet_state(report: PairReport, held: bool) -> str:
     if held:
         return "held-back"
     return report.state.value
+
+
+#: The states of :func:`fleet_state` in which a node counts as up (``nvpair_node_up``): its
+#: engine answers, a model load included. Down, held back and not yet polled are not.
+UP_STATES = frozenset({"up", "loading"})
+
+
+def fleet_nodes_up(fleet: FleetView, now: float) -> dict[tuple[str, str], bool]:
+    """(engine, node) -> whether it is up, for every configured node (``nvpair_node_up``)."""
+    health = fleet.scheduler.health
+    return {
+        (engine, report.node): fleet_state(report, health.of(engine, report.node).held(now))
+        in UP_STATES
+        for engine, reports in fleet.reports().items()
+        for report in reports
+    }
 
 
 def fleet_nodes(
@@ -209,7 +225,7 @@ def status_document(
     now: float,
     recent: RecentWorkloads | None = None,
 ) -> dict[str, object]:
-    """``GET /status`` (contract "Admin listener")."""
+    """``GET /status`` (docs/operations.md#status)."""
     nodes: dict[str, list[dict[str, object]]]
     if fleet is not None:
         reports = fleet.reports()
@@ -276,6 +292,7 @@ __all__ = [
     "FleetView",
     "broker_nodes",
     "fleet_nodes",
+    "fleet_nodes_up",
     "fleet_state",
     "readiness",
     "recent_document",

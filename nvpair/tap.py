@@ -1,7 +1,7 @@
 """``twistd nvpair-proxy``: the command line (docs/README.md#command-line), and a thin
 ``makeService``.
 
-Every option has its contract default; options with an environment variable take it when the
+Every option has its documented default; options with an environment variable take it when the
 flag is absent. A malformed value is a usage error naming the option, never a silent default:
 one line on stderr and a non-zero exit, under ``twistd`` as under the ``nvpair-proxy`` console
 script (:mod:`nvpair.cli`).
@@ -20,11 +20,13 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 from twisted.application.service import IService
 from twisted.python import usage
 
+from nvpair.cli_actions import PROG as PROG
+from nvpair.cli_actions import ActionOptions
 from nvpair.config import DEFAULTS, Config, parse_count
 from nvpair.durations import parse_duration
 from nvpair.fleetfile import FleetFileError, load_fleet
-from nvpair.logs import parse_level
-from nvpair.ports import ascii_digits, valid_port
+from nvpair.logs import parse_level, parse_log_format
+from nvpair.ports import ascii_digits, bind_host, valid_port
 
 #: option name -> environment variable consulted when the flag is not given.
 ENVIRONMENT = {
@@ -39,9 +41,6 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     from nvpair.service import ProxyService
-
-#: The program's name in its own messages (usage errors, the terminal hint).
-PROG = "nvpair-proxy"
 
 #: The exit status of a usage error (POSIX utilities' and argparse's convention).
 USAGE_STATUS = 2
@@ -84,7 +83,7 @@ def _nonempty(text: str) -> str:
     return text
 
 
-class Options(usage.Options):
+class Options(ActionOptions):
     """Options for ``twistd -n nvpair-proxy`` (docs/README.md#command-line)."""
 
     synopsis = "[options]"
@@ -122,6 +121,7 @@ class Options(usage.Options):
             ("client-write-timeout", "A client that accepts no bytes this long is dropped."),
             ("max-request-body", "Larger request bodies (bytes) get 413."),
             ("log-level", "debug, info, warn or error."),
+            ("log-format", "text, json, or auto: text when stderr is a terminal, else json."),
             ("admin-port", "Loopback-only admin listener (health, metrics, status)."),
             (
                 "request-head-timeout",
@@ -146,6 +146,10 @@ class Options(usage.Options):
             ("cooldown", "Fleet mode: the first cool-down of a held-back node; 0 holds none."),
             ("cooldown-max", "Fleet mode: cool-downs double up to this."),
         )
+    ]
+
+    optFlags: list[list[Any]] = [
+        ["access-log", None, "One info line per finished request (never its content)."],
     ]
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
@@ -178,7 +182,7 @@ class Options(usage.Options):
             usage_exit(error)
 
     def _value(self, name: str) -> str | None:
-        """The flag if given, else its environment variable, else the contract default."""
+        """The flag if given, else its environment variable, else the documented default."""
         flag: str | None = self[name]
         if flag is not None:
             return flag
@@ -219,7 +223,7 @@ class Options(usage.Options):
             broker=self._defaulted("broker", _nonempty),
             fleet=parsed,
             fleet_file=Path(fleet) if fleet else None,
-            bind=self._defaulted("bind", _nonempty),
+            bind=self._defaulted("bind", bind_host),
             response_header_timeout=self._defaulted("response-header-timeout", parse_duration),
             dial_timeout=self._defaulted("dial-timeout", parse_duration),
             job_deadline=self._defaulted("job-deadline", parse_duration),
@@ -228,6 +232,8 @@ class Options(usage.Options):
             client_write_timeout=self._defaulted("client-write-timeout", parse_duration),
             max_request_body=self._defaulted("max-request-body", parse_count),
             log_level=self._defaulted("log-level", parse_level),
+            log_format=self._defaulted("log-format", parse_log_format),
+            access_log=bool(self["access-log"]),
             admin_port=self._parse("admin-port", _port),
             request_head_timeout=self._defaulted("request-head-timeout", parse_duration),
             idle_timeout=self._defaulted("idle-timeout", parse_duration),
@@ -245,7 +251,7 @@ class Options(usage.Options):
 #: Said on stderr when the process waits for a broker on a terminal: a person typed the command.
 TERMINAL_HINT = f"""\
 {PROG}: waiting for a broker on stdin (JSON-RPC, one object per line): no --fleet was given.
-  To run standalone:  {PROG} --fleet FILE   (an example: etc/fleet.example.toml)
+  To run standalone:  {PROG} --fleet FILE   ({PROG} --example-fleet prints one to start from)
   To try it first:    make demo   (in a source checkout: simulated engines behind all three facades)
   Ctrl-D or Ctrl-C ends this process.
 """

@@ -2,7 +2,7 @@
 
 Agent, its pool and its parser were a fifth of a proxied request's CPU (issue 11's profile:
 ``_newclient`` 10 %, the pool 4 %, ``Headers`` 4 %, with the Deferreds between them). A
-reverse proxy needs little of what they offer, so this client keeps their contract (the same
+reverse proxy needs little of what they offer, so this client keeps their promises (the same
 ``IResponse``, the same failures, the same keep-alive rules) on a connection of its own
 (:mod:`nvpair.upstream_conn`) and a pool that is a list per ``(scheme, host, port)``
 (:mod:`nvpair.upstream_pool`).

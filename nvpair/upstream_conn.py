@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_upstream_conn -*-
 """One upstream HTTP/1.1 connection: a request written whole, its response parsed by llhttp.
 
-One exchange at a time, with Agent's contract and none of its per-exchange objects
+One exchange at a time, with Agent's promises and none of its per-exchange objects
 (docs/performance.md#the-upstream-client-our-own-on-llhttp): the head and body go out in one
 write, and ``httptools`` (the llhttp binding uvicorn uses) frames the answer by the rules of
 :mod:`nvpair.upstream_framing` into an :mod:`nvpair.upstream_response`.

@@ -2,7 +2,7 @@
 
 twisted.web's ``Request`` is largely untyped; the request path needs a handful of its members,
 and naming exactly those here lets mypy check both the real request
-(:class:`nvpair.http_facade.FacadeRequest`) and the tests' stand-in against the same contract.
+(:class:`nvpair.http_facade.FacadeRequest`) and the tests' stand-in against the same interface.
 The same goes for the upstream client: :class:`nvpair.upstream.Upstream` and a scripted
 double are both an :class:`UpstreamClient`.
 """
@@ -26,6 +26,10 @@ class ProxiedRequest(Protocol):
     uri: bytes
     requestHeaders: Headers
     responseHeaders: Headers
+
+    @property
+    def code(self) -> int | None:
+        """The answer's status, once set."""
 
     @property
     def finished(self) -> bool | int:

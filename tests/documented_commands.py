@@ -174,16 +174,17 @@ COMMANDS: dict[str, How] = {
         "fleet.toml in the working directory: a simulated node, a free port",
     ),
     "nvpair-proxy --version": RunHere("test_version"),
-    "nvpair-proxy --fleet etc/fleet.example.toml": RunHere(
+    "nvpair-proxy --example-fleet > fleet.toml": RunHere("test_the_example_fleet_file"),
+    "twistd -n nvpair-proxy --fleet fleet.toml": RunHere(
         "test_the_example_fleet_file",
-        "the example file with its LAN URLs pointed at simulated nodes on loopback and its "
-        "fixed ports at free ones",
-    ),
-    "twistd -n nvpair-proxy --fleet etc/fleet.example.toml": RunHere(
-        "test_the_example_fleet_file", "as nvpair-proxy --fleet etc/fleet.example.toml"
+        "fleet.toml: the example as printed, its LAN URLs pointed at simulated nodes on "
+        "loopback and its fixed ports at free ones",
     ),
     "twistd -n nvpair-proxy": RunHere("test_twistd_is_driven_by_a_broker_on_stdio"),
     "twistd -r uvloop -n nvpair-proxy --fleet FILE": RunHere(
+        "test_the_uvloop_reactor_serves_a_fleet_file", "FILE: a fleet file of a simulated node"
+    ),
+    "nvpair-proxy --reactor uvloop --fleet FILE": RunHere(
         "test_the_uvloop_reactor_serves_a_fleet_file", "FILE: a fleet file of a simulated node"
     ),
     # README.md, "As a systemd service"
@@ -204,11 +205,14 @@ COMMANDS: dict[str, How] = {
         "without sudo is run (nvpair-proxy --version)",
         f"{RUNS}::test_version",
     ),
-    "sudo install -D -m 0644 etc/fleet.example.toml /etc/nvpair/fleet.toml": RunHere(
-        "test_the_service_files_install_where_the_unit_reads_them",
-        "without sudo, into a temporary directory standing for /",
+    "nvpair-proxy --example-fleet | sudo install -D -m 0644 /dev/stdin /etc/nvpair/fleet.toml": (
+        RunHere(
+            "test_the_service_files_install_where_the_unit_reads_them",
+            "without sudo, into a temporary directory standing for /",
+        )
     ),
-    "sudo install -m 0644 etc/systemd/nvpair-proxy.service /etc/systemd/system/": RunHere(
+    "nvpair-proxy --systemd-unit | sudo install -m 0644 /dev/stdin "
+    "/etc/systemd/system/nvpair-proxy.service": RunHere(
         "test_the_service_files_install_where_the_unit_reads_them",
         "without sudo, into a temporary directory standing for /",
     ),

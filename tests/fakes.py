@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,12 @@ from zope.interface import implementer
 from nvpair.activity import NodeActivity
 from nvpair.config import Config
 from nvpair.control import ControlState, Node
-from nvpair.engines import ENGINES
+from nvpair.engines import ENGINES, RouteClass
 from nvpair.health import HealthPolicy
 from nvpair.http_facade import Admitted
+from nvpair.metrics import Metrics
 from nvpair.recent import RecentWorkloads
-from nvpair.requestpath import RequestPath
+from nvpair.requestpath import SERVERS, RequestPath, Server
 from nvpair.reservations import Reservations
 from nvpair.scheduling import FleetScheduler
 from nvpair.workload import Workloads
@@ -334,11 +335,16 @@ class Harness:
 
 
 def harness(
-    fleet: HealthPolicy | None = None, recent: RecentWorkloads | None = None, **overrides: Any
+    fleet: HealthPolicy | None = None,
+    recent: RecentWorkloads | None = None,
+    metrics: Metrics | None = None,
+    servers: Mapping[RouteClass, Server] = SERVERS,
+    **overrides: Any,
 ) -> Harness:
     """A request path on a Clock; with ``fleet``, in standalone fleet mode with that passive
-    health policy; with ``recent``, recording workloads there as an admin listener's process
-    does (``overrides`` are :class:`~nvpair.config.Config` fields)."""
+    health policy; with ``recent`` and ``metrics``, recording workloads and counting requests
+    there as an admin listener's process does; ``servers`` in place of the route classes' own
+    (``overrides`` are :class:`~nvpair.config.Config` fields)."""
     clock = Clock()
     control = ControlState()
     upstream = ScriptedUpstream()
@@ -371,5 +377,7 @@ def harness(
         activity,
         fleet=scheduler,
         recent=recent,
+        metrics=metrics,
+        servers=servers,
     )
     return Harness(clock, control, upstream, reservations, path, events, scheduler)

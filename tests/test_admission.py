@@ -1,4 +1,4 @@
-"""Admission: body rules, model extraction, the loopback gate (contract cli-and-http.md)."""
+"""Admission: body rules, model extraction, the loopback gate (docs/request-path.md#admission)."""
 
 from __future__ import annotations
 

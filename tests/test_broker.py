@@ -1,4 +1,4 @@
-"""The broker link's framing, envelope and addressing (contract broker-protocol.md)."""
+"""The broker link's framing, envelope and addressing (docs/broker-protocol.md)."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def send(protocol: BrokerProtocol, message: object) -> None:
     ],
 )
 def test_only_a_known_engine_id_is_an_address(method: str, engine: str | None, rest: str) -> None:
-    """Spec §4: errors:report is not engine "errors"."""
+    """errors:report is not engine "errors" (docs/broker-protocol.md#addressing)."""
     assert resolve_address(method) == Address(engine, rest)
 
 
@@ -356,7 +356,8 @@ def test_surrogate_pair_escape_is_a_character(link: Any) -> None:
     ],
 )
 def test_only_utf8_is_text(link: Any, data: bytes) -> None:
-    """json.loads of bytes would guess UTF-16/32 and serve them; the contract says UTF-8."""
+    """json.loads of bytes would guess UTF-16/32 and serve them; the link is UTF-8
+    (docs/broker-protocol.md#framing)."""
     protocol, transport, table = link
     assert b"\n" not in data
     protocol.dataReceived(data + b"\n")

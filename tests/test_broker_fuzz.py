@@ -1,5 +1,5 @@
-"""Fuzzing the broker link: the real BrokerProtocol over the real BrokerMethods (contract: "Nothing
-a broker sends can crash the process or a facade").
+"""Fuzzing the broker link: the real BrokerProtocol over the real BrokerMethods: nothing a broker
+sends can crash the process or a facade (docs/robustness.md#the-broker-link).
 
 Every example drives a fresh stack (control state, facades on a MemoryReactor, a temp state dir,
 the JSON log observer) over a StringTransport, and checks:
@@ -39,7 +39,7 @@ from nvpair.broker_envelope import RpcError
 from nvpair.broker_framing import MAX_LINE
 from nvpair.control import PriorityEntry
 from nvpair.engines import ENGINES
-from nvpair.logs import JsonLineObserver, debug_enabled
+from nvpair.logs import LogObserver, debug_enabled
 from nvpair.rpc import MAX_GENERATION
 from nvpair.status import FacadeView, status_document
 from tests.test_rpc import TAKEN_PORT, Stack, build_stack
@@ -67,7 +67,7 @@ def fuzz_stack() -> Iterator[Stack]:
         finally:
             globalLogPublisher.removeObserver(stack.observer)
             # log/set-level flips the process-wide debug gate; put it back for other tests.
-            JsonLineObserver(io.StringIO(), LogLevel.debug if was_debug else LogLevel.info)
+            LogObserver(io.StringIO(), LogLevel.debug if was_debug else LogLevel.info)
 
 
 def feed(stack: Stack, chunks: Iterable[bytes], eof: bool = False) -> None:
@@ -599,7 +599,7 @@ def enable_line(engine: str) -> Line:
 def test_every_request_gets_exactly_one_valid_answer(
     enabled: list[str], lines: list[Line], ends: list[bytes], cuts: list[int]
 ) -> None:
-    """Envelopes of every shape, every method of the contract, params good and bad: each
+    """Envelopes of every shape, every method of docs/broker-protocol.md, params good and bad: each
     request with a usable id is answered once with that id, and never -32603."""
     # Facades enabled first, so that facade methods mostly reach their handlers.
     lines = [*map(enable_line, enabled), *lines]

@@ -117,3 +117,21 @@ def test_owner_wait_never_runs_past_its_own_bound_or_the_deadline(
     else:
         assert plain is not None and wait == min(plain, start + gone_at + limit - now)
     assert gone.owners_back() == budget
+
+
+@given(budgets, st.floats(0, 7200), st.floats(0, 200), st.floats(0, 7200))
+def test_the_wait_that_ran_out_is_the_earlier_bound(
+    budget: RetryBudget, limit: float, gone_at: float, later: float
+) -> None:
+    """When the wait for an owner ends, the answer names what ended it: the owner wait when
+    its bound came first, else the deadline (or nothing has run out yet)."""
+    start = budget.deadline - 3600
+    gone = budget.owners_gone(start + gone_at, limit)
+    now = start + gone_at + later
+    ran_out = gone.owner_wait_ran_out(now)
+    if gone.owner_wait(now) is not None:
+        assert not ran_out
+    elif limit > 0 and start + gone_at + limit <= budget.deadline:
+        assert ran_out
+    else:
+        assert not ran_out  # the deadline ran out (first)

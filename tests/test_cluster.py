@@ -1,4 +1,4 @@
-"""Cluster directory, pinning and first-byte sniffing, in memory (spec §7; issue 6).
+"""Cluster directory, pinning and first-byte sniffing, in memory (docs/cluster.md; issue 6).
 
 TLS runs for real (OpenSSL through TLSMemoryBIO) over iosim's in-memory transports; the
 server, the client and the pump share one Clock.
@@ -57,6 +57,27 @@ def test_unusable_membership_is_an_error(tmp_path: Path, damage: str) -> None:
         (tmp_path / "node.key").write_text("not a key")
     with pytest.raises(ClusterDirError):
         load_membership(tmp_path)
+
+
+def test_a_deeply_nested_membership_file_is_unusable_and_the_watch_goes_on(
+    tmp_path: Path,
+) -> None:
+    """``[[[[...`` used to raise RecursionError out of the watcher's check, which stopped the
+    re-reading for good: the membership written next was never seen."""
+    write_cluster_dir(tmp_path, ALICE, [BOB])
+    (tmp_path / "membership.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ClusterDirError, match="nested too deeply"):
+        load_membership(tmp_path)
+    clock = Clock()
+    changes: list[Membership | None] = []
+    watch = ClusterWatch(clock, tmp_path, changes.append)
+    watch.start()
+    assert watch.membership is None
+    write_cluster_dir(tmp_path, ALICE, [BOB])
+    os.utime(tmp_path / "membership.json", (1, 1))
+    clock.advance(1)
+    assert [None if m is None else dict(m.pins) for m in changes] == [{"bob": BOB.pin}]
+    watch.stop()
 
 
 def test_watch_follows_joining_and_leaving(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Browser-policy intersection (contract engine-routes.md "Browser policy", spec §5.8)."""
+"""Browser-policy intersection (docs/browser-policy.md)."""
 
 from __future__ import annotations
 

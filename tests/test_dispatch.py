@@ -1,4 +1,5 @@
-"""The failover loop on a Clock (spec §5, §5.1-5.4, §6; issue 3).
+"""The failover loop on a Clock (docs/request-path.md#the-failover-loop,
+docs/retry-budget.md, docs/candidate-order.md#reservations; issue 3).
 
 Each test holds one rule; time only moves when the test advances the clock.
 """

@@ -23,7 +23,8 @@ A, B = node("a", "m"), node("b", "m")
 
 
 def test_header_budget_starts_when_the_connection_is_up_not_at_the_dial() -> None:
-    """Spec §5.1: dial, headers and first content are budgets run in sequence."""
+    """Dial, headers and first content are budgets run in sequence
+    (docs/retry-budget.md#per-attempt-budgets)."""
     h = harness(response_header_timeout=5.0)
     h.upstream.connect_at_once = False
     h.nodes(A, B)

@@ -1,4 +1,4 @@
-"""Tests for nvpair.durations: Go's duration form (cli-and-http.md, "Durations")."""
+"""Tests for nvpair.durations: Go's duration form (docs/README.md#command-line)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from nvpair.durations import format_duration, parse_duration
 MAX_NS = 2**63 - 1
 
 VALID: list[tuple[str, float]] = [
-    # The contract's own examples.
+    # The documented examples.
     ("0", 0.0),
     ("250ms", 0.25),
     ("10s", 10.0),

@@ -1,4 +1,5 @@
-"""The engine registry: route classes, error envelopes, inventories (contract engine-routes.md)."""
+"""The engine registry: route classes, error envelopes, inventories
+(docs/README.md#adding-an-engine)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import pytest
 
 from nvpair.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.reasons import Reason
 
 
 @pytest.mark.parametrize(
@@ -43,7 +45,7 @@ def test_route_classes(engine: object, method: bytes, path: str, expected: Route
 
 
 def test_ports_and_port_files() -> None:
-    """Spec §8's table."""
+    """The ports table (docs/ports.md#per-engine-ports)."""
     table = {
         e.id: (e.own_port, e.relocated_port, e.standalone_port, e.port_file)
         for e in ENGINES.values()
@@ -57,11 +59,11 @@ def test_ports_and_port_files() -> None:
 
 def test_error_body_dialects() -> None:
     """Ollama native routes say {"error": msg}; everything else OpenAI's envelope."""
-    assert json.loads(OLLAMA.error_body("/api/chat", "m", "no-owner")) == {"error": "m"}
+    assert json.loads(OLLAMA.error_body("/api/chat", "m", Reason.NO_OWNER)) == {"error": "m"}
     openai = {"error": {"message": "m", "type": "nvpair_proxy", "code": "no-owner"}}
-    assert json.loads(OLLAMA.error_body("/v1/chat/completions", "m", "no-owner")) == openai
-    assert json.loads(LMSTUDIO.error_body("/api/v0/models", "m", "no-owner")) == openai
-    assert json.loads(LLAMACPP.error_body("/completion", "m", "no-owner")) == openai
+    assert json.loads(OLLAMA.error_body("/v1/chat/completions", "m", Reason.NO_OWNER)) == openai
+    assert json.loads(LMSTUDIO.error_body("/api/v0/models", "m", Reason.NO_OWNER)) == openai
+    assert json.loads(LLAMACPP.error_body("/completion", "m", Reason.NO_OWNER)) == openai
 
 
 def test_ollama_model_keys_normalize_and_others_match_exactly() -> None:

@@ -116,7 +116,7 @@ def error_of(response: WireResponse) -> tuple[str | None, str]:
 
 @pytest_twisted.ensureDeferred
 async def test_connection_close_and_http_1_0_get_their_answer_then_the_close() -> None:
-    """RFC 9112 §9.6 and §9.3; HTTP/1.0 never gets chunked framing (it has none)."""
+    """RFC 9112 §9.6, §9.3; HTTP/1.0 never gets chunked framing (it has none)."""
     handler = Served()
     async with listening(site(handler)) as port:
         closing = await talk(port, request("GET", "/a", "Host: x", "Connection: close"))

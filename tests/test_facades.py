@@ -1,4 +1,5 @@
-"""Facade port rules (spec §8) on a MemoryReactor: defaults, persistence, moves, bind races."""
+"""Facade port rules (docs/ports.md) on a MemoryReactor: defaults, persistence, moves, bind
+races."""
 
 from __future__ import annotations
 
@@ -94,6 +95,27 @@ def test_bind_race_is_tagged_and_touches_no_other_facade(tmp_path: Path) -> None
     assert outbox.sent[-1][0] == "ollama:error" and outbox.sent[-1][1]["tag"] == "bind"
     assert facades.enabled("llamacpp") and not facades.enabled("ollama")
     assert ports(reactor) == [9000]
+
+
+def test_a_port_another_facade_listens_on_is_named_as_its(tmp_path: Path) -> None:
+    """Two facades on one port (a persisted port, a broker's enable or move): the refusal names
+    the facade that has it, not the address in use a bind would report (issue 20 item 2)."""
+    facades, reactor, outbox = manager(tmp_path)
+    facades.enable("ollama", 9000, [], False)
+    facades.enable("lmstudio", 9001, [], False)
+    with pytest.raises(FacadeError) as refused:
+        facades.enable("llamacpp", 9000, [], False)
+    error = refused.value
+    assert (error.tag, error.engine, error.port) == ("bind", "llamacpp", 9000)
+    assert error.message == "cannot listen on port 9000: the Ollama facade listens there"
+    assert outbox.sent[-1] == (
+        "llamacpp:error",
+        {"tag": "bind", "port": 9000, "message": error.message},
+    )
+    with pytest.raises(FacadeError) as moving:
+        facades.set_port("lmstudio", 9000)
+    assert moving.value.message == "cannot listen on port 9000: the Ollama facade listens there"
+    assert ports(reactor) == [9000, 9001] and facades.facades["lmstudio"].port == 9001
 
 
 def test_set_port_moves_and_persists_atomically(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_fanout -*-
-"""Asking every node at once (:mod:`nvpair.fanout`; contract engine-routes.md "Fleet
-inventories"): each ask bounded by ``--dial-timeout`` plus 30 s, and every ask that ends early
+"""Asking every node at once (:mod:`nvpair.fanout`; docs/inventories.md#fan-out): each
+ask bounded by ``--dial-timeout`` plus 30 s, and every ask that ends early
 (the client left, a node timed out, an answer too large) closes its upstream connection in
 whichever phase it was: dialling, awaiting headers or reading the body.
 """

@@ -1,8 +1,8 @@
 # -*- test-case-name: tests.test_fleet_poll -*-
-"""Standalone fleet polling (:class:`nvpair.fleet.FleetService`; contract "Standalone fleet
-file"): every node's poll is bounded as a whole (dial timeout + 30 s, and in bytes), a poll
-that hits a bound closes its connection and counts as failed, and one node's poll never holds
-up another's schedule.
+"""Standalone fleet polling (:class:`nvpair.fleet.FleetService`;
+docs/inventories.md#polled-inventories): every node's poll is bounded as a whole (dial
+timeout + 30 s, and in bytes), a poll that hits a bound closes its connection and counts as
+failed, and one node's poll never holds up another's schedule.
 """
 
 from __future__ import annotations

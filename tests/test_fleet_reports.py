@@ -17,8 +17,9 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
 
 from nvpair.control import ControlState
-from nvpair.fleet import FleetService, PollState
+from nvpair.fleet import FleetService
 from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode, restart_needed
+from nvpair.fleetpairs import PollState
 from nvpair.health import HealthPolicy
 from nvpair.loadstate import UNKNOWN, LoadState
 from nvpair.scheduling import FleetScheduler

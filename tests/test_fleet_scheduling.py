@@ -217,6 +217,49 @@ def test_fleet_mode_waits_at_most_owner_wait_then_503() -> None:
     assert d.called
 
 
+def test_no_owner_timeout_names_the_wait_that_ran_out() -> None:
+    """The owner wait, when its bound ended the wait; the job deadline when that came first
+    (or when the owner wait is 0, or in broker mode)."""
+    h, _ = fleet(owner_wait=2.0)
+    request, _ = vanish_after_one_attempt(h)
+    h.clock.advance(1.0)
+    h.clock.advance(2.1)
+    assert request.reason() == "no-owner-timeout"
+    assert request.json()["error"]["message"] == (
+        'no node serving model "m" came back within the owner wait (--owner-wait 2s)'
+    )
+    h, _ = fleet(owner_wait=0.0, job_deadline=60.0)
+    request, _ = vanish_after_one_attempt(h)
+    h.clock.advance(61.0)
+    assert request.json()["error"]["message"] == (
+        'no node serving model "m" came back within the job deadline (--job-deadline 1m0s)'
+    )
+    h, _ = fleet(owner_wait=120.0, job_deadline=60.0)
+    request, _ = vanish_after_one_attempt(h)
+    h.clock.advance(61.0)
+    assert "within the job deadline (--job-deadline 1m0s)" in request.json()["error"]["message"]
+
+
+def test_every_owner_down_is_said_not_a_wrong_name() -> None:
+    """A model whose every node left discovery (their polls fail): 502 ``no-owner`` saying
+    its nodes are down, by id; a model nobody listed still reads as nobody advertising it,
+    and a node back in discovery is no longer named."""
+    h, scheduler = fleet()
+    scheduler.away(ENGINE, "b", ["m", "other"])
+    scheduler.away(ENGINE, "a", ["m"])
+    scheduler.away(ENGINE, "c", ["other"])
+    h.nodes()
+    request, _ = h.serve()
+    assert (request.status(), request.reason()) == (502, "no-owner")
+    assert request.json()["error"]["message"] == 'every node that serves model "m" is down: a, b'
+    request, _ = h.serve(model="unheard-of")
+    assert request.json()["error"]["message"] == 'no node advertises model "unheard-of"'
+    scheduler.away(ENGINE, "a", None)
+    scheduler.forget(ENGINE, "b")
+    request, _ = h.serve()
+    assert request.json()["error"]["message"] == 'no node advertises model "m"'
+
+
 def test_an_owner_coming_back_in_time_serves_the_request() -> None:
     h, _ = fleet(owner_wait=2.0)
     request, _ = vanish_after_one_attempt(h)

@@ -8,20 +8,96 @@ from pathlib import Path
 
 import pytest
 
-from nvpair.fleetfile import FleetFileError, load_fleet
+from nvpair.fleetfile import FleetFileError, base_url_hint, load_fleet, unserved
 
 HEAD = '[facades.ollama]\nport = 11434\n[[nodes]]\nid = "a"\n[nodes.engines]\n'
 
 
-@pytest.mark.parametrize(
-    "url", ["http://[abc", "http://a:99999", "http://a:port", "https://a", "http://", 7]
-)
-def test_a_url_that_is_no_http_url_names_its_key(tmp_path: Path, url: object) -> None:
-    path = tmp_path / "fleet.toml"
-    value = f'"{url}"' if isinstance(url, str) else str(url)
-    path.write_text(HEAD + f"ollama = {value}\n")
-    with pytest.raises(FleetFileError, match=r"nodes\[0\]\.engines\.ollama.*http:// URL"):
+def refusal(path: Path, text: str) -> str:
+    """The one line a fleet file ``text`` is refused with, without the file's name."""
+    path.write_text(text)
+    with pytest.raises(FleetFileError) as refused:
         load_fleet(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    return message.removeprefix(f"{path}: ")
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://[abc", "not a URL: Invalid IPv6 URL"),
+        ("https://a", "must be an http:// URL such as http://127.0.0.1:11434"),
+        ("http://", "names no host"),
+        (7, "must be an http:// URL such as http://127.0.0.1:11434"),
+        ("http://a:99999", "port 99999 is out of range (1-65535)"),
+        ("http://a:0", "port 0 is out of range (1-65535)"),
+        ("http://user:secret@[::1]:70000/v1", "port 70000 is out of range (1-65535)"),
+        ("http://a:port", "port 'port' is not a number"),
+    ],
+)
+def test_a_url_that_is_no_http_url_says_why_naming_its_key(
+    tmp_path: Path, url: object, why: str
+) -> None:
+    """Issue 20 item 2: a port out of range is said as such, not as "must be an http:// URL";
+    a URL's credentials are never repeated."""
+    value = f'"{url}"' if isinstance(url, str) else str(url)
+    assert refusal(tmp_path / "f.toml", HEAD + f"ollama = {value}\n") == (
+        f"nodes[0].engines.ollama: {why}"
+    )
+
+
+def test_an_unknown_engine_lists_the_valid_ones(tmp_path: Path) -> None:
+    valid = "expected one of ollama, lmstudio, llamacpp"
+    node = HEAD + 'llama = "http://a:1"\n'
+    assert refusal(tmp_path / "f.toml", node) == (
+        f"nodes[0].engines.llama: unknown engine 'llama'; {valid}"
+    )
+    assert refusal(tmp_path / "g.toml", "[facades.olama]\n") == (
+        f"facades.olama: unknown engine 'olama'; {valid}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("facades", "why"),
+    [
+        (
+            "[facades.ollama]\nport = 9000\n[facades.llamacpp]\nport = 9000\n",
+            "facades.llamacpp.port: port 9000 is also facades.ollama's: each facade needs its own",
+        ),
+        (
+            "[facades.llamacpp]\n[facades.lmstudio]\nport = 8080\n",
+            "facades.lmstudio.port: port 8080 is also facades.llamacpp's: each facade needs "
+            "its own",
+        ),
+        (
+            "[facades.lmstudio]\nport = 8080\n[facades.llamacpp]\n",
+            "facades.llamacpp.port: port 8080 (its default) is also facades.lmstudio's: each "
+            "facade needs its own",
+        ),
+    ],
+)
+def test_two_facades_on_one_port_name_both(tmp_path: Path, facades: str, why: str) -> None:
+    assert refusal(tmp_path / "f.toml", facades) == why
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [
+        (
+            "http://10.0.0.5:8080/v1",
+            " (the URL should be the engine's base URL, http://10.0.0.5:8080, without /v1)",
+        ),
+        (
+            "http://u:p@h:1/api/",
+            " (the URL should be the engine's base URL, http://h:1, without /api)",
+        ),
+        ("http://h:1/", ""),
+        ("http://h:1", ""),
+    ],
+)
+def test_a_node_url_with_a_path_is_hinted_at_as_not_the_base_url(url: str, hint: str) -> None:
+    assert base_url_hint(url) == hint
 
 
 def test_nesting_too_deep_for_the_parser_is_invalid_toml(tmp_path: Path) -> None:
@@ -35,3 +111,18 @@ def test_a_good_url_with_a_port_loads(tmp_path: Path) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text(HEAD + 'ollama = "http://[::1]:11435"\n')
     assert load_fleet(path).nodes[0].engines == {"ollama": "http://[::1]:11435"}
+
+
+def test_a_node_engine_no_facade_serves_is_named_with_why(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        "[facades.ollama]\n[facades.llamacpp]\n"
+        '[[nodes]]\nid = "a"\n[nodes.engines]\nollama = "http://a:1"\nlmstudio = "http://a:2"\n'
+        '[[nodes]]\nid = "b"\n[nodes.engines]\nllamacpp = "http://b:1"\n'
+    )
+    fleet = load_fleet(path)
+    assert unserved(fleet, {"ollama", "lmstudio", "llamacpp"}) == []
+    assert unserved(fleet, {"ollama"}) == [
+        ("a", "lmstudio", "the fleet file has no [facades.lmstudio] table"),
+        ("b", "llamacpp", "its facade was added to the fleet file and starts with a restart"),
+    ]

@@ -1,4 +1,4 @@
-"""Fuzzing the HTTP facade over the real listener stack (contract cli-and-http.md).
+"""Fuzzing the HTTP facade over the real listener stack (docs/robustness.md#request-heads).
 
 Every example opens one in-memory connection on the SniffingFactory a FacadeManager builds for
 a facade (so the first-byte sniffer, the FacadeSite's FacadeChannel, FacadeRequest and Facade all
@@ -10,7 +10,7 @@ only what went back on the wire:
   delimited by the close only when the connection was closed;
 - no more responses than requests, and every admitted request is answered exactly once;
 - a response the proxy generated (anything the stand-in request path did not write) carries
-  ``X-Nvpair-Error`` with the contract's status, the route's error dialect and no CORS header.
+  ``X-Nvpair-Error`` with the documented status, the route's error dialect and no CORS header.
 
 The one tolerated exception to the last rule is twisted.web's own refusal of a request it
 cannot parse (``HTTP/1.1 400 Bad Request``, no header, connection closed): see
@@ -63,8 +63,9 @@ FUZZ = settings(
 SMALL_CAP = 1024
 LARGE_CAP = 1 << 18
 
-#: The contract's table: every reason a proxy-generated response may carry, and its status.
-CONTRACT_STATUS: dict[str, int] = {
+#: The documented table (docs/request-path.md#proxy-generated-answers): every reason a
+#: proxy-generated response may carry, and its status.
+DOCUMENTED_STATUS: dict[str, int] = {
     "no-owner": 502,
     "upstream-transport": 502,
     "first-body-timeout": 504,
@@ -96,7 +97,8 @@ ADMISSION_REASONS = frozenset(
         "not-implemented",
     }
 )
-#: Refusals the contract decides at the request head: answered before the body, then closed.
+#: Refusals decided at the request head (docs/robustness.md#refusals-at-the-request-head):
+#: answered before the body, then closed.
 HEAD_REASONS = frozenset(
     {"forbidden", "forbidden-host", "bad-request", "body-too-large", "not-implemented"}
 )
@@ -138,7 +140,8 @@ ALLOWED_HOSTS = [
     b"gpu-box.local:11434",
     b"svc.internal",
 ]
-#: ...and ones it refuses (engine-dialects.md §1.6): public names and public addresses.
+#: ...and ones it refuses (docs/browser-policy.md#ollamas-host-allow-list): public names and
+#: public addresses.
 FOREIGN_HOSTS = [
     b"evil.example",
     b"evil.example:11434",
@@ -414,7 +417,7 @@ def request_bytes(
 
 def origin_path(target: bytes) -> str | None:
     """The path a target is routed by when it is plainly in origin or http absolute form;
-    None for anything the contract leaves open (whose error dialect is then either one)."""
+    None for anything the docs leave open (whose error dialect is then either one)."""
     if target.startswith(b"/"):
         return target.split(b"?", 1)[0].decode("latin-1")
     if target[:7].lower() != b"http://" or b"#" in target:
@@ -472,12 +475,12 @@ def judge(connection: Connection, messages: Sequence[Message]) -> list[WireRespo
 
 
 def check_proxy_error(engine: Engine, response: WireResponse, target: bytes | None) -> None:
-    """A proxy-generated answer, as the contract's "Proxy-generated responses" has it."""
+    """A proxy-generated answer, as docs/request-path.md#proxy-generated-answers has it."""
     values = response.values(b"x-nvpair-error")
     assert len(values) == 1, f"no X-Nvpair-Error on a proxy-generated {response.status}"
     reason = values[0].decode("latin-1")
     assert reason in ADMISSION_REASONS, f"unexpected reason {reason!r}"
-    assert response.status == CONTRACT_STATUS[reason]
+    assert response.status == DOCUMENTED_STATUS[reason]
     assert not [n for n, _ in response.headers if n.lower().startswith(b"access-control-")]
     if not response.body:
         return
@@ -942,7 +945,7 @@ json_values = st.recursive(
 
 @st.composite
 def inference_bodies(draw: st.DrawFn) -> tuple[str, bytes]:
-    """``(kind, body)``: kind says what the contract makes of it.
+    """``(kind, body)``: kind says what admission makes of it (docs/request-path.md#admission).
 
     - ``named``: a JSON object naming a model: admitted.
     - ``unnamed``: a JSON object naming none: Ollama ``model-missing``, the others admitted.
@@ -1013,7 +1016,7 @@ def inference_bodies(draw: st.DrawFn) -> tuple[str, bytes]:
     chunked=st.booleans(),
     cuts=cut_points,
 )
-def test_inference_bodies_are_admitted_or_refused_by_the_contract(
+def test_inference_bodies_are_admitted_or_refused_as_documented(
     engine: Engine,
     data: st.DataObject,
     body: tuple[str, bytes],
@@ -1047,7 +1050,7 @@ def test_inference_bodies_are_admitted_or_refused_by_the_contract(
 
 @st.composite
 def head_refusals(draw: st.DrawFn) -> tuple[Engine, IAddress, bytes, bytes, str]:
-    """``(engine, peer, head, body, reason)``: a request the contract refuses at its head."""
+    """``(engine, peer, head, body, reason)``: a request refused at its head as documented."""
     engine = draw(engines)
     case = draw(st.sampled_from(["remote", "target", "length", "host"]))
     peer = draw(remote_peers if case == "remote" else loopback_peers)
@@ -1402,7 +1405,7 @@ def test_slow_heads_and_idle_connections_are_closed_exactly_on_time(
     due = next((d for d in deadlines if timeline.closes(d)), None)
     assert due is not None and closed_at is not None
     event(f"closed by the {timeline.closes(due)} bound after {len(facade.handler.called)} requests")
-    assert abs(closed_at - due) < 1e-6, f"closed at {closed_at}, the contract says {due}"
+    assert abs(closed_at - due) < 1e-6, f"closed at {closed_at}, the docs say {due}"
 
 
 # -- deep nesting, pinned as examples ---------------------------------------------------------
@@ -1469,7 +1472,8 @@ def test_a_deeply_nested_other_body_is_forwarded(engine: str, path: bytes) -> No
     ],
 )
 def test_a_request_twisted_cannot_parse_is_answered_as_proxy_generated(raw: bytes) -> None:
-    """The contract: every response the proxy itself generates carries X-Nvpair-Error."""
+    """Every response the proxy itself generates carries X-Nvpair-Error
+    (docs/request-path.md#proxy-generated-answers)."""
     _, finals = exchange(OLLAMA, [Message(raw, raw.split(b" ")[0], raw.split(b" ")[1])])
     assert len(finals) == 1 and finals[0].value(b"x-nvpair-error") is not None
 

@@ -1,4 +1,5 @@
-"""Stats from a streamed body's tail (spec §5.5): each engine's report, the fallback, bounds."""
+"""Stats from a streamed body's tail (docs/request-path.md#stats-from-the-streams-tail): each
+engine's report, the fallback, bounds."""
 
 from __future__ import annotations
 

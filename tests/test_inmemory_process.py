@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.error import CannotListenError
+from twisted.internet.error import CannotListenError, ConnectionDone
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
@@ -186,10 +186,20 @@ def has_stopped(reactor: MemoryReactorClock) -> bool:
     return bool(reactor.hasStopped)
 
 
+def started_as_under_twistd(root: ProxyService) -> None:
+    """``root`` started with its log observer seeing everything logged meanwhile, as twistd
+    does with the observer the root service registers on its Application."""
+    globalLogPublisher.addObserver(root.observer)
+    try:
+        root.startService()
+    finally:
+        globalLogPublisher.removeObserver(root.observer)
+
+
 def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path) -> None:
-    """Contract: in fleet mode a facade that cannot bind ends the process with a non-zero
-    status and the reason on stderr. Nothing more starts (no poll), and the end is the ordered
-    shutdown, begun as soon as the reactor runs."""
+    """In fleet mode a facade that cannot bind ends the process (docs/ports.md#bind-failures)
+    with a non-zero status and the reason on stderr. Nothing more starts (no poll), and the end
+    is the ordered shutdown, begun as soon as the reactor runs."""
     reactor = _PortTaken(FACADE + 1)
     fleet = Fleet(
         60.0,
@@ -198,12 +208,7 @@ def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path) -> Non
     )
     log = io.StringIO()
     root = build(reactor, Config(state_dir=tmp_path, fleet=fleet), log_out=log)
-    # What twistd does with the observer the root service registers on its Application.
-    globalLogPublisher.addObserver(root.observer)
-    try:
-        root.startService()
-    finally:
-        globalLogPublisher.removeObserver(root.observer)
+    started_as_under_twistd(root)
     assert root.exit_status == 1 and not has_stopped(reactor)
     reactor.run()
     assert has_stopped(reactor)
@@ -216,3 +221,79 @@ def test_a_fleet_facade_that_cannot_bind_ends_the_process(tmp_path: Path) -> Non
     stopped = root.stopService()
     reactor.advance(0)
     assert stopped.called
+
+
+def test_an_admin_port_in_use_ends_the_process(tmp_path: Path) -> None:
+    """The admin listener's port taken ends the process as a fleet facade's does
+    (docs/operations.md#the-admin-listener): exit status 1, a warning naming the address and
+    the error that ends it, then the ordered shutdown once the reactor runs. In broker mode
+    too, where a facade's bind failure would go to the broker instead."""
+    reactor = _PortTaken(FACADE + 2)
+    log = io.StringIO()
+    config = Config(state_dir=tmp_path, broker="tcp:127.0.0.1:9", admin_port=FACADE + 2)
+    root = build(reactor, config, log_out=log)
+    started_as_under_twistd(root)
+    assert root.exit_status == 1 and not has_stopped(reactor)
+    reactor.run()
+    assert has_stopped(reactor)
+    why = f"cannot listen on 127.0.0.1:{FACADE + 2}: [Errno 98] Address already in use"
+    said = [(r["level"], r["msg"]) for r in map(json.loads, log.getvalue().splitlines())]
+    assert said == [
+        ("warn", why),
+        ("error", f"admin listener not started: {why}: ending the process"),
+    ]
+    stopped = root.stopService()
+    reactor.advance(5)  # the broker link never connected: its close waits out its bound
+    assert stopped.called
+
+
+class _Ports(MemoryReactorClock):
+    """A reactor that keeps every listening port it gives, to see them closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ports: dict[int, Any] = {}
+
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Any:
+        listening = super().listenTCP(port, factory, backlog, interface)
+        listening.stopped = False
+
+        def stop() -> None:
+            listening.stopped = True
+
+        listening.stopListening = stop
+        self.ports[port] = listening
+        return listening
+
+
+def test_the_admin_listener_is_loopback_only_and_closed_at_shutdown(tmp_path: Path) -> None:
+    """The admin port listens on 127.0.0.1 only, from start to the ordered shutdown."""
+    reactor = _Ports()
+    config = Config(state_dir=tmp_path, broker="tcp:127.0.0.1:9", admin_port=FACADE + 2)
+    root = build(reactor, config, log_out=io.StringIO())
+    root.startService()
+    [(port, _factory, _backlog, interface)] = reactor.tcpServers
+    assert (port, interface) == (FACADE + 2, "127.0.0.1")
+    assert not reactor.ports[port].stopped
+    stopped = root.stopService()
+    reactor.advance(5)  # the broker link never connected: its close waits out its bound
+    assert stopped.called and reactor.ports[port].stopped
+
+
+def test_a_broker_link_closed_by_the_shutdown_stops_nothing_twice(tmp_path: Path) -> None:
+    """Broker EOF ends the process; but when the link closes because the process is already
+    shutting down (a signal, an admin port in use), the reactor is stopping: a second stop
+    would be refused, an error with a traceback in the log."""
+    reactor = MemoryReactorClock()
+    log = io.StringIO()
+    root = build(reactor, Config(state_dir=tmp_path, broker="tcp:127.0.0.1:9"), log_out=log)
+    # Running, as under twistd (MemoryReactor.run would stop again at once).
+    reactor.running = True
+    root.startService()
+    [(_host, _port, factory, _timeout, _bind)] = reactor.tcpClients
+    link = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9))
+    assert link is not None
+    root.stopService()
+    link.connectionLost(Failure(ConnectionDone()))
+    assert not has_stopped(reactor)
+    assert "broker link closed" not in log.getvalue()

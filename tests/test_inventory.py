@@ -1,4 +1,4 @@
-"""Merging fleet model lists (contract engine-routes.md "Fleet inventories")."""
+"""Merging fleet model lists (docs/inventories.md)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,8 @@ def test_output_is_compact_json() -> None:
 
 @pytest.mark.parametrize("path", ["/models", "/v1/models"])
 def test_llamacpp_merges_data_only(path: str) -> None:
-    """Both aliases answer an OpenAI list built from each node's `data` (spec §5)."""
+    """Both aliases answer an OpenAI list built from each node's `data`
+    (docs/inventories.md#routes)."""
     node1 = {
         "models": [{"name": "only-in-models", "model": "only-in-models"}],
         "object": "list",
@@ -290,7 +291,8 @@ def test_entry_fields_pass_through_unchanged(value: object) -> None:
 
 
 def test_empty_string_key_is_a_key() -> None:
-    """The contract asks for a string; "" is one, and dedupes like any other."""
+    """The key must be a string (docs/inventories.md#validity); "" is one, and dedupes like any
+    other."""
     a, b = {"id": "", "n": 1}, {"id": "", "n": 2}
     assert merge(LMSTUDIO, "/v1/models", [a], [b]) == {"object": "list", "data": [a]}
 
@@ -480,7 +482,8 @@ def test_invalid_after_only_duplicates_still_raises() -> None:
 
 
 def test_invalid_inventory_message_leaves_the_body_out() -> None:
-    """Bodies never reach logs (spec §9): the message names the node and the fault only."""
+    """Bodies never reach logs (docs/README.md#logging): the message names the node and the
+    fault only."""
     with pytest.raises(InvalidInventory) as caught:
         merge_inventories(OLLAMA, "/api/ps", [b'{"models":[{"secret-prompt":1}]}'])
     assert "secret-prompt" not in str(caught.value)

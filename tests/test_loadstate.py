@@ -1,5 +1,5 @@
 """Reading each engine's load answer (docs/fleet-scheduling.md#load-state, issue 13 item 1):
-what the engines really answer (engine-dialects.md) becomes a value; anything else is unknown,
+what the engines really answer becomes a value; anything else is unknown,
 never an exception."""
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ def scrape(metrics: Metrics, live: LiveState | None = None) -> dict[str, dict[La
                 in_flight=lambda: {("ollama", "a"): 3},
                 reservations=lambda: {"a": 1, "b": 0},
                 requests_in_flight=lambda: 4,
+                nodes_up=lambda: {("ollama", "a"): True, ("ollama", "b"): False},
             ),
         )
     )
@@ -114,3 +115,7 @@ def test_gauges_read_the_live_state_when_scraped() -> None:
     assert got["nvpair_facade_up"] == {labels(engine="ollama"): 1, labels(engine="llamacpp"): 0}
     assert got["nvpair_facade_port"] == {labels(engine="ollama"): 11435}
     assert got["nvpair_requests_in_flight"] == {(): 4}
+    assert got["nvpair_node_up"] == {
+        labels(engine="ollama", node="a"): 1,
+        labels(engine="ollama", node="b"): 0,
+    }

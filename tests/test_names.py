@@ -1,4 +1,4 @@
-"""Tests for nvpair.names: Ollama model names (engine-routes.md "Model names", dialects §1.2)."""
+"""Tests for nvpair.names: Ollama model names (docs/candidate-order.md#owners)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ LLAMA3_KEY = "registry.ollama.ai/library/llama3:latest"
     ],
 )
 def test_spellings_of_one_model_share_a_key(text: str) -> None:
-    """The contract's example: these all name one model (defaults filled, case folded)."""
+    """The documented example: these all name one model (defaults filled, case folded)."""
     assert ollama_key(text) == LLAMA3_KEY
 
 
@@ -123,7 +123,7 @@ INVALID = [
 @pytest.mark.parametrize("text", INVALID, ids=[repr(t)[:40] for t in INVALID])
 def test_invalid_names(text: str) -> None:
     """
-    Ollama rejects these (empty part, '@', characters or lengths outside §1.2's grammar);
+    Ollama rejects these (empty part, '@', characters or lengths outside Ollama's grammar);
     the proxy does not normalize them, so key and display are the text itself.
     """
     assert parse_ollama_name(text) is None
@@ -180,7 +180,7 @@ def test_different_models_have_different_keys(a: str, b: str) -> None:
     assert ollama_key(a) != ollama_key(b)
 
 
-# Strategies that build valid names from §1.2's grammar, in mixed case, with and without
+# Strategies that build valid names from Ollama's grammar, in mixed case, with and without
 # each optional part.
 _FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
 

@@ -1,6 +1,6 @@
 """Fleet mode's outbox: each event one readable log record, its fields the record's own
-(contract "Standalone fleet file": workload events go to the log at debug level, operational
-fields only)."""
+(docs/README.md#logging: workload events go to the log at debug level, operational fields
+only)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from twisted.logger import Logger, LogLevel, LogPublisher
 
-from nvpair.logs import JsonLineObserver
+from nvpair.logs import LogObserver
 from nvpair.outbox import LogOutbox, event_record
 from nvpair.workload import State, Workloads
 
@@ -21,7 +21,7 @@ from nvpair.workload import State, Workloads
 def debug_log() -> Iterator[tuple[LogOutbox, io.StringIO]]:
     """A LogOutbox whose records land, as JSON lines at debug level, in the StringIO."""
     out = io.StringIO()
-    observer = JsonLineObserver(out, LogLevel.debug)
+    observer = LogObserver(out, LogLevel.debug)
     outbox = LogOutbox()
     outbox.log = Logger(namespace="nvpair.outbox.LogOutbox", observer=LogPublisher(observer))
     try:
@@ -92,7 +92,7 @@ def test_a_field_named_like_the_records_own_is_kept_apart() -> None:
 
 def test_nothing_is_built_above_debug(monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
-    observer = JsonLineObserver(out, LogLevel.info)
+    observer = LogObserver(out, LogLevel.info)
     outbox = LogOutbox()
     outbox.log = Logger(observer=LogPublisher(observer))
 

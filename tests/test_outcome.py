@@ -1,4 +1,4 @@
-"""The §5.4 status table, every class."""
+"""The status table (docs/retry-budget.md#retryable-failures), every class."""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""Tests for nvpair.ports: persisted per-engine ports (spec §8, cli-and-http.md "Files")."""
+"""Tests for nvpair.ports: persisted per-engine ports (docs/ports.md#persisted-port-files)."""
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,6 +13,7 @@ from nvpair.ports import (
     PortAbsent,
     PortCorrupt,
     PortFound,
+    bind_host,
     read_persisted_port,
     write_persisted_port,
 )
@@ -24,7 +27,7 @@ def test_round_trip(tmp_path: Path) -> None:
 
 
 def test_file_format(tmp_path: Path) -> None:
-    """The file is the contract's {"port": 11500}."""
+    """The file is the documented {"port": 11500}."""
     path = tmp_path / "proxy-port.json"
     write_persisted_port(path, 11500)
     assert json.loads(path.read_bytes()) == {"port": 11500}
@@ -221,3 +224,33 @@ def test_write_rejects_invalid_port(tmp_path: Path, port: int) -> None:
     with pytest.raises(ValueError, match="1-65535"):
         write_persisted_port(path, port)
     assert list(tmp_path.iterdir()) == []
+
+
+def _resolver(known: dict[str, str]) -> Any:
+    def resolve(host: str, port: None, family: int, kind: int) -> object:
+        assert family == socket.AF_INET and kind == socket.SOCK_STREAM
+        if host not in known:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(family, kind, 6, "", (known[host], 0))]
+
+    return resolve
+
+
+def test_bind_host_takes_addresses_as_they_are_and_resolves_names() -> None:
+    """``--bind``: an address is not looked up; a name must resolve (to IPv4, as the listener
+    binds it); one that does not is refused naming it (issue 20 item 2)."""
+    resolve = _resolver({"gpu-box": "10.0.0.5"})
+    for address in ("::", "0.0.0.0", "127.0.0.1", "::1", "fe80::1%eth0"):
+        assert bind_host(address, _resolver({})) == address
+    assert bind_host("gpu-box", resolve) == "gpu-box"
+    with pytest.raises(
+        ValueError, match=r"^cannot resolve host 'gpu-bx': Name or service not known$"
+    ):
+        bind_host("gpu-bx", resolve)
+    with pytest.raises(ValueError, match=r"^must not be empty$"):
+        bind_host(" ", resolve)
+
+
+def test_bind_host_refuses_what_cannot_even_be_looked_up() -> None:
+    with pytest.raises(ValueError, match=r"^cannot resolve host 'a\.\.b': "):
+        bind_host("a..b")

@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_recent -*-
 """The last workloads for ``/status`` (:mod:`nvpair.recent`, ``recent`` in :mod:`nvpair.status`;
-contract "Admin listener", docs/operations.md#recent-workloads): the bounded ring, how attempts
+docs/operations.md#recent-workloads): the bounded ring, how attempts
 and outcomes read in the document, and the request path feeding it — all without a reactor."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_the_ring_keeps_the_last_workloads_newest_first() -> None:
 
 
 def test_the_ring_holds_200_by_default() -> None:
-    """The contract's ``recent``: the last 200 workloads."""
+    """The documented ``recent``: the last 200 workloads."""
     ring = RecentWorkloads()
     issued = workloads()
     for _ in range(RECENT + 1):
@@ -47,7 +47,7 @@ def test_the_ring_holds_200_by_default() -> None:
     assert ring.newest_first()[-1].workload.id == "2"
 
 
-def test_attempts_are_recorded_as_the_contract_names_their_results() -> None:
+def test_attempts_are_recorded_as_the_docs_name_their_results() -> None:
     """Each ended dispatch becomes ``{node, result, status}``: ``served`` with the answer's
     status, or the failure's kind with the status the node answered, if any."""
     trail = RecentWorkloads().admitted(workloads().admit("ollama", "llama3"))
@@ -69,7 +69,7 @@ def test_attempts_are_recorded_as_the_contract_names_their_results() -> None:
 
 
 def test_a_completed_workload_reads_with_its_path_and_the_engines_figures() -> None:
-    """Every field the contract names, the attempts in dispatch order, times in UTC."""
+    """Every field the docs name, the attempts in dispatch order, times in UTC."""
     trail = RecentWorkloads().admitted(workloads().admit("ollama", "llama3:latest"))
     trail.attempt_ended("a", Failed(Fault.STATUS, status=503))
     trail.attempt_ended("b", Served(Response(200, b""), BodyRelay()))

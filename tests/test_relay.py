@@ -1,4 +1,5 @@
-"""The body relay: first-body gate, splice, backpressure, truncation (spec §5.2)."""
+"""The body relay: first-body gate, splice, backpressure, truncation
+(docs/request-path.md#the-commit-point)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The reservation map (spec §6), including property tests over random interleavings."""
+"""The reservation map (docs/candidate-order.md#reservations), including property tests over
+random interleavings."""
 
 from __future__ import annotations
 

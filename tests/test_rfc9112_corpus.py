@@ -6,7 +6,7 @@ a loopback engine stand-in that records what it was sent and answers ``200 ok``.
 row is the other way round: the engine stand-in writes the row's bytes (then closes) to a plain
 ``GET /props``, and the client checks what the facade relayed.
 
-Expected verdicts are the contract's and RFC 9112's, and where the RFC leaves a choice the row
+Expected verdicts are the docs' and RFC 9112's, and where the RFC leaves a choice the row
 holds the one made (docs/robustness.md). The ``nginx`` column says what nginx 1.22 answered to
 the same bytes (as a reverse proxy on loopback in front of the same kind of stand-in); it is a
 record, not run here. Where the verdict parts from h11's on purpose:
@@ -97,7 +97,7 @@ def relayed(status: int, body: bytes | None, **more: Any) -> Expect:
 
 @frozen
 class Row:
-    """One case: its bytes, the contract's verdict, and nginx's where it was checked.
+    """One case: its bytes, the documented verdict, and nginx's where it was checked.
 
     :ivar data: for a request row the client's bytes; for a response row the engine's.
     :ivar request: for a response row, what the client asks.

@@ -1,4 +1,4 @@
-"""Candidate selection (spec §5 steps 1-3; contract "Candidate order")."""
+"""Candidate selection (docs/candidate-order.md)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from nvpair.control import ControlState
 from nvpair.engines import LMSTUDIO, OLLAMA
 from nvpair.facade_manager import FacadeManager
 from nvpair.http_facade import RequestHandler
-from nvpair.logs import JsonLineObserver
+from nvpair.logs import LogObserver
 from nvpair.rpc import MAX_GENERATION, BrokerMethods, parse_nodes, parse_priority
 
 #: A port the stack's reactor refuses to bind, so bind failures (-32001) are reachable.
@@ -63,7 +63,7 @@ class Stack:
     transport: StringTransport
     control: ControlState
     facades: FacadeManager
-    observer: JsonLineObserver
+    observer: LogObserver
     log: io.StringIO
     lost: list[None]
     subscribe_failures: list[Failure]
@@ -88,7 +88,7 @@ class Stack:
 def build_stack(state_dir: Path) -> Stack:
     reactor = _Reactor()
     log = io.StringIO()
-    observer = JsonLineObserver(log)
+    observer = LogObserver(log)
     control = ControlState()
     outbox = _Outbox()
     facades = FacadeManager(
@@ -337,7 +337,7 @@ def test_ignore_persisted_port_is_a_boolean(stack: Stack, flag: object) -> None:
 
 
 @pytest.mark.parametrize("level", [None, 1, "", "DEBUG", ["debug"], "critical"])
-def test_log_level_is_one_of_the_contract_names(stack: Stack, level: object) -> None:
+def test_log_level_is_one_of_the_documented_names(stack: Stack, level: object) -> None:
     assert answer_field(stack.request("log/set-level", {"level": level})) == "level"
 
 
@@ -383,7 +383,7 @@ def test_bind_failure_is_tagged(stack: Stack) -> None:
         ("conflict", -32602, {"field": "port"}),
     ],
 )
-def test_a_facade_refusal_becomes_the_contracts_error(
+def test_a_facade_refusal_becomes_the_documented_error(
     tag: str, code: int, data: dict[str, object]
 ) -> None:
     """The facade manager speaks in domain terms; the broker edge alone knows JSON-RPC."""

@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_sim -*-
 """The simulated engines (``nvpair.sim``) over real loopback sockets: each dialect's answers as
-engine-dialects.md records them, CORS, every fault knob, the real client SDKs, and the runner.
+the engines give them, CORS, every fault knob, the real client SDKs, and the runner.
 """
 
 from __future__ import annotations

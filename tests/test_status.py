@@ -9,11 +9,11 @@ import json
 from twisted.internet.task import Clock
 
 from nvpair.control import ControlState, Node, PriorityEntry
-from nvpair.fleet import PairReport, PollState
+from nvpair.fleetpairs import PairReport, PollState
 from nvpair.health import HealthPolicy
 from nvpair.loadstate import LoadState
 from nvpair.scheduling import FleetScheduler
-from nvpair.status import FacadeView, FleetView, readiness, status_document
+from nvpair.status import FacadeView, FleetView, fleet_nodes_up, readiness, status_document
 
 OLLAMA = {"ollama": FacadeView(11435, ("127.0.0.2:11434",), False)}
 
@@ -70,7 +70,7 @@ class Fleetish:
         self.clock.advance(1_700_000_000)
         self.scheduler = FleetScheduler(self.clock, HealthPolicy(2, 5.0, 60.0))
         now = self.clock.seconds()
-        self.reports = {
+        self.reports: dict[str, tuple[PairReport, ...]] = {
             "ollama": (
                 PairReport("a", "ollama", "http://a", PollState.UP, ("llama3",), now, None, now),
                 PairReport(
@@ -123,6 +123,27 @@ def test_fleet_status_shows_every_configured_node_with_its_state_and_why() -> No
     fleet.clock.advance(5)
     later = status_document(OLLAMA, control, {}, flight, 0, fleet.view, fleet.clock.seconds())
     assert later["nodes"]["ollama"][2]["state"] == "up"  # type: ignore[index]
+
+
+def test_a_node_is_up_while_its_engine_answers_and_it_is_not_held_back() -> None:
+    """``nvpair_node_up``: 1 up (a model load included), 0 down, held back or not polled yet;
+    a hold that ends makes the node up again."""
+    fleet = Fleetish()
+    now = fleet.clock.seconds()
+    fleet.reports["ollama"] = (
+        *fleet.reports["ollama"],
+        PairReport("e", "ollama", "http://e", PollState.LOADING, (), now, "status 503", now),
+    )
+    for _ in range(2):
+        fleet.scheduler.health.failed("ollama", "c", False, "status 500")
+    assert fleet_nodes_up(fleet.view, now) == {
+        ("ollama", "a"): True,
+        ("ollama", "b"): False,
+        ("ollama", "c"): False,
+        ("ollama", "d"): False,
+        ("ollama", "e"): True,
+    }
+    assert fleet_nodes_up(fleet.view, now + 5)[("ollama", "c")] is True
 
 
 def test_readiness_waits_for_facades_and_control_state() -> None:

@@ -1,4 +1,5 @@
-"""The command line of the contract: defaults, env vars, Go durations, usage errors."""
+"""The command line (docs/README.md#command-line): defaults, env vars, Go durations, usage
+errors."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ def test_defaults_are_the_specs_values() -> None:
     assert config.retry_backoff == 0.25 and config.client_write_timeout == 60
     assert config.max_request_body == 67108864 and config.log_level == LogLevel.info
     assert config.admin_port is None
+    assert (config.log_format, config.access_log) == ("auto", False)
+
+
+def test_log_format_and_access_log() -> None:
+    config = parse(["--log-format", "text", "--access-log"]).config
+    assert config is not None and (config.log_format, config.access_log) == ("text", True)
 
 
 def test_xdg_state_home() -> None:
@@ -72,6 +79,7 @@ def test_go_durations() -> None:
         (["--max-dispatch-attempts", "two"], "--max-dispatch-attempts"),
         (["--max-request-body", "0"], "--max-request-body"),
         (["--log-level", "trace"], "--log-level"),
+        (["--log-format", "yaml"], "--log-format"),
         (["--admin-port", "0"], "--admin-port"),
         (["--owner-wait", "30"], "--owner-wait"),
         (["--fail-threshold", "0"], "--fail-threshold"),
@@ -84,6 +92,15 @@ def test_malformed_values_name_the_option(argv: list[str], names: str) -> None:
     with pytest.raises(UsageError) as refused:
         parse(argv)
     assert str(refused.value).startswith(names)
+
+
+def test_an_unresolvable_bind_host_is_a_usage_error_naming_it() -> None:
+    with pytest.raises(UsageError) as refused:
+        parse(["--bind", "nosuchhost.invalid"])
+    assert str(refused.value) == (
+        "--bind: cannot resolve host 'nosuchhost.invalid': Name or service not known"
+    )
+    assert parse(["--bind", "localhost"]).config.bind == "localhost"  # type: ignore[union-attr]
 
 
 def test_malformed_environment_value_names_the_option() -> None:

@@ -1,4 +1,4 @@
-"""Trust withdrawn means connections closed (contract "Files", last bullet), over real TLS.
+"""Trust withdrawn means connections closed (docs/cluster.md#trust-withdrawn), over real TLS.
 
 A peer's engine answers over pinned mutual TLS on loopback; the proxy's Upstream keeps the
 connection alive in its pool. When the peer's pin goes, the pooled connection must close and

@@ -39,7 +39,7 @@ from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from nvpair.bodies import BodyTimeout, discard_body, read_body
-from nvpair.logs import JsonLineObserver
+from nvpair.logs import LogObserver
 from nvpair.upstream import Upstream, parse_target
 from nvpair.upstream_conn import UpstreamConnection
 from nvpair.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
@@ -234,7 +234,7 @@ def test_a_resend_that_cannot_start_fails_the_request() -> None:
 @pytest.mark.parametrize("level", [LogLevel.info, LogLevel.debug])
 def test_a_resend_is_logged_at_debug_only(level: LogLevel) -> None:
     """It is neither an attempt nor a node failure: an operator sees it only at debug."""
-    observer = JsonLineObserver(io.StringIO(), level)
+    observer = LogObserver(io.StringIO(), level)
     try:
         with capturedLogs() as events:
             pooled_then_lost(MemoryReactorClock())

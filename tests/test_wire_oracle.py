@@ -8,7 +8,7 @@ from the RFCs by other hands. Every generated message carries the names of what 
 message carries is in ``DELIBERATE_*``: there the proxy answers otherwise on purpose, and each
 entry's reason is in docs/robustness.md#where-we-differ-from-h11, under the same name. Each
 place the two parted because the proxy was wrong (issue 19's findings, and those found here)
-has a deterministic check of the contract's answer in ``CONTRACT_CHECKS``.
+has a deterministic check of the documented answer in ``DOCUMENTED_CHECKS``.
 
 Requests are compared after the proxy's documented normalisation (the headers it forwards:
 hop-by-hop fields, ``Host``, ``Content-Length`` and ``Expect`` left out; an absolute-form target
@@ -1158,7 +1158,7 @@ def test_each_deliberate_reuse_difference_is_real(name: str) -> None:
     assert ours.reused and not theirs.reused
 
 
-# -- the contract's answer where the two parted because the proxy was wrong ------------------------
+# -- the documented answer where the two parted because the proxy was wrong -----------------------
 
 
 def _refused_with(data: bytes, status: int, reason: str) -> Reading:
@@ -1226,8 +1226,9 @@ def _interim_cap_one_read() -> None:
     assert proxy_reads_response(b"GET", [flood + _OK + b"Content-Length: 0\r\n\r\n"]) is None
 
 
-#: The contract's answer to each bug issue 19 or this oracle found where the proxy and h11 parted.
-CONTRACT_CHECKS: dict[str, Callable[[], None]] = {
+#: The documented answer to each bug issue 19 or this oracle found where the proxy and h11
+#: parted.
+DOCUMENTED_CHECKS: dict[str, Callable[[], None]] = {
     "missing-host": _missing_host,
     "transfer-coding-501": _transfer_coding_501,
     "extension-method-400": _extension_method_400,
@@ -1240,9 +1241,9 @@ CONTRACT_CHECKS: dict[str, Callable[[], None]] = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CONTRACT_CHECKS))
-def test_the_contracts_answer_where_h11_and_the_proxy_parted(name: str) -> None:
-    CONTRACT_CHECKS[name]()
+@pytest.mark.parametrize("name", sorted(DOCUMENTED_CHECKS))
+def test_the_documented_answer_where_h11_and_the_proxy_parted(name: str) -> None:
+    DOCUMENTED_CHECKS[name]()
 
 
 # -- every split, every truncation -----------------------------------------------------------------

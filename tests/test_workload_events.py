@@ -1,4 +1,5 @@
-"""Workload lifecycle events and node activity on a Clock (spec §5.5; issue 4)."""
+"""Workload lifecycle events and node activity on a Clock (docs/request-path.md#workload-lifecycle;
+issue 4)."""
 
 from __future__ import annotations
 

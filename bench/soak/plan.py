@@ -46,7 +46,7 @@ def fleet_toml(
     facade_ports: Mapping[str, int],
     engine_urls: Mapping[str, Mapping[str, str]],
 ) -> str:
-    """The standalone fleet file (contract cli-and-http.md, "Standalone fleet file").
+    """The standalone fleet file (docs/broker-protocol.md#standalone-fleet-mode).
 
     :param engine_urls: node id -> engine -> base URL.
     """

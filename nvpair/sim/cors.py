@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_sim -*-
-"""Each engine's CORS behaviour (engine-dialects.md §1.6, §2, §3.4), as pure policies.
+"""Each engine's CORS behaviour (docs/browser-policy.md#each-engines-own-policy), as pure policies.
 
 A policy looks at a call before routing and either answers it outright (a preflight, or Ollama's
 403 for a foreign origin) or names the headers to add to whatever the route answers.

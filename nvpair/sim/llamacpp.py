@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_sim -*-
-"""The llama.cpp ``llama-server`` dialect in single-model mode (engine-dialects.md §3): native
+"""The llama.cpp ``llama-server`` dialect in single-model mode: native
 ``/completion`` (SSE without ``[DONE]``, ``stop``/``stop_type``/``timings``), OpenAI-compatible
 routes carrying ``usage`` and ``timings``, the combined ``/models`` list, ``/health``, ``/props``,
 ``/slots``, embeddings and rerank, and ``{"error":{code,message,type}}`` errors.
@@ -170,7 +170,7 @@ class LlamaCppDialect:
         return json_reply(200, {"status": "ok"})
 
     def _models(self, view: EngineView, call: Call) -> Reply:
-        # One object carrying both the Ollama-style and the OpenAI-style list (§3.2).
+        # One object carrying both the Ollama-style and the OpenAI-style list.
         models = [
             {
                 "name": m,

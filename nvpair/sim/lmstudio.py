@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_sim -*-
-"""The LM Studio dialect (engine-dialects.md §2): OpenAI-compatible ``/v1/*``, REST v0
+"""The LM Studio dialect: OpenAI-compatible ``/v1/*``, REST v0
 (``/api/v0/*``, answers carry ``stats``) and REST v1 (``/api/v1/models``, ``/api/v1/chat`` with
 named SSE events), Express's HTTP 200 "Unexpected endpoint" for anything unrouted, and LM Studio's
 model choice (one loaded model answers whatever name was asked for).
@@ -114,7 +114,8 @@ class LMStudioDialect:
     def failure(self, call: Call, status: int, message: str) -> Reply:
         return openai.error_reply(status, message, _error_type(status))
 
-    #: A stream's headers go out on accept; its first byte waits (spec §5.2's measurement).
+    #: A stream's headers go out on accept; its first byte waits: what the first-body budget
+    #: is for (docs/retry-budget.md#per-attempt-budgets).
     stream_headers_first = True
 
     def model_for(self, view: EngineView, call: Call) -> str | None:

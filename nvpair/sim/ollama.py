@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_sim -*-
-"""The Ollama dialect (engine-dialects.md §1): native ``/api/*`` routes streaming NDJSON by
+"""The Ollama dialect: native ``/api/*`` routes streaming NDJSON by
 default, the OpenAI-compatible ``/v1/*`` routes, model lists, management routes, gin's plain-text
 404/405, and Ollama's model names (case-insensitive, ``:latest`` by default).
 """
@@ -314,7 +314,7 @@ class OllamaDialect:
         }
 
     def _v1_models(self, view: EngineView, call: Call) -> Reply:
-        # Ollama never initialises the slice, so an empty list marshals as null (§1.3).
+        # Ollama never initialises the slice, so an empty list marshals as null.
         data = [self._v1_entry(i, m) for i, m in enumerate(view.models)] or None
         return json_reply(200, {"object": "list", "data": data})
 

@@ -2,7 +2,7 @@
 """OpenAI-compatible response bodies and SSE streams; each engine's quirks are a :class:`Flavor`.
 
 All three engines serve ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings``; they
-differ in small ways (engine-dialects.md §1.4, §2, §3.3, §4) that the flavor switches on.
+differ in small ways that the flavor switches on.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def text_body(flavor: Flavor, head: Head, gen: Generation, extra: Mapping[str, o
 
 def chat_stream(flavor: Flavor, head: Head, gen: Generation, with_usage: bool) -> Reply:
     """A streamed chat completion: (role chunk), one chunk per token, the finish chunk, the
-    usage chunk when asked for, then ``[DONE]`` (engine-dialects.md §4)."""
+    usage chunk when asked for, then ``[DONE]``."""
     base = _base(flavor, head, "chat.completion.chunk")
     events: list[bytes] = []
     if flavor.role_chunk:
@@ -152,7 +152,7 @@ def _tail(
     extra = flavor.final_extra(gen)
     if not with_usage:
         # Without include_usage there is no usage chunk; llama.cpp's timings ride on the finish
-        # chunk instead (engine-dialects.md §3.3).
+        # chunk instead.
         return [sse_data({**finish, **extra}), SSE_DONE]
     usage_chunk: Json = {**base, "choices": [], "usage": usage(flavor, gen), **extra}
     return [sse_data(finish), sse_data(usage_chunk), SSE_DONE]

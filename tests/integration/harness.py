@@ -239,7 +239,7 @@ def start_proxy(
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NVPAIR_")}
     environ.update(env or {})
     if console_script:
-        command = [NVPAIR_PROXY]
+        command = [NVPAIR_PROXY, *(["--reactor", chosen] if chosen else [])]
     else:
         command = [TWISTD, "--pidfile=", *reactor_args, "-n", "nvpair-proxy"]
     reactor.spawnProcess(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest_twisted
 import treq
@@ -185,11 +186,12 @@ async def test_occupied_alias_is_a_warning(tmp_path: Path) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_log_level_changes_live_and_canary_never_logged(tmp_path: Path) -> None:
-    """log/set-level takes effect at once; at debug no prompt text reaches any log line."""
+    """log/set-level takes effect at once; at debug, with the access log on, no prompt text,
+    query string or header value reaches any log line."""
     canary = "CANARY-7f3a9-do-not-log"
     async with (
         sims(("ollama", ["llama3:latest"], "a")) as (a,),
-        running_proxy(tmp_path) as proxy,
+        running_proxy(tmp_path, "--access-log") as proxy,
     ):
         port = await enabled_proxy_for(proxy, "ollama", [node("a", a.url, "llama3:latest")])
         url = f"http://127.0.0.1:{port}/api/generate"
@@ -199,13 +201,26 @@ async def test_log_level_changes_live_and_canary_never_logged(tmp_path: Path) ->
         proxy.notify("log/set-level", {"level": "debug"})
         await proxy.barrier()
         response = await treq.post(
-            url, body, headers=Headers({b"Authorization": [f"Bearer {canary}".encode()]})
+            f"{url}?token={canary}",
+            body,
+            headers=Headers({b"Authorization": [f"Bearer {canary}".encode()]}),
         )
         await response.content()
         assert response.code == 200
         await proxy.wait_for_log(
             lambda r: r["level"] == "debug" and r.get("path") == "/api/generate"
         )
+
+        # The access line of each request: written, with its path and nothing of its query.
+        def access_lines() -> list[dict[str, Any]]:
+            return [r for r in proxy.logs if r.get("namespace", "").startswith("nvpair.access")]
+
+        await proxy.wait_for_log(lambda _: len(access_lines()) == 2)
+        access = access_lines()
+        assert [(r["path"], r["status"], r["node"]) for r in access] == [
+            ("/api/generate", 200, "a"),
+            ("/api/generate", 200, "a"),
+        ]
         proxy.close_stdin()
         await proxy.ended
     assert canary.encode() not in proxy.raw_stderr

@@ -1,5 +1,5 @@
-"""A real browser against the facades: each engine's CORS policy holds for a page (spec §5.8,
-contract engine-routes.md "Browser policy" and "Fleet inventories").
+"""A real browser against the facades: each engine's CORS policy holds for a page
+(docs/browser-policy.md, docs/inventories.md).
 
 Headless Chromium loads a page from one of two loopback origins served by this test process and
 ``fetch()``es through the real proxy to simulated engines, two nodes per engine:
@@ -22,7 +22,8 @@ POST to an inference route (owned by the first, permissive node, so a preflight 
 node alone would wrongly pass) and a GET of the model list. With ``A`` the page reads both
 answers; with ``B`` Chromium itself rejects the ``fetch()`` (``TypeError``). The test side then
 checks what the browser cannot see: every node was asked, credentials were stripped, and the
-proxy's headers are exactly the intersection the contract prescribes.
+proxy's headers are exactly the intersection docs/browser-policy.md#preflight-intersection
+prescribes.
 """
 
 from __future__ import annotations
@@ -402,7 +403,8 @@ LIST_HEADERS = frozenset({"access-control-allow-methods", "access-control-allow-
 
 def cors_headers(headers: Headers) -> dict[str, str]:
     """``Access-Control-*`` headers, lower-cased names; list-valued ones normalised to a sorted,
-    lower-cased, comma-joined set (the contract intersects them case-insensitively)."""
+    lower-cased, comma-joined set (they are intersected case-insensitively:
+    docs/browser-policy.md#preflight-intersection)."""
     out: dict[str, str] = {}
     for raw_name, values in headers.getAllRawHeaders():
         name = raw_name.decode("latin-1").lower()
@@ -432,7 +434,7 @@ OLLAMA_HEADERS = listed(*sim_cors.OLLAMA_HEADERS.split(","))
 
 def granted_preflight(engine: str, origin: str) -> dict[str, str]:
     """The intersected headers for origin ``A``: each engine's nodes agree, so the
-    intersection is their common policy (contract "Browser policy")."""
+    intersection is their common policy (docs/browser-policy.md#preflight)."""
     if engine == "ollama":
         return {
             "access-control-allow-origin": origin,

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import IO
 
 import pytest
@@ -56,27 +57,67 @@ def _generate_on(port: int) -> tuple[int, str | None]:
         return error.code, error.headers.get("X-Nvpair-Node")
 
 
-def test_demo_streams_through_every_facade() -> None:
+def _skip_unless_the_demos_ports_are_free() -> None:
     ports = [*FACADES.values(), *(port for _, port, _, _ in SIMULATED), ADMIN_PORT]
     if any(_busy(port) for port in ports):
         pytest.skip(f"the demo's fixed ports {ports} are not all free on this machine")
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "nvpair.demo"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+
+
+def _start_demo(tmp_path: Path) -> tuple[subprocess.Popen[str], str, Path]:
+    """``python -m nvpair.demo`` (the recipe of ``make demo``), once its banner is printed:
+    the process, the banner, and the state directory the banner names. Its stderr (its own
+    lines and the proxy's log) goes to ``tmp_path/stderr``: a pipe nobody reads would fill."""
+    _skip_unless_the_demos_ports_are_free()
+    with (tmp_path / "stderr").open("w") as err:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "nvpair.demo"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert demo.stdout is not None
+    banner = ""
+    deadline = time.monotonic() + 60
+    while "Ctrl-C" not in banner and time.monotonic() < deadline:
+        line = demo.stdout.readline()
+        if not line:
+            break
+        banner += line
+    found = re.search(r"state in (/\S+) \(removed at the end\)", banner)
+    if found is None:
+        demo.kill()
+        demo.communicate()
+        said = (tmp_path / "stderr").read_text()[-2000:]
+        raise AssertionError(f"no banner naming the state directory: {banner!r} {said}")
+    return demo, banner, Path(found.group(1))
+
+
+def _ended(demo: subprocess.Popen[str], tmp_path: Path) -> tuple[int, str]:
+    """The demo's exit status and what it said on stderr (the proxy's log lines and its own)."""
+    demo.communicate(timeout=30)
+    return demo.returncode, (tmp_path / "stderr").read_text()
+
+
+def _everything_stopped() -> None:
+    """Every child stopped with the demo: no port of the demo's listens any more."""
+    ports = [*FACADES.values(), *(port for _, port, _, _ in SIMULATED), ADMIN_PORT]
+    assert [port for port in ports if _busy(port)] == []
+
+
+def test_demo_streams_through_every_facade(tmp_path: Path) -> None:
+    demo, banner, state = _start_demo(tmp_path)
     try:
-        assert demo.stdout is not None
-        banner = ""
-        deadline = time.monotonic() + 60
-        while "Ctrl-C" not in banner and time.monotonic() < deadline:
-            banner += demo.stdout.readline()
+        assert state.is_dir()
         assert "curl" in banner
         # The demo's own checks ran: each facade's model list, and an inference a node answered.
         for check in CHECKS.values():
             assert re.search(rf"{re.escape(check.name)} +http://127\.0\.0\.1:\d+ +models: ", banner)
             assert f"{check.inference['model']}: 200 from node-a (X-Nvpair-Node)" in banner
+        # The status page's address beside the curl lines, and the page is there.
+        page = f"http://127.0.0.1:{ADMIN_PORT}/"
+        assert re.search(rf"^  {re.escape(page)}$", banner, re.M), banner
+        with urllib.request.urlopen(page, timeout=10) as got:
+            assert got.headers.get_content_type() == "text/html"
         for engine, (path, body) in CHATS.items():
             request = urllib.request.Request(
                 f"http://127.0.0.1:{FACADES[engine]}{path}",
@@ -105,7 +146,34 @@ def test_demo_streams_through_every_facade() -> None:
         assert {n["id"] for n in status["nodes"]["ollama"]} == {"node-a", "node-b"}
     finally:
         demo.send_signal(signal.SIGINT)
-        assert demo.wait(timeout=20) == 0
+        assert _ended(demo, tmp_path)[0] == 0
+    # Ctrl-C: everything stopped, and nothing left behind.
+    assert not state.exists()
+    _everything_stopped()
+
+
+def test_sigterm_ends_the_demo_and_removes_its_directory(tmp_path: Path) -> None:
+    """SIGTERM (a service manager, ``kill``) ends the demo as Ctrl-C does."""
+    demo, _, state = _start_demo(tmp_path)
+    assert state.is_dir()
+    demo.send_signal(signal.SIGTERM)
+    assert _ended(demo, tmp_path)[0] == 0
+    assert not state.exists()
+    _everything_stopped()
+
+
+def test_a_child_that_dies_ends_the_demo_and_removes_its_directory(tmp_path: Path) -> None:
+    """The demo's own end, when one of its processes dies: it says which, stops the others,
+    removes its directory and exits 1."""
+    demo, banner, state = _start_demo(tmp_path)
+    knob = re.search(r"kill -USR1 (\d+) +the same for node-b", banner)
+    assert knob is not None, banner
+    os.kill(int(knob.group(1)), signal.SIGKILL)
+    status, err = _ended(demo, tmp_path)
+    assert status == 1
+    assert f"demo: node-b's simulator ended (exit status {-signal.SIGKILL}): stopping" in err
+    assert not state.exists()
+    _everything_stopped()
 
 
 class _Lines:

@@ -1,4 +1,5 @@
-"""The resilient loop through the real process and simulated engines (issue 3, spec §5)."""
+"""The resilient loop through the real process and simulated engines (issue 3,
+docs/request-path.md#the-failover-loop)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""A fault matrix through the real process, for each dialect (spec §5, contract cli-and-http.md).
+"""A fault matrix through the real process, for each dialect (docs/request-path.md).
 
 One ``twistd -n nvpair-proxy`` per dialect (module-scoped), in broker mode with the admin listener
 on and shrunk bounds, in front of simulated nodes of that dialect. Each case puts a fault on the
 first-chosen node (``node-a``; ``node-b`` stays healthy, so failover is observable), sends
-streaming and whole inference requests, and asserts the contract's answer: a relayed answer
+streaming and whole inference requests, and asserts the documented answer: a relayed answer
 names its node (``X-Nvpair-Node``, and the simulated text names it too), a proxy-generated one
 its reason (``X-Nvpair-Error`` and the dialect's error body). Then :meth:`Rig.settled` checks
 what must hold after *any* case: nothing in flight and no reservation left (admin ``/status``),
@@ -286,7 +286,8 @@ class Rig:
         assert answer.complete is complete, answer
 
     def expect_refused(self, answer: Answer, status: int, reason: str) -> None:
-        """The proxy answered for itself: the contract's status, reason header and body."""
+        """The proxy answered for itself: the documented status, reason header and body
+        (docs/request-path.md#proxy-generated-answers)."""
         assert answer.status == status, answer
         assert answer.header("x-nvpair-error") == reason, answer
         assert answer.complete, answer
@@ -450,7 +451,7 @@ async def test_partial_body_then_reset_truncates_without_failover(rig: Rig, stre
     else:
         assert answer.body == whole.body[:9]
     assert tallies(rig) == (1, 0, 0)
-    # A committed 2xx cut by its node still completed (spec §5.4).
+    # A committed 2xx cut by its node still completed (docs/request-path.md#workload-lifecycle).
     await rig.settled(COMPLETED, Terminal("completed", node="node-a"))
 
 

@@ -1,4 +1,5 @@
-"""Standalone fleet mode: the default a new user starts with (contract "Standalone fleet file")."""
+"""Standalone fleet mode: the default a new user starts with
+(docs/broker-protocol.md#standalone-fleet-mode)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ async def test_fleet_polls_inventories_and_routes(tmp_path: Path) -> None:
             f'[[nodes]]\nid = "b"\n[nodes.engines]\nollama = "{b.url}"\n'
         )
         # A request caught between the node going and its poll failing waits for an owner
-        # until the job deadline (spec §5.1); keep that short here.
+        # until the job deadline (docs/retry-budget.md#job-deadline); keep that short here.
         args = ("--fleet", str(fleet), "--job-deadline", "1s", "--retry-backoff", "50ms")
         async with running_proxy(tmp_path, *args) as proxy:
             url = f"http://127.0.0.1:{port}/api/generate"

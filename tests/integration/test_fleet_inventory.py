@@ -1,5 +1,5 @@
-"""Fleet inventories and browser policy through the real process (issue 5, contract
-engine-routes.md "Fleet inventories" and "Browser policy")."""
+"""Fleet inventories and browser policy through the real process (issue 5, docs/inventories.md,
+docs/browser-policy.md)."""
 
 from __future__ import annotations
 

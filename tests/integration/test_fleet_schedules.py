@@ -65,6 +65,21 @@ async def generate(port: int, model: str = "llama3") -> tuple[int, str | None, s
     )
 
 
+async def ollama_error(port: int, model: str) -> tuple[int, str | None, object]:
+    """POST /api/generate for ``model``; (status, X-Nvpair-Error, the answer)."""
+    response = await treq.post(
+        f"http://127.0.0.1:{port}/api/generate",
+        json.dumps({"model": model, "prompt": "hi", "stream": False}).encode(),
+        timeout=20,
+    )
+    reason = response.headers.getRawHeaders(b"x-nvpair-error")
+    return (
+        int(response.code),
+        reason[0].decode() if reason else None,
+        json.loads(await response.content()),
+    )
+
+
 async def sleep(seconds: float) -> None:
     await task.deferLater(reactor, seconds, lambda: None)
 
@@ -256,8 +271,8 @@ async def test_a_request_whose_owners_vanished_gives_up_after_owner_wait(tmp_pat
         ) as proxy:
             await polled(sims, "/api/tags")
             began = reactor.seconds()
-            result: list[tuple[int, str | None, str | None]] = []
-            asked = Deferred.fromCoroutine(generate(port)).addCallback(result.append)
+            result: list[tuple[int, str | None, object]] = []
+            asked = Deferred.fromCoroutine(ollama_error(port, "llama3")).addCallback(result.append)
 
             async def dispatched() -> bool:
                 return posts(a) >= 1
@@ -266,7 +281,11 @@ async def test_a_request_whose_owners_vanished_gives_up_after_owner_wait(tmp_pat
             await a.refuse()
             await asked
             elapsed = reactor.seconds() - began
-            assert result == [(503, None, "no-owner-timeout")]
+            # Issue 20 item 2: the answer names the wait that ran out, not the deadline.
+            message = (
+                'no node serving model "llama3" came back within the owner wait (--owner-wait 1s)'
+            )
+            assert result == [(503, "no-owner-timeout", {"error": message})]
             assert 1.0 <= elapsed < 8.0
             assert log_problems(proxy) == []
     finally:

@@ -49,7 +49,8 @@ BIN = Path(sys.executable).parent
 #: The bound on every wait of this module, in seconds.
 WAIT = 20.0
 
-EXAMPLE = ROOT / "etc" / "fleet.example.toml"
+EXAMPLE = ROOT / "nvpair" / "examples" / "fleet.example.toml"
+UNIT = ROOT / "nvpair" / "examples" / "nvpair-proxy.service"
 
 _GENERATE = {"model": "llama3", "prompt": "hi", "stream": False}
 
@@ -355,14 +356,13 @@ def test_the_console_script_serves_a_fleet_file(tmp_path: Path, sims: dict[str, 
         assert answered_by(port) == (200, "node-a")
     # Ended as twistd ends on SIGTERM: an ordered shutdown, then the signal's own status.
     assert proxy.process.returncode == -signal.SIGTERM
-    assert '"msg":"Main loop terminated."' in proxy.err.read_text()
+    assert proxy.err.read_text().endswith('"msg":"nvpair-proxy stopped"}\n')
     assert proxy.out.read_bytes() == b""
 
 
-def loopback_example(sims: Mapping[str, Sim]) -> tuple[str, dict[str, int]]:
-    """etc/fleet.example.toml as shipped, but its nodes' LAN URLs pointing at the simulated
+def loopback_example(text: str, sims: Mapping[str, Sim]) -> tuple[str, dict[str, int]]:
+    """The example fleet file ``text``, but its nodes' LAN URLs pointing at the simulated
     nodes (its first node at the first simulator, ...) and each facade at a free port."""
-    text = EXAMPLE.read_text()
     example = tomllib.loads(text)
     for node, sim in zip(example["nodes"], sims.values(), strict=True):
         for engine, url in node["engines"].items():
@@ -386,21 +386,19 @@ def loopback_example(sims: Mapping[str, Sim]) -> tuple[str, dict[str, int]]:
     return text, ports
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        "nvpair-proxy --fleet etc/fleet.example.toml",
-        "twistd -n nvpair-proxy --fleet etc/fleet.example.toml",
-    ],
-)
-def test_the_example_fleet_file(tmp_path: Path, sims: dict[str, Sim], command: str) -> None:
-    """The example file's facades listen and answer, each one's model list and an inference
-    served by one of the file's nodes."""
-    text, ports = loopback_example(sims)
-    (tmp_path / "etc").mkdir()
-    (tmp_path / "etc" / "fleet.example.toml").write_text(text)
+def test_the_example_fleet_file(tmp_path: Path, sims: dict[str, Sim]) -> None:
+    """The example file as the console script prints it: its facades listen and answer, each
+    one's model list and an inference served by one of the file's nodes."""
+    env = environ(tmp_path / "state")
+    printed = shell(documented("nvpair-proxy --example-fleet > fleet.toml"), tmp_path, env)
+    assert (printed.returncode, printed.stderr) == (0, "")
+    fleet = tmp_path / "fleet.toml"
+    assert fleet.read_text() == EXAMPLE.read_text()
+    text, ports = loopback_example(fleet.read_text(), sims)
+    fleet.write_text(text)
     nodes = {node["id"] for node in tomllib.loads(text)["nodes"]}
-    with child(shlex.split(documented(command)), tmp_path, environ(tmp_path / "state")):
+    command = documented("twistd -n nvpair-proxy --fleet fleet.toml")
+    with child(shlex.split(command), tmp_path, env):
         for engine, port in ports.items():
             check = CHECKS[engine]
             base = f"http://127.0.0.1:{port}"
@@ -457,42 +455,58 @@ def test_twistd_is_driven_by_a_broker_on_stdio(tmp_path: Path, sims: dict[str, S
     assert "broker link closed: shutting down" in proxy.err.read_text()
 
 
-def test_the_uvloop_reactor_serves_a_fleet_file(tmp_path: Path, sims: dict[str, Sim]) -> None:
+@pytest.mark.parametrize(
+    "line",
+    [
+        "twistd -r uvloop -n nvpair-proxy --fleet FILE",
+        "nvpair-proxy --reactor uvloop --fleet FILE",
+    ],
+)
+def test_the_uvloop_reactor_serves_a_fleet_file(
+    tmp_path: Path, sims: dict[str, Sim], line: str
+) -> None:
     port = free_port()
     path = tmp_path / "fleet.toml"
     path.write_text(
         fleet_toml({"ollama": port}, {"node-a": {"ollama": sims["node-a"].urls["ollama"]}})
     )
-    command = replaced(documented("twistd -r uvloop -n nvpair-proxy --fleet FILE"), FILE=str(path))
+    command = replaced(documented(line), FILE=str(path))
     with child(shlex.split(command), tmp_path, environ(tmp_path)) as proxy:
         eventually(ollama_lists_llama3(port), "the facade lists llama3")
         assert answered_by(port) == (200, "node-a")
-    assert "AsyncioSelectorReactor" in proxy.err.read_text()
+    assert '"msg":"event loop: asyncio on uvloop"' in proxy.err.read_text()
 
 
 # -- README.md: as a systemd service --------------------------------------------------------------
 
 
 def test_the_service_files_install_where_the_unit_reads_them(tmp_path: Path) -> None:
-    """The two install lines, as this user into a directory standing for ``/``: the sources
-    are the checkout's, the modes are 0644, and the fleet file lands where the unit's
-    ExecStart reads it."""
+    """The two install lines, as this user into a directory standing for ``/``: the files are
+    what the console script prints (the package's), the modes are 0644, and the fleet file
+    lands where the unit's ExecStart reads it."""
     root = tmp_path / "root"
     (root / "etc" / "systemd" / "system").mkdir(parents=True)
     env = environ(tmp_path)
     for line in (
-        documented("sudo install -D -m 0644 etc/fleet.example.toml /etc/nvpair/fleet.toml"),
-        documented("sudo install -m 0644 etc/systemd/nvpair-proxy.service /etc/systemd/system/"),
+        documented(
+            "nvpair-proxy --example-fleet | sudo install -D -m 0644 /dev/stdin "
+            "/etc/nvpair/fleet.toml"
+        ),
+        documented(
+            "nvpair-proxy --systemd-unit | sudo install -m 0644 /dev/stdin "
+            "/etc/systemd/system/nvpair-proxy.service"
+        ),
     ):
-        assert line.startswith("sudo ")
-        command = line.removeprefix("sudo ").replace(" /etc/", f" {root}/etc/")
-        result = shell(command, ROOT, env)
+        assert line.count(" | sudo ") == 1
+        command = line.replace(" | sudo ", " | ").replace(" /etc/", f" {root}/etc/")
+        result = shell(command, tmp_path, env)
         assert result.returncode == 0, result.stderr
     fleet_file = root / "etc" / "nvpair" / "fleet.toml"
     unit = root / "etc" / "systemd" / "system" / "nvpair-proxy.service"
     for installed in (fleet_file, unit):
         assert stat.S_IMODE(installed.stat().st_mode) == 0o644, installed
     assert fleet_file.read_text() == EXAMPLE.read_text()
+    assert unit.read_text() == UNIT.read_text()
     assert load_fleet(fleet_file).nodes
     (exec_start,) = [
         line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")

@@ -1,5 +1,6 @@
-"""Slow and idle clients never keep a normal client from being served (contract cli-and-http.md,
-``--request-head-timeout`` and ``--idle-timeout``; the listener's sniff timeout).
+"""Slow and idle clients never keep a normal client from being served
+(docs/request-path.md#the-facade: ``--request-head-timeout`` and ``--idle-timeout``; the
+listener's sniff timeout).
 
 The real ``twistd -n nvpair-proxy`` in broker mode, one simulated llama.cpp node, a head timeout
 of 2 s and an idle timeout of 3 s. 2,001 connections to the facade port, a third each:

@@ -1,0 +1,49 @@
+"""The access line of a finished request: fields when known, never a query
+(docs/README.md#the-access-log)."""
+
+from __future__ import annotations
+
+from nvpair.access import MAX_PATH, Finished, refused
+from nvpair.engines import RouteClass
+from nvpair.reasons import Reason
+
+
+def test_only_what_is_known_is_a_field() -> None:
+    line = Finished(engine="ollama", method="GET", path="/api/tags", status=200, attempts=0)
+    assert line.fields() == {
+        "engine": "ollama",
+        "method": "GET",
+        "path": "/api/tags",
+        "status": 200,
+        "attempts": 0,
+    }
+    assert line.template() == "{method} {path} {status}"
+
+
+def test_a_request_gone_before_its_answer_has_no_status() -> None:
+    line = Finished(engine="ollama", method="POST", path="/api/chat", outcome="cancelled")
+    assert line.template() == "{method} {path}" and "status" not in line.fields()
+
+
+def test_a_refusal_has_its_reasons_status_and_no_query() -> None:
+    line = refused("ollama", b"POST", "/api/chat?token=secret", Reason.BODY_TOO_LARGE)
+    assert (line.status, line.outcome, line.path, line.route) == (
+        413,
+        "body-too-large",
+        "/api/chat",
+        None,
+    )
+    assert (
+        refused("ollama", b"POST", "/x", Reason.BAD_JSON, RouteClass.INFERENCE).route == "inference"
+    )
+
+
+def test_bytes_that_are_no_request() -> None:
+    line = refused("llamacpp", b"", None, Reason.BAD_REQUEST)
+    assert line.fields() == {"engine": "llamacpp", "status": 400, "outcome": "bad-request"}
+    assert line.template() == "unreadable request: {status}"
+
+
+def test_a_long_path_is_cut() -> None:
+    line = refused("ollama", b"GET", "/" + "a" * 10_000, Reason.FORBIDDEN)
+    assert line.path is not None and len(line.path) == MAX_PATH + 3
