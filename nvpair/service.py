@@ -372,6 +372,7 @@ def build(
             config.dial_timeout,
             scheduler,
             cannot_serve=root.fail,
+            credentials=upstream.set_credentials,
         )
         fleet.setServiceParent(root)
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):

@@ -100,7 +100,14 @@ def test_fleet_status_shows_every_configured_node_with_its_state_and_why() -> No
     assert doc["mode"] == "fleet"
     a, b, c, d = doc["nodes"]["ollama"]  # type: ignore[index]
     assert (a["id"], a["state"], a["why"]) == ("a", "up", None)
-    assert a["load"] == {"loading": False, "inMemory": ["llama3"], "slots": None, "busySlots": 0}
+    assert a["load"] == {
+        "loading": False,
+        "inMemory": ["llama3"],
+        "slots": None,
+        "busySlots": 0,
+        "loadingModels": [],
+        "modelSlots": {},
+    }
     assert a["reservations"] == 1 and a["inFlight"] == 2
     assert a["lastPoll"] == "2023-11-14T22:13:20.000+00:00"
     assert (b["state"], b["url"], b["why"], b["lastError"]) == (
