@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from twisted.internet.task import Clock
 
 from nvpair.control import ControlState, Node, PriorityEntry
@@ -13,7 +14,14 @@ from nvpair.fleetpairs import PairReport, PollState
 from nvpair.health import HealthPolicy
 from nvpair.loadstate import LoadState
 from nvpair.scheduling import FleetScheduler
-from nvpair.status import FacadeView, FleetView, fleet_nodes_up, readiness, status_document
+from nvpair.status import (
+    FacadeView,
+    FleetView,
+    fleet_nodes_up,
+    readiness,
+    shown_url,
+    status_document,
+)
 
 OLLAMA = {"ollama": FacadeView(11435, ("127.0.0.2:11434",), False)}
 
@@ -59,6 +67,23 @@ def test_before_any_priority_every_node_counts_as_listed() -> None:
     control.set_discovery("ollama", [node("a", "llama3")])
     doc = status_document(OLLAMA, control, {}, flight, 0, None, 0.0)
     assert doc["nodes"]["ollama"][0]["listed"] is True  # type: ignore[index]
+
+
+def test_a_url_is_shown_without_its_user_name_and_password() -> None:
+    """A broker may hand over a URL with credentials: /status shows it without them."""
+    control = ControlState()
+    secret = Node("a", False, "http://admin:s3cret@10.0.0.2:8080/v1?k=@", (), frozenset())
+    control.set_discovery("ollama", [secret])
+    doc = status_document(OLLAMA, control, {}, flight, 0, None, 0.0)
+    assert doc["nodes"]["ollama"][0]["url"] == "http://***@10.0.0.2:8080/v1?k=@"  # type: ignore[index]
+    assert "s3cret" not in json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://h:1/p@q", "http://[::1", "x@y", "http://h:1", "https://[::1]:8/"]
+)
+def test_a_url_without_credentials_is_shown_as_it_is(url: str) -> None:
+    assert shown_url(url) == url
 
 
 REFUSED = "ConnectionRefusedError"
