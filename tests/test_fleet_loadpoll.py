@@ -182,13 +182,18 @@ def test_stopping_cancels_the_load_polls_too(polling: LoadPolling) -> None:
 LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
-@pytest.fixture
-def llama() -> Iterator[LoadPolling]:
-    harness = LoadPolling("llamacpp")
+def started(engine: str) -> Iterator[LoadPolling]:
+    """A fixture's body: a started :class:`LoadPolling` of ``engine``, stopped after."""
+    harness = LoadPolling(engine)
     harness.service.startService()
     yield harness
     if harness.service.running:
         harness.service.stopService()
+
+
+@pytest.fixture
+def llama() -> Iterator[LoadPolling]:
+    yield from started("llamacpp")
 
 
 def models(*names: str) -> bytes:

@@ -18,7 +18,7 @@ from nvpair.llamarouter import MAX_SLOT_READS, router_statuses, slot_reads, slot
 from nvpair.loadstate import UNKNOWN, Answer, LoadState
 from nvpair.routing import Standing, Tier, fleet_plan, tier
 from nvpair.scheduling import FleetScheduler
-from tests.test_fleet_loadpoll import POLICY, LoadPolling
+from tests.test_fleet_loadpoll import POLICY, LoadPolling, started
 from tests.test_fleet_poll import BOUND, INTERVAL
 
 PROBE = LLAMACPP.load_probe
@@ -211,11 +211,7 @@ def test_the_proxys_own_requests_are_not_counted_twice_per_model() -> None:
 
 @pytest.fixture
 def routers() -> Iterator[LoadPolling]:
-    harness = LoadPolling("llamacpp")
-    harness.service.startService()
-    yield harness
-    if harness.service.running:
-        harness.service.stopService()
+    yield from started("llamacpp")
 
 
 MODELS = json.dumps(

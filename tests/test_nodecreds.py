@@ -68,30 +68,22 @@ def test_what_is_wrong_is_said_and_the_secret_never(value: object, why: str) -> 
 
 # -- the fleet file -------------------------------------------------------------------------------
 
-FILE = """\
-[facades.llamacpp]
-[[nodes]]
-id = "gpu-box-1"
-[nodes.engines]
-llamacpp = "http://192.168.1.20:8080"
-[nodes.credentials]
-llamacpp = "{value}"
-[[nodes]]
-id = "gpu-box-2"
-[nodes.engines]
-llamacpp = "http://192.168.1.21:8080"
-"""
 
+def node(node_id: str, url: str, credential: str | None = None) -> str:
+    """One ``[[nodes]]`` table of llama.cpp at ``url``, with a credential when given."""
+    text = f'[[nodes]]\nid = "{node_id}"\n[nodes.engines]\nllamacpp = "{url}"\n'
+    if credential is not None:
+        text += f'[nodes.credentials]\nllamacpp = "{credential}"\n'
+    return text
+
+
+FIRST, SECOND = "http://192.168.1.20:8080", "http://192.168.1.21:8080"
+
+#: Two nodes, the first with a credential whose value the test fills in (``{value}``).
+FILE = "[facades.llamacpp]\n" + node("gpu-box-1", FIRST, "{value}") + node("gpu-box-2", SECOND)
 
 #: A third node at the first one's URL, with another variable.
-SAME_URL = """\
-[[nodes]]
-id = "gpu-box-3"
-[nodes.engines]
-llamacpp = "http://192.168.1.20:8080"
-[nodes.credentials]
-llamacpp = "env:OTHER"
-"""
+SAME_URL = node("gpu-box-3", FIRST, "env:OTHER")
 
 
 def refused(tmp_path: Path, text: str, environ: dict[str, str]) -> str:
