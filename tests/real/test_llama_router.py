@@ -23,6 +23,7 @@ import pytest_twisted
 import treq
 from twisted.web.http_headers import Headers
 
+from nvpair.loadstate import LISTING_LAG
 from tests.integration.harness import free_port, log_problems
 from tests.real.servers import fleet_proxy, llama_server_binary, llama_server_process, sleep
 from tests.real.tiny_gguf import write_tiny_gguf
@@ -135,9 +136,13 @@ async def test_a_request_goes_to_the_router_holding_its_model(
         assert await holds(routers.a) == {"alpha": "unloaded", "beta": "loaded"}
         assert await holds(routers.b) == {"alpha": "loaded", "beta": "unloaded"}
 
-        # The routers swap: the order follows once the polls have read it.
+        # The routers swap: the order follows once the polls have read it, and once what the
+        # proxy itself sent above no longer counts as loaded there: only a poll asked at least
+        # LISTING_LAG after a dispatch speaks for it
+        # (docs/fleet-scheduling.md#dispatched-is-loading).
         await hold(routers.a, "alpha")
         await hold(routers.b, "beta")
+        await sleep(LISTING_LAG + 0.5)
         await until_seen(admin, a="alpha", b="beta")
         assert await chat(url, "beta") == (200, "b")
         assert await chat(url, "alpha") == (200, "a")
