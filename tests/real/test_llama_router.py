@@ -21,10 +21,13 @@ from typing import Any, NamedTuple
 import pytest
 import pytest_twisted
 import treq
+from twisted.internet.threads import deferToThread
 from twisted.web.http_headers import Headers
 
 from nvpair.loadstate import LISTING_LAG
+from tests.integration.browser import Browser, BrowserUnavailable, chromium
 from tests.integration.harness import free_port, log_problems
+from tests.integration.test_status_page import READ_PAGE
 from tests.real.servers import fleet_proxy, llama_server_binary, llama_server_process, sleep
 from tests.real.tiny_gguf import write_tiny_gguf
 
@@ -108,9 +111,19 @@ async def until_seen(admin: int, a: str, b: str) -> dict[str, dict[str, Any]]:
         await sleep(0.1)
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Headless Chromium for the status page; skipped only if it cannot be started."""
+    try:
+        with chromium() as session:
+            yield session
+    except BrowserUnavailable as missing:
+        pytest.skip(f"headless Chromium unavailable: {missing}")
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_request_goes_to_the_router_holding_its_model(
-    tmp_path: Path, routers: Routers
+    tmp_path: Path, routers: Routers, browser: Browser
 ) -> None:
     await hold(routers.a, "beta")
     await hold(routers.b, "alpha")
@@ -126,6 +139,16 @@ async def test_a_request_goes_to_the_router_holding_its_model(
         assert view["a"]["state"] == view["b"]["state"] == "up"
         listed = json.loads(await (await treq.get(url + "/v1/models", timeout=10)).content())
         assert [m["id"] for m in listed["data"]] == ["alpha", "beta"]
+
+        # The status page shows each router's model in memory and its own slots.
+        def read_page() -> Any:
+            browser.navigate(f"http://127.0.0.1:{admin}/")
+            return browser.execute_async(READ_PAGE, 10_000, False)
+
+        page = await deferToThread(read_page)
+        cells = {cell["node"]: cell for cell in page["cells"]}
+        assert cells["a"]["warm"] == ["beta"] and cells["b"]["warm"] == ["alpha"], page
+        assert "alpha: 0 of 2 slots busy" in cells["b"]["text"], page
 
         # Warm first: alpha to b, beta to a — a wins only on id.
         for _ in range(3):
