@@ -34,6 +34,7 @@ from nvpair.fanout import ask
 from nvpair.fleetfile import Fleet, base_url_hint, restart_needed, unserved
 from nvpair.fleetpairs import Pair, PairReport, PollState
 from nvpair.liveness import LivenessProbes
+from nvpair.loadpoll import read_load
 from nvpair.loadstate import UNKNOWN, Answer, LoadState
 from nvpair.scheduling import FleetScheduler
 from nvpair.web import UpstreamClient
@@ -76,6 +77,8 @@ class FleetService(Service):
         answers again (docs/fleet-scheduling.md#hung-nodes). None: no probes.
     :param cannot_serve: ends the process, given why: a facade of the file that cannot bind
         (docs/ports.md#bind-failures). None only logs it (a fleet built without a process).
+    :param credentials: given each node URL's ``Authorization`` value, at once and at each
+        reload (the upstream client's :meth:`~nvpair.upstream.Upstream.set_credentials`).
     """
 
     log = Logger()
@@ -92,8 +95,11 @@ class FleetService(Service):
         *,
         cannot_serve: Callable[[str], None] | None = None,
         liveness: LivenessProbes | None = None,
+        credentials: Callable[[Mapping[str, bytes]], None] = lambda by_url: None,
     ) -> None:
         self._clock = clock
+        self._credentials = credentials
+        credentials(fleet.authorizations())
         self._liveness = liveness
         if liveness is not None:
             liveness.changed = lambda engine, node: self._publish(engine)
@@ -184,6 +190,8 @@ class FleetService(Service):
         for change in restart_needed(self._fleet, fleet):
             self.log.warn("fleet file reloaded: {change} needs a restart", change=change)
         self._warn_unserved(fleet)
+        # Before any poll of the new file: every request from now on carries its credentials.
+        self._credentials(fleet.authorizations())
         interval = fleet.inventory_interval != self._fleet.inventory_interval
         self._fleet = evolve(fleet, facades=self._fleet.facades)
         wanted = self._wanted(fleet)
@@ -316,25 +324,12 @@ class FleetService(Service):
             raise ValueError("not the engine's model-list envelope")
         return models
 
-    async def _load_answer(self, url: str, path: str) -> Answer | None:
-        try:
-            return await self._ask(url, path)
-        except CancelledError:
-            raise
-        except Exception:
-            # Refused, reset, timed out, too large: this route says nothing this time.
-            return None
-
     async def _probe_load(self, engine: str, url: str) -> LoadState:
         if self._scheduler is None:
             return UNKNOWN
-        probe = ENGINES[engine].load_probe
-        # Every route at once, each bounded like the model list; one failing says nothing.
-        answers = await defer.gatherResults(
-            [Deferred.fromCoroutine(self._load_answer(url, path)) for path in probe.paths],
-            consumeErrors=True,
-        )
-        return probe.read(answers, ENGINES[engine].model_key)
+        spec = ENGINES[engine]
+        # Each route bounded like the model list; one failing says nothing.
+        return await read_load(spec.load_probe, spec.model_key, lambda path: self._ask(url, path))
 
     def _track(self, pair: Pair, d: Deferred[T]) -> Deferred[T]:
         """Remember ``d`` until it settles, so a shutdown or reload can cancel it."""

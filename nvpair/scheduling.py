@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from attrs import evolve
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair.control import Node
@@ -92,9 +93,15 @@ class FleetScheduler:
                 del self._sent[(engine, node)]
         if state.busy:
             # The engine counts this proxy's own requests among its busy slots; the order
-            # counts them as reservations already.
-            others = max(0, state.busy - self._own(engine, node))
-            state = LoadState(state.loading, state.warm, state.warm_all, state.slots, others)
+            # counts them as reservations already. A router's are on one of its models, which
+            # is not known here: taken off each, a model is never thought freer than it is,
+            # since the order adds all of them back as reservations.
+            own = self._own(engine, node)
+            state = evolve(
+                state,
+                busy=max(0, state.busy - own),
+                model_slots=tuple((m, n, max(0, busy - own)) for m, n, busy in state.model_slots),
+            )
         if state == UNKNOWN:
             self._loads.pop((engine, node), None)
         else:

@@ -377,6 +377,7 @@ def build(
             scheduler,
             cannot_serve=root.fail,
             liveness=liveness,
+            credentials=upstream.set_credentials,
         )
         fleet.setServiceParent(root)
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):

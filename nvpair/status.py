@@ -58,7 +58,25 @@ def _load(state: LoadState) -> dict[str, object]:
         else (sorted(state.warm) if state.warm is not None else None),
         "slots": state.slots,
         "busySlots": state.busy,
+        # A llama.cpp router's: the models it is loading, and each loaded one's own slots.
+        "loadingModels": sorted(state.loading_models),
+        "modelSlots": {
+            model: {"slots": slots, "busySlots": busy} for model, slots, busy in state.model_slots
+        },
     }
+
+
+def shown_url(url: str | None) -> str | None:
+    """``url`` without a user name or password, if it holds any: the status is read by anyone
+    on the machine, and a broker may hand over such a URL. Never fails, whatever the text."""
+    if url is None or "@" not in url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    end = next((i for i, c in enumerate(rest) if c in "/?#"), len(rest))
+    authority = rest[:end]
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[end:]}"
 
 
 def _counts(
@@ -87,7 +105,7 @@ def broker_nodes(
             {
                 "id": node.id,
                 "local": node.local,
-                "url": node.url,
+                "url": shown_url(node.url),
                 "models": list(node.models),
                 "listed": listed,
                 "pending": entry.pending if entry is not None else 0,
@@ -167,7 +185,7 @@ def fleet_nodes(
         out.append(
             {
                 "id": report.node,
-                "url": report.url,
+                "url": shown_url(report.url),
                 "state": state,
                 "why": why,
                 "since": _when(hung[1] if hung is not None else report.since),

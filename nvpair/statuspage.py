@@ -104,6 +104,13 @@ SCRIPT = """
       } else if (load.busySlots) {
         parts.push(load.busySlots + " busy");
       }
+      // A llama.cpp router: each model has slots of its own, and may be loading.
+      for (const [model, own] of Object.entries(load.modelSlots || {})) {
+        parts.push(model + ": " + own.busySlots + " of " + own.slots + " slots busy");
+      }
+      if ((load.loadingModels || []).length) {
+        parts.push("loading " + load.loadingModels.join(", "));
+      }
     } else if (typeof node.pending === "number") {
       parts.push("pending " + node.pending + ", gpu pressure " + node.gpuPressure);
     }
