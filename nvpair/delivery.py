@@ -39,10 +39,8 @@ async def try_node(
     )
     with tracking:
         outcome = await services.attempts.run(outgoing, node, final, job.cancelled)
-        if job.trail is not None:
-            job.trail.attempt_ended(node.id, outcome)
-        if services.metrics is not None:
-            services.metrics.attempt_ended(job.admitted.engine.id, node.id, outcome)
+        job.trail.attempt_ended(node.id, outcome)
+        services.counter.attempt_ended(job.admitted.engine.id, node.id, outcome)
         if isinstance(outcome, Served):
             await deliver(services, job, node, outcome)
             return None
@@ -73,9 +71,8 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> N
     headers.setRawHeaders(b"x-nvpair-node", [_answering_node(services, node).encode()])
     response.headers = SPENT
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
-    job.served_status = response.code
     clock = services.clock
-    job.committed_at = clock.seconds()
+    job.served(response.code, clock.seconds())
     reader: StatsReader | None = None
     if job.workload is not None:
         job.workload.started(node.id)
@@ -114,7 +111,7 @@ def _answering_node(services: Services, node: Node) -> str:
 
 
 def _write_deadline(services: Services, job: Job, upstream: IPushProducer) -> WriteDeadline:
-    timeout = services.config.client_write_timeout
+    timeout = services.bounds.client_write_timeout
 
     def expired() -> None:
         log.debug(
