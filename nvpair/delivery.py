@@ -42,8 +42,7 @@ async def try_node(
     job.dispatches += 1
     with tracking:
         outcome = await services.attempts.run(outgoing, node, final, job.cancelled)
-        if job.trail is not None:
-            job.trail.attempt_ended(node.id, outcome)
+        job.trail.attempt_ended(node.id, outcome)
         if isinstance(outcome, Served):
             end: BodyEnd | None = None
             try:
@@ -51,8 +50,7 @@ async def try_node(
             finally:
                 _delivered(services, job, node, outcome, end is not None and end.cut)
             return None
-        if services.metrics is not None:
-            services.metrics.attempt_ended(job.admitted.engine.id, node.id, outcome)
+        services.counter.attempt_ended(job.admitted.engine.id, node.id, outcome)
     if debug_enabled():
         log.debug(
             "attempt {attempt} to {node} failed: {why} {status} {detail}",
@@ -69,10 +67,9 @@ async def try_node(
 def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bool) -> None:
     """A served attempt's answer has ended: it counts as served, or as truncated when its
     engine cut it short (docs/operations.md#recent-workloads). The workload is unchanged."""
-    if cut and job.trail is not None:
+    if cut:
         job.trail.truncated()
-    if services.metrics is not None:
-        services.metrics.attempt_ended(job.admitted.engine.id, node.id, served, cut)
+    services.counter.attempt_ended(job.admitted.engine.id, node.id, served, cut)
 
 
 async def deliver(services: Services, job: Job, node: Node, served: Served) -> BodyEnd:
@@ -89,9 +86,8 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
     headers.setRawHeaders(b"x-nvpair-node", [_answering_node(services, node).encode()])
     response.headers = SPENT
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
-    job.served_status = response.code
     clock = services.clock
-    job.committed_at = clock.seconds()
+    job.served(response.code, clock.seconds())
     reader: StatsReader | None = None
     if job.workload is not None:
         job.workload.started(node.id)
@@ -131,7 +127,7 @@ def _answering_node(services: Services, node: Node) -> str:
 
 
 def _write_deadline(services: Services, job: Job, upstream: IPushProducer) -> WriteDeadline:
-    timeout = services.config.client_write_timeout
+    timeout = services.bounds.client_write_timeout
 
     def expired() -> None:
         log.debug(

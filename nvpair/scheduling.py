@@ -3,10 +3,11 @@
 In broker mode the scheduler ranks nodes; in fleet mode there is none, so the proxy ranks them
 itself from two things it learns on its own: each engine's load state, polled with the
 inventory (:mod:`nvpair.loadstate`, :mod:`nvpair.fleet`), and each node's passive health, from
-the outcome of its attempts (:mod:`nvpair.health`). :class:`FleetScheduler` holds both and
-answers the request path's questions: the order of a round (:meth:`FleetScheduler.plan`, the pure
-:func:`nvpair.routing.fleet_plan` on live values) and what an attempt's outcome says about its
-node. Between two polls it also remembers what it has dispatched itself: a model just sent to a
+the outcome of its attempts (:mod:`nvpair.health`). :class:`FleetScheduler` holds both and is
+the request path's :class:`~nvpair.seams.Scheduling` in this mode: the order of a round
+(:meth:`FleetScheduler.plan`, the pure :func:`nvpair.routing.fleet_plan` on live values), what
+an attempt's outcome says about its node, and how long to wait for an owner (``--owner-wait``).
+Between two polls it also remembers what it has dispatched itself: a model just sent to a
 node counts as in memory there (loading) until a poll asked after the dispatch says otherwise
 (docs/fleet-scheduling.md#dispatched-is-loading). A node whose last liveness probe went
 unanswered (:mod:`nvpair.liveness`) goes last, as a held-back one does
@@ -37,6 +38,9 @@ class FleetScheduler:
         the busy slots an engine reports, which include them, so they are not counted twice.
     :param liveness: what the liveness probes say (docs/fleet-scheduling.md#hung-nodes): a
         node whose last probe went unanswered goes to the end of the order; None: no probes.
+    :param owner_wait: seconds a request waits for an owner once every owner is down
+        (``--owner-wait``): no broker's node-loss sweep ends it otherwise
+        (docs/fleet-scheduling.md#owner-wait).
     """
 
     def __init__(
@@ -45,9 +49,12 @@ class FleetScheduler:
         policy: HealthPolicy,
         own_in_flight: Callable[[str, str], int] = lambda engine, node: 0,
         liveness: LivenessProbes | None = None,
+        *,
+        owner_wait: float = 0.0,
     ) -> None:
         self.health = PassiveHealth(clock, policy)
         self.liveness = liveness
+        self.owner_wait = owner_wait
         self._clock = clock
         self._own = own_in_flight
         self._loads: dict[tuple[str, str], LoadState] = {}
@@ -74,6 +81,21 @@ class FleetScheduler:
         if sent is None:
             sent = self._sent[key] = {}
         sent[model_key] = self._clock.seconds()
+
+    def dispatching(self, engine: str, node: str, model_key: str | None) -> bool:
+        """An attempt to ``node`` starts: its model counts as in memory there from now, not
+        from the node's next poll, so a second request for it joins this load instead of
+        starting one on another cold node. Whether it is the node's trial after a hold-back
+        (docs/fleet-scheduling.md#passive-health)."""
+        trial = self.health.dispatching(engine, node)
+        self.dispatched(engine, node, model_key)
+        return trial
+
+    def succeeded(self, engine: str, node: str) -> None:
+        self.health.succeeded(engine, node)
+
+    def failed(self, engine: str, node: str, trial: bool, why: str) -> None:
+        self.health.failed(engine, node, trial, why)
 
     def record_load(
         self, engine: str, node: str, state: LoadState, asked_at: float | None = None
