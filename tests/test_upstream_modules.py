@@ -13,12 +13,12 @@ import nvpair
 
 #: Lowest first: a module may import the ones before it, never one after it.
 LAYERS = [
-    "nvpair.upstream_types",
-    "nvpair.upstream_framing",
-    "nvpair.upstream_response",
-    "nvpair.upstream_conn",
-    "nvpair.upstream_pool",
-    "nvpair.upstream",
+    "nvpair.wire.upstream_types",
+    "nvpair.wire.upstream_framing",
+    "nvpair.wire.upstream_response",
+    "nvpair.wire.upstream_conn",
+    "nvpair.wire.upstream_pool",
+    "nvpair.wire.upstream",
 ]
 
 
