@@ -324,6 +324,13 @@ class UpstreamConnection(Protocol):
         if pending is not None:
             self._pending = None
             self._response = pending
+            if self._chunks:
+                # The body bytes that came with the head are held in the answer before it is
+                # handed on, so a reader that connects at once has them in this same turn: the
+                # first-body gate is open before anyone waits on it (no timer, no second wake
+                # of the request path; docs/performance.md#one-wake-per-answer).
+                chunks, self._chunks = self._chunks, []
+                pending.data(chunks)
             deferred, self._deferred = self._deferred, None
             if deferred is not None:
                 deferred.callback(pending)
