@@ -604,7 +604,6 @@ class FacadeChannel(Protocol):
         phase = self._phase
         if phase is _IDLE:
             self._phase = _READING
-            self._arm_head_timer()
         elif phase is _ANSWERING or phase is _FINISHING:
             self._hold(len(data))
         elif phase is _CLOSING or phase is _CLOSED:
@@ -616,6 +615,8 @@ class FacadeChannel(Protocol):
             return
         received = parsing.received if parsing is not None else 0
         self._feed(data, parsing is None)
+        if phase is _IDLE:
+            self._head_begun()
         current = self._parsing
         if current is None or self._ended:
             return
@@ -996,6 +997,15 @@ class FacadeChannel(Protocol):
         if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    def _head_begun(self) -> None:
+        """A read after an idle wait has been parsed: the head it began is bounded from now,
+        unless the read held it whole, as it nearly always does (a timer armed and cancelled
+        within one read would be a cost per request for nothing; docs/performance.md#timers)."""
+        if self._phase is _READING:
+            requests = self._requests
+            if not requests or not requests[0].method:
+                self._arm_head_timer()
 
     def _arm_head_timer(self) -> None:
         timeout = self.site.head_timeout
