@@ -75,6 +75,17 @@ def end_to_end(
     return [(name, values) for name, values in pairs if name.lower() not in drop]
 
 
+def strip_hop_by_hop(headers: Headers) -> Headers:
+    """``headers`` less what :func:`end_to_end` drops of a response, removed in place: an
+    engine's answer headers handed on whole as the client's, with no copy made."""
+    pairs = list(headers.getAllRawHeaders())
+    drop = HOP_BY_HOP | _connection_tokens(pairs)
+    for name, _ in pairs:
+        if name.lower() in drop:
+            headers.removeHeader(name)
+    return headers
+
+
 def framed_by_length(method: bytes, status: int) -> bool:
     """Whether a response to ``method`` with ``status`` is framed by ``Content-Length``.
 
