@@ -66,7 +66,7 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> N
     # The engine's headers become the answer's (nothing sets the answer's own before its
     # commit): stripped of its hop's headers in place rather than copied value by value
     # (docs/performance.md#headers).
-    headers = request.responseHeaders = strip_hop_by_hop(response.headers)
+    headers = request.responseHeaders = strip_hop_by_hop(response.headers, request=False)
     if framed_by_length(job.admitted.method, response.code) and isinstance(response.length, int):
         # Twisted's client moves Content-Length out of the headers into ``length``; putting
         # it back keeps the engine's framing (else the client would get chunked encoding).
