@@ -174,7 +174,8 @@ class BodyRelay(Protocol):
         # deliverBody hands us a transport that is a push producer over the upstream
         # connection (nvpair.upstream_response.BodyTransport); looked at once here rather than
         # on every pause, resume and stop. Asked with providedBy, not adapted: an adapter
-        # lookup costs several times more, once per answer (docs/performance.md#interface-lookups).
+        # lookup costs several times more, once per answer
+        # (docs/performance.md#per-dispatch-overheads).
         self._producer = (
             cast(IPushProducer, transport) if IPushProducer.providedBy(transport) else None
         )
