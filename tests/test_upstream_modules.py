@@ -1,6 +1,6 @@
 """The upstream client's modules import one way: each may use only those below it, so the
 pure framing rules never reach for a connection and the connection never for the pool that
-keeps it (docs/README.md#module-map)."""
+keeps it (docs/README.md#package-map)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ current figure, not each step, so each (engine, node) reports at most every
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from types import MappingProxyType
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -38,14 +38,9 @@ class NodeActivity:
         """Every (engine, node) with dispatches in flight now, and how many."""
         return MappingProxyType(self._counts)
 
-    @contextmanager
-    def tracking(self, engine: str, node: str) -> Iterator[None]:
+    def tracking(self, engine: str, node: str) -> AbstractContextManager[None]:
         """Count one dispatch toward ``node`` for the duration of the block."""
-        self._change((engine, node), +1)
-        try:
-            yield
-        finally:
-            self._change((engine, node), -1)
+        return _Tracking(self._change, (engine, node))
 
     def _change(self, key: tuple[str, str], delta: int) -> None:
         count = self._counts.get(key, 0) + delta
@@ -75,3 +70,24 @@ class NodeActivity:
         self._emit("discovery:node-activity", {"nodeId": node, "engine": engine, "inFlight": count})
         if not count:
             self._reported.pop(key, None)
+
+
+class _Tracking:
+    """One dispatch counted for the duration of a block. A class, not a generator under
+    ``contextlib.contextmanager``: entered once per dispatch, where a generator-based
+    manager costs a generator and several calls more
+    (docs/performance.md#per-dispatch-overheads)."""
+
+    __slots__ = ("_change", "_key")
+
+    def __init__(
+        self, change: Callable[[tuple[str, str], int], None], key: tuple[str, str]
+    ) -> None:
+        self._change = change
+        self._key = key
+
+    def __enter__(self) -> None:
+        self._change(self._key, +1)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._change(self._key, -1)

@@ -22,7 +22,7 @@ from nvpair.dispatch.job import Ending, Job, Services
 from nvpair.dispatch.relay import BodyEnd, WriteDeadline
 from nvpair.engines.inferstats import StatsReader
 from nvpair.engines.table import RouteClass
-from nvpair.wire.headers import SPENT, end_to_end, framed_by_length
+from nvpair.wire.headers import SPENT, framed_by_length, strip_hop_by_hop
 
 log = Logger(namespace="nvpair.dispatch.delivery")
 
@@ -76,9 +76,10 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
     """Write the served response's status and headers, then relay its body; how it ended."""
     request, response, relay = job.request, served.response, served.relay
     request.setResponseCode(response.code, response.phrase)
-    headers = request.responseHeaders
-    for name, values in end_to_end(response.headers.getAllRawHeaders(), request=False):
-        headers.setRawHeaders(name, values)
+    # The engine's headers become the answer's (nothing sets the answer's own before its
+    # commit): stripped of its hop's headers in place rather than copied value by value
+    # (docs/performance.md#headers).
+    headers = request.responseHeaders = strip_hop_by_hop(response.headers, request=False)
     if framed_by_length(job.admitted.method, response.code) and isinstance(response.length, int):
         # Twisted's client moves Content-Length out of the headers into ``length``; putting
         # it back keeps the engine's framing (else the client would get chunked encoding).

@@ -126,7 +126,6 @@ class FacadeChannel(Protocol):
         phase = self.phase
         if phase is _IDLE:
             self.phase = _READING
-            self._timeouts.arm_head()
         elif phase is _ANSWERING or phase is _FINISHING:
             self._hold(len(data))
         elif phase is _CLOSING or phase is _CLOSED:
@@ -142,6 +141,17 @@ class FacadeChannel(Protocol):
             return
         if not parser.read(data):
             self._parser = None
+        if phase is _IDLE:
+            self._head_begun()
+
+    def _head_begun(self) -> None:
+        """A read after an idle wait has been parsed: the head it began is bounded from now,
+        unless the read held it whole, as it nearly always does (a timer armed and cancelled
+        within one read would be a cost per request for nothing; docs/performance.md#timers)."""
+        if self.phase is _READING:
+            requests = self._requests
+            if not requests or not requests[0].method:
+                self._timeouts.arm_head()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.phase = _CLOSED

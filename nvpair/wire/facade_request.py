@@ -173,10 +173,10 @@ class FacadeRequest:
             return
         if self._no_body or not data:
             return
-        # A stream's later pieces are queued, not sent one by one: the pieces relayed from one
-        # upstream read go out in one send at the reactor's turn
+        # A stream's later pieces go out at once too: the relay writes one piece per upstream
+        # read, so this is one send per read with no write interest toggled for it
         # (docs/performance.md#writes-go-out-at-once).
-        outlet.queue(self._frame(data) if self._chunked else data)
+        outlet.send(self._frame(data) if self._chunked else data)
 
     def finish(self) -> None:
         if self.finished:

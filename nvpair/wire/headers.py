@@ -57,6 +57,13 @@ def _connection_tokens(headers: Iterable[tuple[bytes, Sequence[bytes]]]) -> set[
     )
 
 
+def _dropped(pairs: Iterable[tuple[bytes, Sequence[bytes]]], request: bool) -> frozenset[bytes]:
+    """The lower-cased names not forwarded: hop-by-hop, named by ``Connection``, and for a
+    request the ones the proxy sets itself."""
+    drop = HOP_BY_HOP | _connection_tokens(pairs)
+    return drop | _REQUEST_OWNED if request else drop
+
+
 def end_to_end(
     headers: Iterable[tuple[bytes, Sequence[bytes]]], *, request: bool
 ) -> list[tuple[bytes, list[bytes]]]:
@@ -69,10 +76,19 @@ def end_to_end(
     :param request: True for a client request going upstream, False for a response coming back.
     """
     pairs = [(name, list(values)) for name, values in headers]
-    drop = HOP_BY_HOP | _connection_tokens(pairs)
-    if request:
-        drop = drop | _REQUEST_OWNED
+    drop = _dropped(pairs, request)
     return [(name, values) for name, values in pairs if name.lower() not in drop]
+
+
+def strip_hop_by_hop(headers: Headers, *, request: bool) -> Headers:
+    """``headers`` less what :func:`end_to_end` drops, removed in place: one hop's headers
+    handed on whole to the next, with no copy made."""
+    pairs = list(headers.getAllRawHeaders())
+    drop = _dropped(pairs, request)
+    for name, _ in pairs:
+        if name.lower() in drop:
+            headers.removeHeader(name)
+    return headers
 
 
 def framed_by_length(method: bytes, status: int) -> bool:

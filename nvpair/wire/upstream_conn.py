@@ -324,6 +324,13 @@ class UpstreamConnection(Protocol):
         if pending is not None:
             self._pending = None
             self._response = pending
+            if self._chunks:
+                # The body bytes that came with the head are held in the answer before it is
+                # handed on, so a reader that connects at once has them in this same turn: the
+                # first-body gate is open before anyone waits on it (no timer, no second wake
+                # of the request path; docs/performance.md#one-wake-per-answer).
+                chunks, self._chunks = self._chunks, []
+                pending.data(b"".join(chunks))
             deferred, self._deferred = self._deferred, None
             if deferred is not None:
                 deferred.callback(pending)
@@ -335,9 +342,11 @@ class UpstreamConnection(Protocol):
                 self._fail_head(problem)
             return
         if self._chunks:
+            # One read's pieces (a chunked body's chunks) go on as one piece: relayed, they
+            # leave in one write (docs/performance.md#writes-go-out-at-once).
             chunks, self._chunks = self._chunks, []
             try:
-                response.data(chunks)
+                response.data(b"".join(chunks))
             except Exception:
                 # The reader broke: as Twisted, the exchange ends with its error.
                 self._fail_body(response, Failure())

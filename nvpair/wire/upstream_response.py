@@ -229,16 +229,13 @@ class UpstreamResponse:
         """Whether a protocol is reading the body now."""
         return self._state == _Body.CONNECTED
 
-    def data(self, chunks: list[bytes]) -> None:
-        """The body bytes of one read, in order; none once the body has ended."""
-        for data in chunks:
-            if self._state == _Body.CONNECTED:
-                assert self._protocol is not None
-                self._protocol.dataReceived(data)
-            elif self._state == _Body.INITIAL:
-                self._held.append(data)
-            else:
-                return
+    def data(self, data: bytes) -> None:
+        """The body bytes of one read; dropped once the body has ended."""
+        if self._state == _Body.CONNECTED:
+            assert self._protocol is not None
+            self._protocol.dataReceived(data)
+        elif self._state == _Body.INITIAL:
+            self._held.append(data)
 
     def done(self) -> None:
         """The body ended by its own framing."""
