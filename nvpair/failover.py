@@ -154,7 +154,7 @@ async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node)
     trial = fleet.health.dispatching(engine, node.id)
     # Counted as loading there from now, not from the node's next poll: a second request for
     # the model then joins this load instead of starting one on another cold node.
-    fleet.dispatched(engine, node.id, job.admitted.model_key)
+    fleet.dispatched(engine, node.id, node.own_key(job.admitted.model_key))
     failed: Failed | None = None
     try:
         failed = await try_node(services, job, outgoing, node, job.budget.final)

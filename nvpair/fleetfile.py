@@ -16,6 +16,7 @@ from attrs import frozen
 
 from nvpair.durations import parse_duration
 from nvpair.engines import ENGINES
+from nvpair.modelnames import NO_ALIASES, AliasError, Aliases
 from nvpair.ports import ascii_digits, parse_aliases, valid_port
 
 
@@ -42,6 +43,8 @@ class Fleet:
     inventory_interval: float
     facades: Mapping[str, FacadeSpec]
     nodes: tuple[FleetNode, ...]
+    #: ``[models]``: the aliases people may ask for (docs/model-names.md#aliases).
+    models: Aliases = NO_ALIASES
 
 
 def _fail(path: Path, where: str, why: str) -> FleetFileError:
@@ -127,7 +130,7 @@ def load_fleet(path: Path) -> Fleet:
     except RecursionError:
         # tomllib parses nested arrays and inline tables recursively.
         raise FleetFileError(f"{path}: not valid TOML: nested too deeply") from None
-    _check_keys(path, "top level", document, {"inventory-interval", "facades", "nodes"})
+    _check_keys(path, "top level", document, {"inventory-interval", "facades", "nodes", "models"})
 
     interval_text = document.get("inventory-interval", "5s")
     try:
@@ -182,7 +185,11 @@ def load_fleet(path: Path) -> Fleet:
             if problem is not None:
                 raise _fail(path, f"{where}.engines.{engine}", problem)
         nodes.append(FleetNode(node_id, dict(engines)))
-    return Fleet(interval, facades, tuple(nodes))
+    try:
+        models = Aliases.parse(document.get("models", {}))
+    except AliasError as bad:
+        raise _fail(path, f"models{bad.where}", bad.why) from None
+    return Fleet(interval, facades, tuple(nodes), models)
 
 
 def unserved(fleet: Fleet, running: Collection[str]) -> list[tuple[str, str, str]]:
