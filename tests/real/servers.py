@@ -71,7 +71,7 @@ def llama_server_process(
     binary: Path,
     model: Path,
     *extra: str,
-    alias: str = "tiny",
+    alias: str | None = "tiny",
     slots: int = 2,
     ready_within: float = 60,
 ) -> Iterator[LlamaServer]:
@@ -80,7 +80,8 @@ def llama_server_process(
     not stop: a test may have left it stopped with ``SIGSTOP``).
 
     :param extra: more command-line arguments.
-    :param alias: ``--alias``, the model id it lists and answers to.
+    :param alias: ``--alias``, the model id it lists and answers to; None: none, so the id
+        is the model's path as given to ``-m``.
     :param slots: ``-np``, how many requests it runs at once.
     """
     port = free_port()
@@ -89,8 +90,7 @@ def llama_server_process(
             str(binary),
             "-m",
             str(model),
-            "--alias",
-            alias,
+            *(("--alias", alias) if alias is not None else ()),
             "--host",
             "127.0.0.1",
             "--port",
@@ -107,6 +107,7 @@ def llama_server_process(
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
+    alias = str(model) if alias is None else alias
     try:
         deadline = time.monotonic() + ready_within
         while time.monotonic() < deadline:
