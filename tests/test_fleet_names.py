@@ -3,27 +3,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from attrs import evolve
 from twisted.logger import capturedLogs
 
-from nvpair.engines import OLLAMA
+from nvpair.engines import LMSTUDIO, OLLAMA
 from nvpair.fleetfile import Fleet
+from nvpair.fleetnodes import discovery_nodes
+from nvpair.health import HealthPolicy
 from nvpair.modelnames import Aliases
-from tests.test_fleet_poll import Polling, fleet, tags
+from tests.fakes import harness
+from tests.test_fleet_poll import Polling, fleet, polling, tags
+
+__all__ = ["polling"]  # the fixture, shared
 
 LLAMA3 = OLLAMA.model_key("llama3")
-
-
-@pytest.fixture
-def polling() -> Iterator[Polling]:
-    harness = Polling()
-    harness.service.startService()
-    yield harness
-    if harness.service.running:
-        harness.service.stopService()
 
 
 def owners(polling: Polling, name: str) -> dict[str, str | None]:
@@ -68,3 +61,17 @@ def test_a_node_reporting_an_aliases_name_wins_it_with_one_warning(polling: Poll
     assert len(warnings) == 1
     assert warnings[0]["engine"] == "ollama"
     assert owners(polling, "llama3") == {"b": None}
+
+
+def test_a_request_by_file_name_joins_the_load_it_set_off_under_the_nodes_own_name() -> None:
+    """docs/model-names.md#load-state-and-order: a dispatch by file name counts the node's own
+    name as loading there, so a second request joins it rather than loading the model on the
+    other cold owner; each attempt's body names the node's own id."""
+    h = harness(fleet=HealthPolicy(threshold=3, cooldown=5.0, cooldown_max=120.0))
+    answered = {"a": ("pub/q/m.gguf",), "b": ("other/m.gguf",)}
+    found = discovery_nodes(LMSTUDIO, answered, {"a": "http://a", "b": "http://b"}, Aliases())
+    h.nodes(*found.nodes)
+    h.serve("m")
+    h.serve("m.gguf")
+    assert [call.base for call in h.upstream.calls] == ["http://a", "http://a"]
+    assert [call.body for call in h.upstream.calls] == [b'{"model": "pub/q/m.gguf"}'] * 2

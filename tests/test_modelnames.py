@@ -60,6 +60,10 @@ def test_an_alias_table_keeps_the_files_order() -> None:
     assert Aliases.parse({}) == Aliases()
 
 
+ALSO = "is also a model name the table lists"
+EITHER = "a name is either an alias or a model's own"
+
+
 @pytest.mark.parametrize(
     ("table", "where", "why"),
     [
@@ -70,33 +74,19 @@ def test_an_alias_table_keeps_the_files_order() -> None:
         ({"a": ["x", 3]}, '."a"', "every model name must be a non-empty string"),
         ({"a": ["x", ""]}, '."a"', "every model name must be a non-empty string"),
         ({"a": ["x", "x"]}, '."a"', "lists 'x' twice"),
-        (
-            {"a": ["a"]},
-            '."a"',
-            "'a' is also a model name the table lists: a name is either an alias or a model's own",
-        ),
-        (
-            {"a": ["x"], "x": ["y"]},
-            '."x"',
-            "'x' is also a model name the table lists: a name is either an alias or a model's own",
-        ),
+        ({"a": ["a"]}, '."a"', f"'a' {ALSO}: {EITHER}"),
+        ({"a": ["x"], "x": ["y"]}, '."x"', f"'x' {ALSO}: {EITHER}"),
         (
             {"qwen": ["/m/qwen.gguf"]},
             '."qwen"',
-            "'qwen' is also a model name the table lists (the file name of '/m/qwen.gguf'): "
-            "a name is either an alias or a model's own",
+            f"'qwen' {ALSO} (the file name of '/m/qwen.gguf'): {EITHER}",
         ),
         (
             {"Llama3": ["x"], "llama3:latest": ["y"]},
             '."llama3:latest"',
             "'llama3:latest' and 'Llama3' are one name to Ollama",
         ),
-        (
-            {"llama3": ["Llama3:latest"]},
-            '."llama3"',
-            "'llama3' is also a model name the table lists: a name is either an alias or a "
-            "model's own",
-        ),
+        ({"llama3": ["Llama3:latest"]}, '."llama3"', f"'llama3' {ALSO}: {EITHER}"),
     ],
 )
 def test_an_unusable_table_says_which_alias_and_why(table: object, where: str, why: str) -> None:
@@ -273,16 +263,16 @@ def _aliases(table: dict[str, list[str]]) -> Aliases | None:
         return None
 
 
-@given(_inventories, _tables, st.one_of(_ids, st.sampled_from(["chat", "code", "big", "q"])))
+_valid_aliases = _tables.map(_aliases).filter(lambda aliases: aliases is not None)
+
+
+@given(_inventories, _valid_aliases, st.one_of(_ids, st.sampled_from(["chat", "code", "big", "q"])))
 def test_every_owner_is_sent_a_name_it_reports_and_reporters_always_own_their_names(
-    inventories: dict[str, list[str]], table: dict[str, list[str]], requested: str
+    inventories: dict[str, list[str]], aliases: Aliases, requested: str
 ) -> None:
     """For any fleet and any request: each owner gets one of its own reported names (or the
     client's, when it is one); every node reporting the name is an owner and gets it as
     written; a name no node has and no alias names has no owner."""
-    aliases = _aliases(table)
-    if aliases is None:
-        return
     snapshot = discovery(LLAMACPP, inventories, aliases)
     found = owners(snapshot, LLAMACPP, requested)
     for node_id, sent in found.items():
@@ -302,13 +292,10 @@ def test_every_owner_is_sent_a_name_it_reports_and_reporters_always_own_their_na
         assert found == {}
 
 
-@given(_inventories, _tables)
+@given(_inventories, _valid_aliases)
 def test_an_alias_owns_exactly_the_owners_of_its_models_unless_shadowed(
-    inventories: dict[str, list[str]], table: dict[str, list[str]]
+    inventories: dict[str, list[str]], aliases: Aliases
 ) -> None:
-    aliases = _aliases(table)
-    if aliases is None:
-        return
     snapshot = discovery(LLAMACPP, inventories, aliases)
     shadowed = known_names(LLAMACPP, list(inventories.values()), aliases).shadowed
     for alias, models in aliases.table:
@@ -318,13 +305,10 @@ def test_an_alias_owns_exactly_the_owners_of_its_models_unless_shadowed(
         assert set(owners(snapshot, LLAMACPP, alias)) == expected
 
 
-@given(_inventories, _tables)
+@given(_inventories, _valid_aliases)
 def test_names_are_order_stable_and_deterministic(
-    inventories: dict[str, list[str]], table: dict[str, list[str]]
+    inventories: dict[str, list[str]], aliases: Aliases
 ) -> None:
-    aliases = _aliases(table)
-    if aliases is None:
-        return
     first = known_names(LLAMACPP, list(inventories.values()), aliases)
     assert first == known_names(LLAMACPP, list(inventories.values()), aliases)
     for others in first.others:
