@@ -313,3 +313,17 @@ def test_names_are_order_stable_and_deterministic(
     assert first == known_names(LLAMACPP, list(inventories.values()), aliases)
     for others in first.others:
         assert len({o.key for o in others}) == len(others)
+
+
+def test_a_routers_slots_are_read_under_the_nodes_own_name() -> None:
+    """A llama.cpp router reports each loaded model's slots by its id: an alias of a model
+    whose one slot is busy is busy, not free (docs/model-names.md#load-state-and-order)."""
+    (node,) = discovery(
+        LLAMACPP, {"r": ["alpha", "beta"]}, Aliases.parse({"chat": ["alpha"]})
+    ).nodes
+    busy = LoadState(warm=frozenset({"alpha"}), model_slots=(("alpha", 1, 1),))
+    assert tier(node, "chat", busy, 0) is Tier.WARM_BUSY
+    assert (
+        tier(node, "chat", LoadState(warm=frozenset({"alpha"}), model_slots=(("alpha", 1, 0),)), 0)
+        is Tier.WARM_FREE
+    )
