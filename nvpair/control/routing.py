@@ -140,10 +140,14 @@ class Standing:
 
 
 def tier(node: Node, model_key: str | None, load: LoadState, reserved: int) -> Tier:
-    """The node's tier for ``model_key`` with ``reserved`` of this proxy's requests on it."""
-    if not load.in_memory(model_key, node.model_keys):
+    """The node's tier for ``model_key`` with ``reserved`` of this proxy's requests on it.
+
+    The engine reports what it holds in memory, and its slots, under its own names: a model
+    asked for by another name (docs/model-names.md) is looked up under the node's."""
+    own = node.own_key(model_key)
+    if not load.in_memory(own, node.model_keys):
         return Tier.COLD
-    return Tier.WARM_FREE if load.free_slot(reserved, model_key) else Tier.WARM_BUSY
+    return Tier.WARM_FREE if load.free_slot(reserved, own) else Tier.WARM_BUSY
 
 
 def fleet_load(load: LoadState, reserved: int) -> int:

@@ -13,13 +13,19 @@ from urllib.parse import urlsplit
 from attrs import field, frozen
 from twisted.logger import Logger
 
+from nvpair.engines.modelnames import OtherName
+
 
 @frozen
 class Node:
     """One node of one engine's discovery snapshot.
 
     :ivar models: the inventory exactly as the engine names it.
-    :ivar model_keys: the same inventory as comparison keys (engine's normalization).
+    :ivar model_keys: the comparison keys (engine's normalization) of every name the node
+        answers to: its inventory's and, in fleet mode, its other names'.
+    :ivar other_names: fleet mode: the names it is known by besides its inventory's (file
+        names, ``[models]`` aliases), each with its own name for the model
+        (docs/model-names.md).
     """
 
     id: str
@@ -27,6 +33,28 @@ class Node:
     url: str | None
     models: tuple[str, ...]
     model_keys: frozenset[str]
+    other_names: tuple[OtherName, ...] = ()
+    _by_key: Mapping[str, OtherName] = field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        by_key: dict[str, OtherName] = {}
+        for other in self.other_names:
+            by_key.setdefault(other.key, other)
+        object.__setattr__(self, "_by_key", by_key)
+
+    def own_name(self, model_key: str | None) -> str | None:
+        """The name this node reports for the model a request names by ``model_key``, when the
+        request names it otherwise (a file name, an alias): what the body's ``model`` becomes
+        (docs/model-names.md#the-node-gets-its-own-name). None: the request names it as the
+        node does, or names no model, and goes as it was written."""
+        other = self._by_key.get(model_key) if model_key is not None else None
+        return None if other is None else other.reported
+
+    def own_key(self, model_key: str | None) -> str | None:
+        """The comparison key of the node's own name for ``model_key``: what its load state
+        (models in memory) is keyed by."""
+        other = self._by_key.get(model_key) if model_key is not None else None
+        return model_key if other is None else other.reported_key
 
 
 @frozen

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 
+from attrs import evolve
 from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 
 from nvpair.common.logs import debug_enabled
 from nvpair.common.reasons import Reason
+from nvpair.common.renaming import renamed
 from nvpair.control.state import Node
 from nvpair.dispatch.attempt import Failed, Fault, Outgoing, Served
 from nvpair.dispatch.job import Ending, Job, Services
@@ -40,6 +42,7 @@ async def try_node(
     )
     job.node = node.id
     job.dispatches += 1
+    outgoing = _for_node(job, outgoing, node)
     with tracking:
         outcome = await services.attempts.run(outgoing, node, final, job.cancelled)
         job.trail.attempt_ended(node.id, outcome)
@@ -62,6 +65,19 @@ async def try_node(
             detail=outcome.detail,
         )
     return outcome
+
+
+def _for_node(job: Job, outgoing: Outgoing, node: Node) -> Outgoing:
+    """What this attempt sends: a model the request names otherwise than ``node`` does (a file
+    name, an alias) is renamed to the node's own name in the body, and nothing else is
+    changed (docs/model-names.md#the-node-gets-its-own-name)."""
+    admitted = job.admitted
+    own = node.own_name(admitted.model_key)
+    if own is None:
+        return outgoing
+    fallback = "name" if admitted.path in admitted.engine.named_model_paths else None
+    body = renamed(outgoing.body, own, fallback)
+    return outgoing if body is None else evolve(outgoing, body=body)
 
 
 def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bool) -> None:

@@ -138,7 +138,7 @@ async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node)
     docs/fleet-scheduling.md#passive-health)."""
     scheduling = services.scheduling
     engine = job.admitted.engine.id
-    trial = scheduling.dispatching(engine, node.id, job.admitted.model_key)
+    trial = scheduling.dispatching(engine, node.id, node.own_key(job.admitted.model_key))
     failed: Failed | None = None
     try:
         failed = await try_node(services, job, outgoing, node, job.budget.final)

@@ -69,8 +69,10 @@ async def serve_inventory(services: Services, job: Job) -> None:
     merged = b""
     invalid = any(not 200 <= a.status < 300 for a in judged)
     if not invalid:
+        # The names the fleet knows its nodes' models by besides theirs (docs/model-names.md).
+        names = [o for n in services.candidates.every_node(engine.id) for o in n.other_names]
         try:
-            merged = merge_inventories(engine, admitted.path, [a.body for a in judged])
+            merged = merge_inventories(engine, admitted.path, [a.body for a in judged], names)
         except InvalidInventory:
             invalid = True
     if invalid:

@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 
 from nvpair.common import strictjson
 from nvpair.common.strictjson import NestedTooDeeply
+from nvpair.engines.modelnames import OtherName
 from nvpair.engines.table import Engine, InventoryRoute
 
-__all__ = ["InvalidInventory", "empty_inventory", "merge_inventories"]
+__all__ = ["InvalidInventory", "empty_inventory", "merge_inventories", "with_other_names"]
 
 
 class InvalidInventory(ValueError):
@@ -48,7 +49,9 @@ def empty_inventory(engine: Engine, path: str) -> bytes:
     return _dump(engine.inventory[path].empty)
 
 
-def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> bytes:
+def merge_inventories(
+    engine: Engine, path: str, bodies: Sequence[bytes], names: Sequence[OtherName] = ()
+) -> bytes:
     """Merge the 2xx bodies of every responding node for the inventory route *path*.
 
     Entries come out in node order; the first entry with a given model key wins and later
@@ -71,6 +74,9 @@ def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> byt
     :param engine: the facade's engine.
     :param path: the client's inventory route, a key of ``engine.inventory``.
     :param bodies: each responding node's body, in node order.
+    :param names: the other names the nodes are known by (fleet mode), in node order: each is
+        listed once, after the first entry of a model it stands for, as a copy of that entry
+        under its own name (:func:`with_other_names`).
     :return: the merged envelope as compact JSON bytes.
     :raises InvalidInventory: when any body is not the expected envelope.
     :raises KeyError: when *path* is not an inventory route of *engine*.
@@ -86,6 +92,8 @@ def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> byt
             if key not in seen:
                 seen.add(key)
                 merged.append(entry)
+    if names:
+        merged = with_other_names(engine, route, merged, names)
     # Ollama's ListHandler sorts /api/tags by modified_at; a merged list that kept node order
     # would read as a different engine.
     sort_field = route.newest_first
@@ -95,6 +103,42 @@ def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> byt
     if not merged:
         return _dump(route.empty)
     return _dump({**route.empty, route.list_field: merged})
+
+
+def with_other_names(
+    engine: Engine,
+    route: InventoryRoute,
+    entries: Sequence[dict[str, object]],
+    names: Sequence[OtherName],
+) -> list[dict[str, object]]:
+    """``entries`` (already merged, so one per key) with an entry for each other name that has
+    none: a copy of the first entry of a model it stands for, renamed (the key field, and the
+    route's :attr:`~nvpair.engines.table.InventoryRoute.also_named` fields that repeat the name) and
+    placed after it (docs/model-names.md#inventories).
+
+    A name stands for different reported names on different nodes (an alias naming a model
+    per engine or per node); any of them is its owner's entry. A name none of whose models is
+    in this list (a model not in memory, on ``/api/ps``) is left out.
+    """
+    behind: dict[str, tuple[str, set[str]]] = {}
+    for other in names:
+        behind.setdefault(other.key, (other.name, set()))[1].add(other.reported_key)
+    first: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        first.setdefault(engine.model_key(_key(route, entry)), index)
+    copies: dict[int, list[dict[str, object]]] = {}
+    for key, (name, owners) in behind.items():
+        listed = [first[owned] for owned in owners if owned in first]
+        if key in first or not listed:
+            continue
+        owner = min(listed)
+        entry, shown = entries[owner], engine.model_display(name)
+        copy = dict(entry)
+        for field in (route.key_field, *route.also_named):
+            if field == route.key_field or copy.get(field) == entry[route.key_field]:
+                copy[field] = shown
+        copies.setdefault(owner, []).append(copy)
+    return [e for i, entry in enumerate(entries) for e in (entry, *copies.get(i, ()))]
 
 
 def _key(route: InventoryRoute, entry: Mapping[str, object]) -> str:

@@ -49,6 +49,8 @@ class InventoryRoute:
     :ivar empty: the engine's own empty envelope, byte for byte what the engine sends.
     :ivar upstream_path: the path asked of each node, when it differs from the client's.
     :ivar newest_first: the timestamp field a merged list stays sorted by, newest first.
+    :ivar also_named: other entry fields that repeat the model's name (Ollama's ``model``):
+        an entry listed under another name has them renamed too (docs/model-names.md#inventories).
     """
 
     list_field: str
@@ -56,6 +58,7 @@ class InventoryRoute:
     empty: Mapping[str, object]
     upstream_path: str | None = None
     newest_first: str | None = None
+    also_named: tuple[str, ...] = ()
 
 
 def _exact(name: str) -> str:
@@ -91,6 +94,8 @@ class Engine:
         in the deprecated ``name`` when ``model`` is empty.
     :ivar host_guard: the engine refuses a ``Host`` outside its DNS-rebinding allow-list
         (Ollama), so its facade must too (reason ``forbidden-host``).
+    :ivar file_path_ids: its model ids may be file paths (``-m /models/x.gguf``), also known by
+        their file names in fleet mode (docs/model-names.md#file-names).
     """
 
     id: str
@@ -111,6 +116,7 @@ class Engine:
     plain_errors: Callable[[str], bool] = _never
     named_model_paths: frozenset[str] = frozenset()
     host_guard: bool = False
+    file_path_ids: bool = False
 
     def classify(self, method: bytes, path: str) -> RouteClass:
         """Classify a route by exact path (no trailing-slash folding, no query string)."""
@@ -178,8 +184,10 @@ OLLAMA = Engine(
         }
     ),
     inventory={
-        "/api/tags": InventoryRoute("models", "name", {"models": []}, newest_first="modified_at"),
-        "/api/ps": InventoryRoute("models", "name", {"models": []}),
+        "/api/tags": InventoryRoute(
+            "models", "name", {"models": []}, newest_first="modified_at", also_named=("model",)
+        ),
+        "/api/ps": InventoryRoute("models", "name", {"models": []}, also_named=("model",)),
         "/v1/models": InventoryRoute("data", "id", {"object": "list", "data": None}),
     },
     inventory_methods=frozenset({b"GET", b"HEAD"}),
@@ -227,6 +235,7 @@ LMSTUDIO = Engine(
     model_display=_exact,
     poll_path="/v1/models",
     load_probe=LMSTUDIO_PROBE,
+    file_path_ids=True,
     liveness_path="/v1/models",
 )
 
@@ -268,6 +277,7 @@ LLAMACPP = Engine(
     model_display=_exact,
     poll_path="/v1/models",
     load_probe=LLAMACPP_PROBE,
+    file_path_ids=True,
     liveness_path="/health",
 )
 

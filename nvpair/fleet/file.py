@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from attrs import field, frozen
 
 from nvpair.common.durations import parse_duration
+from nvpair.engines.modelnames import NO_ALIASES, AliasError, Aliases
 from nvpair.engines.table import ENGINES
 from nvpair.facades.ports import ascii_digits, parse_aliases, valid_port
 from nvpair.fleet.credentials import Credential, read_credential
@@ -48,6 +49,8 @@ class Fleet:
     inventory_interval: float
     facades: Mapping[str, FacadeSpec]
     nodes: tuple[FleetNode, ...]
+    #: ``[models]``: the aliases people may ask for (docs/model-names.md#aliases).
+    models: Aliases = NO_ALIASES
 
     def authorizations(self) -> dict[str, bytes]:
         """Engine URL -> the ``Authorization`` value every request to it carries."""
@@ -184,7 +187,7 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
     except RecursionError:
         # tomllib parses nested arrays and inline tables recursively.
         raise FleetFileError(f"{path}: not valid TOML: nested too deeply") from None
-    _check_keys(path, "top level", document, {"inventory-interval", "facades", "nodes"})
+    _check_keys(path, "top level", document, {"inventory-interval", "facades", "nodes", "models"})
 
     interval_text = document.get("inventory-interval", "5s")
     try:
@@ -243,7 +246,11 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         )
         nodes.append(FleetNode(node_id, dict(engines), credentials))
     _one_credential_per_url(path, nodes)
-    return Fleet(interval, facades, tuple(nodes))
+    try:
+        models = Aliases.parse(document.get("models", {}))
+    except AliasError as bad:
+        raise _fail(path, f"models{bad.where}", bad.why) from None
+    return Fleet(interval, facades, tuple(nodes), models)
 
 
 def unserved(fleet: Fleet, running: Collection[str]) -> list[tuple[str, str, str]]:

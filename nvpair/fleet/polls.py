@@ -27,13 +27,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
-from nvpair.control.state import ControlState, Node
+from nvpair.control.state import ControlState
 from nvpair.engines.loadstate import UNKNOWN, Answer, LoadState
 from nvpair.engines.table import ENGINES
 from nvpair.facades.manager import FacadeError
 from nvpair.fleet.file import Fleet, base_url_hint, restart_needed, unserved
 from nvpair.fleet.liveness import LivenessProbes
 from nvpair.fleet.loadpoll import read_load
+from nvpair.fleet.nodes import discovery_nodes
 from nvpair.fleet.pairs import Pair, PairReport, PollState
 from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.wire.fanout import ask
@@ -121,6 +122,8 @@ class FleetService(Service):
         self._pairs: dict[tuple[str, str], Pair] = {}
         #: Latched once every pair has answered or failed (:attr:`polled`).
         self._first_round_done = False
+        # engine -> the [models] aliases its nodes' own names shadow, as last warned of
+        self._shadowed: dict[str, tuple[str, ...]] = {}
 
     # -- what an operator reads ---------------------------------------------------------------
 
@@ -180,22 +183,25 @@ class FleetService(Service):
     def reload(self, fleet: Fleet) -> None:
         """Apply a re-read fleet file (SIGHUP) without touching requests in flight.
 
-        Nodes, their URLs and the poll interval change now. A node that stays with the same URL
-        keeps its place in discovery, its health and its schedule (a new interval takes effect
-        at its next poll); a node whose URL changed stays in discovery at its new URL, starts
-        afresh (no health, no load state) and is polled at once; a removed node leaves
-        discovery; an added one is polled at once. What cannot change live — the facades, their
-        ports and aliases — is logged as needing a restart and left as it is.
+        Nodes, their URLs, the poll interval and ``[models]`` change now. A node that stays
+        with the same URL keeps its place in discovery, its health and its schedule (a new
+        interval takes effect at its next poll); a node whose URL changed stays in discovery at
+        its new URL, starts afresh (no health, no load state) and is polled at once; a removed
+        node leaves discovery; an added one is polled at once. What cannot change live — the
+        facades, their ports and aliases — is logged as needing a restart and left as it is.
         """
+        touched: set[str] = set()
         for change in restart_needed(self._fleet, fleet):
             self.log.warn("fleet file reloaded: {change} needs a restart", change=change)
         self._warn_unserved(fleet)
         # Before any poll of the new file: every request from now on carries its credentials.
         self._credentials(fleet.authorizations())
         interval = fleet.inventory_interval != self._fleet.inventory_interval
+        if fleet.models != self._fleet.models:
+            # Every snapshot's other names change with the aliases (docs/model-names.md).
+            touched.update(e for e in self._engines if self._control.reported(e))
         self._fleet = evolve(fleet, facades=self._fleet.facades)
         wanted = self._wanted(fleet)
-        touched: set[str] = set()
         for key, pair in list(self._pairs.items()):
             url = wanted.get(key)
             if url == pair.url:
@@ -483,15 +489,15 @@ class FleetService(Service):
         self._publish(engine)
 
     def _publish(self, engine: str) -> None:
-        """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now.
+        """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now, each
+        with the other names its models are known by (docs/model-names.md).
 
         A hung node is left out, as one whose poll fails, and for the same reasons: nothing
         is dispatched to it, and an attempt there not yet committed is abandoned and fails
         over (docs/fleet-scheduling.md#hung-nodes).
         """
-        spec = ENGINES[engine]
         urls = {p.node: p.url for p in self._pairs.values() if p.engine == engine}
-        nodes = []
+        serving: dict[str, tuple[str, ...]] = {}
         for nid, names in self._answered[engine].items():
             if nid not in urls:
                 continue
@@ -500,6 +506,14 @@ class FleetService(Service):
                 # A hung owner is named when nobody serves its model (every-owner-down).
                 self._scheduler.away(engine, nid, names if hung else None)
             if not hung:
-                model_keys = frozenset(spec.model_key(m) for m in names)
-                nodes.append(Node(nid, False, urls[nid], names, model_keys))
-        self._control.set_discovery(engine, nodes)
+                serving[nid] = names
+        found = discovery_nodes(ENGINES[engine], serving, urls, self._fleet.models)
+        for alias in sorted(set(found.shadowed) - set(self._shadowed.get(engine, ()))):
+            self.log.warn(
+                "[models] alias {alias} is also a name {engine} reports: a request for it goes "
+                "to that model, as if the alias were not there",
+                alias=alias,
+                engine=engine,
+            )
+        self._shadowed[engine] = found.shadowed
+        self._control.set_discovery(engine, found.nodes)
