@@ -23,7 +23,7 @@ LAYERS = [
 
 
 def imported(module: str) -> set[str]:
-    path = Path(nvpair.__file__).parent / (module.split(".")[-1] + ".py")
+    path = Path(nvpair.__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module is not None:
