@@ -1,16 +1,16 @@
 """Fleet mode's discovery answers to the names people use, and ``[models]`` is re-read live
-(nvpair/fleet.py, nvpair/fleetnodes.py; docs/model-names.md)."""
+(nvpair/fleet/polls.py, nvpair/fleet/nodes.py; docs/model-names.md)."""
 
 from __future__ import annotations
 
 from attrs import evolve
 from twisted.logger import capturedLogs
 
-from nvpair.engines import LMSTUDIO, OLLAMA
-from nvpair.fleetfile import Fleet
-from nvpair.fleetnodes import discovery_nodes
-from nvpair.health import HealthPolicy
-from nvpair.modelnames import Aliases
+from nvpair.engines.modelnames import Aliases
+from nvpair.engines.table import LMSTUDIO, OLLAMA
+from nvpair.fleet.file import Fleet
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.nodes import discovery_nodes
 from tests.fakes import harness
 from tests.test_fleet_poll import Polling, fleet, polling, tags
 

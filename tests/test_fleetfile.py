@@ -1,4 +1,4 @@
-"""The fleet file's worst cases (nvpair/fleetfile.py): each is a FleetFileError naming what
+"""The fleet file's worst cases (nvpair/fleet/file.py): each is a FleetFileError naming what
 is wrong, which the process reports in one line at start and on SIGHUP keeps its fleet for;
 never another exception."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvpair.fleetfile import FleetFileError, base_url_hint, load_fleet, unserved
+from nvpair.fleet.file import FleetFileError, base_url_hint, load_fleet, unserved
 
 HEAD = '[facades.ollama]\nport = 11434\n[[nodes]]\nid = "a"\n[nodes.engines]\n'
 

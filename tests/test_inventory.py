@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, Engine
-from nvpair.inventory import InvalidInventory, empty_inventory, merge_inventories
+from nvpair.engines.inventory import InvalidInventory, empty_inventory, merge_inventories
+from nvpair.engines.table import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, Engine
 
 Entry = dict[str, object]
 

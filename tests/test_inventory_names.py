@@ -1,4 +1,4 @@
-"""Model lists with the names people use listed once each (nvpair/inventory.py,
+"""Model lists with the names people use listed once each (nvpair/engines/inventory.py,
 docs/model-names.md#inventories)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.control import Discovery
-from nvpair.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
-from nvpair.fleetnodes import discovery_nodes
-from nvpair.inventory import merge_inventories
-from nvpair.modelnames import Aliases, OtherName, known_names
+from nvpair.control.state import Discovery
+from nvpair.engines.inventory import merge_inventories
+from nvpair.engines.modelnames import Aliases, OtherName, known_names
+from nvpair.engines.table import LLAMACPP, LMSTUDIO, OLLAMA, Engine
+from nvpair.fleet.nodes import discovery_nodes
 
 Entry = dict[str, object]
 

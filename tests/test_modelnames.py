@@ -1,4 +1,4 @@
-"""The names people use for a model (nvpair/modelnames.py, nvpair/fleetnodes.py;
+"""The names people use for a model (nvpair/engines/modelnames.py, nvpair/fleet/nodes.py;
 docs/model-names.md): GGUF file names, ``[models]`` aliases, who owns each name and which name
 each owner is sent. No reactor: values in, values out."""
 
@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.control import Discovery, Node
-from nvpair.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
-from nvpair.fleetnodes import discovery_nodes
-from nvpair.loadstate import LoadState
-from nvpair.modelnames import NO_ALIASES, AliasError, Aliases, file_names, known_names
-from nvpair.routing import Tier, tier
+from nvpair.control.routing import Tier, tier
+from nvpair.control.state import Discovery, Node
+from nvpair.engines.loadstate import LoadState
+from nvpair.engines.modelnames import NO_ALIASES, AliasError, Aliases, file_names, known_names
+from nvpair.engines.table import LLAMACPP, LMSTUDIO, OLLAMA, Engine
+from nvpair.fleet.nodes import discovery_nodes
 
 # -- file names --------------------------------------------------------------------------------
 

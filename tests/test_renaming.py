@@ -1,4 +1,4 @@
-"""A body's model renamed and every other byte as sent (nvpair/renaming.py;
+"""A body's model renamed and every other byte as sent (nvpair/common/renaming.py;
 docs/model-names.md#the-node-gets-its-own-name)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.renaming import renamed
+from nvpair.common.renaming import renamed
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import pytest_twisted
 import treq
 
 from nvpair import examples
-from nvpair.fleetfile import load_fleet
+from nvpair.fleet.file import load_fleet
 from tests.integration.conftest import running_proxy, sims
 from tests.integration.harness import NVPAIR_PROXY, TWISTD, free_port, write_fleet
 from tests.integration.test_fleet import eventually
