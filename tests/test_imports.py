@@ -31,7 +31,7 @@ def _names() -> list[str]:
 #: HTTP/1.1 on the wire (the :mod:`nvpair.wire` package), and nothing about engines.
 WIRE = tuple(sorted(name for name in _names() if name.startswith("nvpair.wire.")))
 ENGINE_AWARE = frozenset(
-    name for name in _names() if name.startswith(("nvpair.engines.table", "nvpair.facades"))
+    name for name in _names() if name.startswith(("nvpair.engines", "nvpair.facades"))
 )
 
 
@@ -139,7 +139,7 @@ def test_the_checks_see_type_checking_imports_and_find_cycles(tmp_path: Path) ->
     module = tmp_path / "b.py"
     module.write_text(
         "from typing import TYPE_CHECKING\n"
-        "from nvpair.engines.table import table\n"
+        "from nvpair.engines import table\n"
         "if TYPE_CHECKING:\n"
         "    from nvpair.facades.facade import Facade\n"
         "def later() -> None:\n"
