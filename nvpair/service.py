@@ -25,29 +25,32 @@ from twisted.python.components import Componentized
 from twisted.python.failure import Failure
 from twisted.web.iweb import IPolicyForHTTPS
 
-from nvpair.access import AccessLog
-from nvpair.activity import NodeActivity
-from nvpair.admin_listener import AdminListener
-from nvpair.admission import this_machine
-from nvpair.broker import BrokerProtocol
-from nvpair.cluster import ClusterWatch
+from nvpair.broker.link import BrokerProtocol
+from nvpair.broker.methods import BrokerMethods
+from nvpair.broker.outboxes import BrokerOutbox, LogOutbox
+from nvpair.common.logs import LogObserver, chosen_format
+from nvpair.common.twistedlines import TwistedLines, event_loop
 from nvpair.config import Config
-from nvpair.control import ControlState
-from nvpair.facade_manager import FacadeManager
-from nvpair.fleet import FleetService
-from nvpair.fleetfile import FleetFileError, load_fleet
-from nvpair.health import HealthPolicy
-from nvpair.logs import LogObserver, chosen_format
-from nvpair.metrics import Metrics
-from nvpair.outbox import BrokerOutbox, LogOutbox
-from nvpair.recent import RecentWorkloads
-from nvpair.requestpath import RequestPath
-from nvpair.reservations import Reservations
-from nvpair.rpc import BrokerMethods
-from nvpair.scheduling import FleetScheduler
-from nvpair.twistedlines import TwistedLines, event_loop
-from nvpair.upstream import Upstream
-from nvpair.workload import Workloads
+from nvpair.control.reservations import Reservations
+from nvpair.control.state import ControlState
+from nvpair.dispatch.activity import NodeActivity
+from nvpair.dispatch.budget import Bounds
+from nvpair.dispatch.requestpath import RequestPath
+from nvpair.dispatch.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
+from nvpair.dispatch.workload import Workloads
+from nvpair.engines.admission import this_machine
+from nvpair.facades.access import AccessLog
+from nvpair.facades.manager import FacadeManager
+from nvpair.fleet.file import FleetFileError, load_fleet
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.liveness import LivenessProbes
+from nvpair.fleet.polls import FleetService
+from nvpair.fleet.scheduling import FleetScheduler
+from nvpair.observe.listener import AdminListener
+from nvpair.observe.metrics import Metrics
+from nvpair.observe.recent import RecentWorkloads
+from nvpair.wire.cluster import ClusterWatch
+from nvpair.wire.upstream import Upstream
 
 
 def raise_fd_limit(
@@ -272,7 +275,7 @@ def _peer_tls(
     node without one dials no peer and never loads pyOpenSSL (docs/performance.md#memory)."""
     if config.cluster_dir is None:
         return None
-    from nvpair.tls import PinnedPeers
+    from nvpair.wire.tls import PinnedPeers
 
     return PinnedPeers(lambda: cluster.membership, control.node_for_address)
 
@@ -285,6 +288,18 @@ def _observer(reactor: object, config: Config, out: IO[str]) -> LogObserver:
     text = chosen_format(config.log_format, out) == "text"
     lines = TwistedLines(version(), event_loop(reactor))
     return LogObserver(out, config.log_level, text=text, readable=lines)
+
+
+def request_bounds(config: Config) -> Bounds:
+    """What bounds each request's effort, from the command line."""
+    return Bounds(
+        response_header_timeout=config.response_header_timeout,
+        dial_timeout=config.dial_timeout,
+        job_deadline=config.job_deadline,
+        max_dispatch_attempts=config.max_dispatch_attempts,
+        retry_backoff=config.retry_backoff,
+        client_write_timeout=config.client_write_timeout,
+    )
 
 
 def build(
@@ -311,16 +326,21 @@ def build(
     outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
     workloads = Workloads(outbox.notify, lambda: int(clock.seconds() * 1000), wanted=outbox.wanted)
     activity = NodeActivity(clock, outbox.notify)
-    # Fleet mode has no scheduler: the proxy ranks nodes itself (docs/fleet-scheduling.md).
+    # Fleet mode has no scheduler: the proxy ranks nodes itself (docs/fleet-scheduling.md),
+    # and finds hung nodes itself (docs/fleet-scheduling.md#hung-nodes).
+    liveness = LivenessProbes(clock, upstream) if config.fleet is not None else None
     scheduler = (
         FleetScheduler(
             clock,
             HealthPolicy(config.fail_threshold, config.cooldown, config.cooldown_max),
             activity.in_flight,
+            liveness,
+            owner_wait=config.owner_wait,
         )
         if config.fleet is not None
         else None
     )
+    scheduling: Scheduling = PriorityScheduling(control) if scheduler is None else scheduler
     # Only an admin listener reads the last workloads: without one nothing records them.
     recent = RecentWorkloads() if config.admin_port is not None else None
     metrics = Metrics() if config.admin_port is not None else None
@@ -328,14 +348,14 @@ def build(
         clock,
         control,
         upstream,
-        config,
+        request_bounds(config),
         reservations,
         workloads,
         activity,
+        scheduling,
         own_id=lambda: cluster.membership.node_id if cluster.membership else None,
-        fleet=scheduler,
-        recent=recent,
-        metrics=metrics,
+        recorder=NOT_RECORDED if recent is None else recent,
+        counter=NOT_COUNTED if metrics is None else metrics,
         access=access_log,
     )
     facades = FacadeManager(
@@ -372,6 +392,8 @@ def build(
             config.dial_timeout,
             scheduler,
             cannot_serve=root.fail,
+            liveness=liveness,
+            credentials=upstream.set_credentials,
         )
         fleet.setServiceParent(root)
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):
@@ -383,8 +405,8 @@ def build(
     if config.admin_port is not None:
         # Imported only when asked for: klein and werkzeug are 6 MB of a resident set that
         # every held stream adds to (bench/README.md, held streams).
-        from nvpair.admin import Admin, QuietSite
-        from nvpair.status import FleetView
+        from nvpair.observe.admin import Admin, QuietSite
+        from nvpair.observe.status import FleetView
 
         admin = Admin(
             control,

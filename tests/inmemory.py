@@ -20,7 +20,7 @@ from twisted.python.failure import Failure
 from twisted.test.iosim import ConnectionCompleter, FakeTransport, IOPump, connect
 
 from nvpair.config import Config
-from nvpair.fleetfile import Fleet
+from nvpair.fleet.file import Fleet
 from nvpair.service import ProxyService, build
 from nvpair.sim import SimEngine
 

@@ -8,13 +8,15 @@ from typing import Any
 
 from twisted.internet import reactor as _reactor
 
-from nvpair.activity import NodeActivity
 from nvpair.config import Config
-from nvpair.control import ControlState, Node
-from nvpair.requestpath import RequestPath
-from nvpair.reservations import Reservations
-from nvpair.upstream import Upstream
-from nvpair.workload import Emit, Workloads
+from nvpair.control.reservations import Reservations
+from nvpair.control.state import ControlState, Node
+from nvpair.dispatch.activity import NodeActivity
+from nvpair.dispatch.requestpath import RequestPath
+from nvpair.dispatch.seams import PriorityScheduling
+from nvpair.dispatch.workload import Emit, Workloads
+from nvpair.service import request_bounds
+from nvpair.wire.upstream import Upstream
 
 #: The global reactor, untyped: its listen*/connect* generics reject our factories.
 reactor: Any = _reactor
@@ -34,9 +36,10 @@ def one_node_path(tmp_path: Path, url: str, emit: Emit = _nowhere) -> tuple[Requ
         reactor,
         control,
         upstream,
-        Config(state_dir=tmp_path),
+        request_bounds(Config(state_dir=tmp_path)),
         Reservations(),
         Workloads(emit, lambda: 0),
         NodeActivity(reactor, _nowhere),
+        PriorityScheduling(control),
     )
     return path, upstream

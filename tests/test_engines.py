@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from nvpair.engines import (
+from nvpair.common.reasons import Reason
+from nvpair.engines.table import (
     ENGINES,
     FACADES,
     LLAMACPP,
@@ -17,7 +18,6 @@ from nvpair.engines import (
     RouteClass,
     served_engines,
 )
-from nvpair.reasons import Reason
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
 from nvpair.config import Config
-from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode
+from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
 from nvpair.service import ProxyService, build
 from nvpair.sim import SimEngine
 from nvpair.sim.engine import Faults

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, OPENAI, Engine
-from nvpair.inventory import InvalidInventory, empty_inventory, merge_inventories
+from nvpair.engines.inventory import InvalidInventory, empty_inventory, merge_inventories
+from nvpair.engines.table import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, OPENAI, Engine
 
 Entry = dict[str, object]
 
@@ -113,14 +113,14 @@ def test_each_body_can_be_read_as_its_own_engine_s_list() -> None:
     ollama, studio = OLLAMA.inventory["/v1/models"], LMSTUDIO.inventory["/v1/models"]
     null = envelope(OLLAMA, "/v1/models", None)
     a = encode({"object": "list", "data": [{"id": "a"}]})
-    assert merge_inventories(OPENAI, "/v1/models", [null, a], [ollama, studio]) == (
+    assert merge_inventories(OPENAI, "/v1/models", [null, a], read_as=[ollama, studio]) == (
         b'{"object":"list","data":[{"id":"a"}]}'
     )
-    assert merge_inventories(OPENAI, "/v1/models", [null], [ollama]) == (
+    assert merge_inventories(OPENAI, "/v1/models", [null], read_as=[ollama]) == (
         b'{"object":"list","data":[]}'
     )
     with pytest.raises(InvalidInventory) as raised:
-        merge_inventories(OPENAI, "/v1/models", [a, null], [ollama, studio])
+        merge_inventories(OPENAI, "/v1/models", [a, null], read_as=[ollama, studio])
     assert raised.value.index == 1
 
 

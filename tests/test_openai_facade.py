@@ -15,7 +15,7 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 
-from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode
+from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
 from nvpair.sim import SimEngine
 from tests.inmemory import InMemoryProcess
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from twisted.logger import capturedLogs
 
-from nvpair.control import Node
-from nvpair.engines import ENGINES
-from nvpair.health import HealthPolicy
-from nvpair.loadstate import LoadState
+from nvpair.control.state import Node
+from nvpair.engines.loadstate import LoadState
+from nvpair.engines.table import ENGINES
+from nvpair.fleet.health import HealthPolicy
 from tests.fakes import Harness, Response, harness
 
 POLICY = HealthPolicy(threshold=1, cooldown=5.0, cooldown_max=120.0)

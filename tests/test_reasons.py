@@ -8,7 +8,7 @@ from pathlib import Path
 
 from twisted.web.http import RESPONSES
 
-from nvpair.reasons import Reason
+from nvpair.common.reasons import Reason
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
