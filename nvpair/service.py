@@ -7,22 +7,16 @@ in-memory that ``twistd -n nvpair-proxy`` runs.
 from __future__ import annotations
 
 import resource
-import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from twisted.application.service import IServiceCollection, MultiService, Service
+from twisted.application.service import IServiceCollection, MultiService
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IReactorCore, IReactorTCP, IReactorThreads, IReactorTime
-from twisted.internet.protocol import Factory
-from twisted.internet.stdio import StandardIO
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
-from twisted.python.failure import Failure
 from twisted.web.iweb import IPolicyForHTTPS
 
 from nvpair.broker.link import BrokerProtocol
@@ -33,6 +27,7 @@ from nvpair.common.twistedlines import TwistedLines, event_loop
 from nvpair.config import Config
 from nvpair.control.reservations import Reservations
 from nvpair.control.state import ControlState
+from nvpair.control_services import BrokerLinkService, FleetReloadService
 from nvpair.dispatch.activity import NodeActivity
 from nvpair.dispatch.budget import Bounds
 from nvpair.dispatch.requestpath import RequestPath
@@ -41,7 +36,6 @@ from nvpair.dispatch.workload import Workloads
 from nvpair.engines.admission import this_machine
 from nvpair.facades.access import AccessLog
 from nvpair.facades.manager import FacadeManager
-from nvpair.fleet.file import FleetFileError, load_fleet
 from nvpair.fleet.health import HealthPolicy
 from nvpair.fleet.liveness import LivenessProbes
 from nvpair.fleet.polls import FleetService
@@ -71,83 +65,6 @@ def raise_fd_limit(
     except (OSError, ValueError):
         return soft
     return hard
-
-
-class BrokerLinkService(Service):
-    """Opens the broker link when the process starts: stdio, or a client endpoint string."""
-
-    log = Logger()
-
-    def __init__(self, reactor: IReactorCore, endpoint: str, protocol: BrokerProtocol) -> None:
-        self._reactor = reactor
-        self._endpoint = endpoint
-        self._protocol = protocol
-        self._stdio: StandardIO | None = None
-
-    def startService(self) -> None:
-        super().startService()
-        if self._endpoint == "stdio":
-            # Created here, not at import: stdout carries protocol frames and nothing else.
-            self._stdio = StandardIO(self._protocol, reactor=self._reactor)
-            return
-        endpoint = clientFromString(self._reactor, self._endpoint)
-        d = endpoint.connect(Factory.forProtocol(lambda: self._protocol))
-
-        def failed(failure: Failure) -> None:
-            self.log.error(
-                "cannot reach the broker at {endpoint}: {why}",
-                endpoint=self._endpoint,
-                why=failure.getErrorMessage(),
-            )
-            self._protocol.connectionLost(failure)
-
-        d.addErrback(failed)
-
-    def stopService(self) -> Deferred[None] | None:
-        super().stopService()
-        return None
-
-
-class FleetReloadService(Service):
-    """SIGHUP re-reads the fleet file (docs/fleet-scheduling.md#the-fleet-file-re-read).
-
-    A file that no longer parses is reported and the running fleet kept: a typo must not
-    empty a working router.
-    """
-
-    log = Logger()
-
-    def __init__(self, reactor: IReactorThreads, path: Path, fleet: FleetService) -> None:
-        self._reactor = reactor
-        self._path = path
-        self._fleet = fleet
-        self._previous: Any = None
-
-    def startService(self) -> None:
-        super().startService()
-        # The handler runs between bytecodes of whatever the reactor is doing; the reload runs
-        # as a reactor event of its own.
-        self._previous = signal.signal(
-            signal.SIGHUP, lambda signum, frame: self._reactor.callFromThread(self.reload)
-        )
-
-    def stopService(self) -> Deferred[None] | None:
-        super().stopService()
-        if self._previous is not None:
-            signal.signal(signal.SIGHUP, self._previous)
-            self._previous = None
-        return None
-
-    def reload(self) -> None:
-        if not self.running:
-            return
-        try:
-            fleet = load_fleet(self._path)
-        except FleetFileError as error:
-            self.log.error("fleet file not reloaded, the running fleet is kept: {why}", why=error)
-            return
-        self.log.info("fleet file reloaded: {path}", path=str(self._path))
-        self._fleet.reload(fleet)
 
 
 class ProxyService(MultiService):

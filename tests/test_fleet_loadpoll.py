@@ -21,7 +21,8 @@ from nvpair.control.state import ControlState
 from nvpair.engines.loadstate import UNKNOWN, LoadState
 from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
 from nvpair.fleet.health import HealthPolicy
-from nvpair.fleet.polls import MAX_INVENTORY_BODY, FleetService
+from nvpair.fleet.nodepoll import MAX_INVENTORY_BODY
+from nvpair.fleet.polls import FleetService
 from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.sim import SimEngine
 from tests.test_bodies import FakeResponse

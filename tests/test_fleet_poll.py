@@ -23,7 +23,8 @@ from zope.interface import implementer
 
 from nvpair.control.state import ControlState, Discovery
 from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
-from nvpair.fleet.polls import MAX_INVENTORY_BODY, POLL_GRACE, FleetService
+from nvpair.fleet.nodepoll import MAX_INVENTORY_BODY, POLL_GRACE
+from nvpair.fleet.polls import FleetService
 from nvpair.sim import SimEngine
 from nvpair.wire.web import UpstreamClient
 from tests.test_bodies import FakeResponse, Sent, StallingUpstream, stalling_upstreams

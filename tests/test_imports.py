@@ -235,6 +235,7 @@ def test_every_module_lives_in_a_declared_package_or_is_the_process() -> None:
         "nvpair.cli",
         "nvpair.cli_actions",
         "nvpair.config",
+        "nvpair.control_services",
         "nvpair.demo",
         "nvpair.service",
         "nvpair.tap",
@@ -262,3 +263,33 @@ def test_the_layer_check_sees_a_breach() -> None:
         "nvpair.dispatch.job -> nvpair.config",
         "nvpair.wire.server -> nvpair.engines.table",
     ]
+
+
+#: A module's length past which it holds more than one job (docs/architecture.md). The
+#: simulated engines are test tooling, each one engine's whole behaviour.
+MAX_MODULE_LINES = 400
+
+
+def oversized(names: dict[str, Path]) -> list[str]:
+    """Each module outside ``nvpair.sim`` longer than :data:`MAX_MODULE_LINES`, with its length."""
+    found = []
+    for name, path in sorted(names.items()):
+        if name == "nvpair.sim" or name.startswith("nvpair.sim."):
+            continue
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+    return found
+
+
+def test_no_module_outside_the_simulated_engines_is_over_400_lines() -> None:
+    assert oversized(module_names()) == []
+
+
+def test_the_size_check_sees_a_long_module(tmp_path: Path) -> None:
+    long, short, sim = tmp_path / "long.py", tmp_path / "short.py", tmp_path / "engine.py"
+    long.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    short.write_text("x = 1\n" * MAX_MODULE_LINES)
+    sim.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    names = {"nvpair.long": long, "nvpair.short": short, "nvpair.sim.engine": sim}
+    assert oversized(names) == [f"nvpair.long: {MAX_MODULE_LINES + 1} lines"]

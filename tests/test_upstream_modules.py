@@ -16,6 +16,7 @@ LAYERS = [
     "nvpair.wire.upstream_types",
     "nvpair.wire.upstream_framing",
     "nvpair.wire.upstream_response",
+    "nvpair.wire.upstream_reading",
     "nvpair.wire.upstream_conn",
     "nvpair.wire.upstream_pool",
     "nvpair.wire.upstream",
@@ -37,3 +38,8 @@ def imported(module: str) -> set[str]:
 def test_an_upstream_module_imports_only_the_ones_below_it(module: str) -> None:
     below = set(LAYERS[: LAYERS.index(module)])
     assert imported(module) <= below
+
+
+def test_each_layer_is_read_from_its_file() -> None:
+    """The check reads the modules' imports, not nothing."""
+    assert "nvpair.wire.upstream_types" in imported("nvpair.wire.upstream_conn")

@@ -13,7 +13,6 @@ SIGHUP hands a re-read file to :meth:`FleetService.reload`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
@@ -25,28 +24,20 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 
 from nvpair.control.state import ControlState
-from nvpair.engines.loadstate import UNKNOWN, Answer, LoadState
-from nvpair.engines.table import ENGINES, FACADES, served_engines
+from nvpair.engines.loadstate import UNKNOWN, LoadState
+from nvpair.engines.table import FACADES, served_engines
 from nvpair.facades.manager import FacadeError
-from nvpair.fleet.file import Fleet, base_url_hint, restart_needed, unserved
+from nvpair.fleet.discovery import FleetDiscovery
+from nvpair.fleet.file import Fleet, restart_needed, unserved
 from nvpair.fleet.liveness import LivenessProbes
-from nvpair.fleet.loadpoll import read_load
-from nvpair.fleet.nodes import discovery_nodes
+from nvpair.fleet.nodepoll import POLL_GRACE, NodePoll
 from nvpair.fleet.pairs import Pair, PairReport, PollState
 from nvpair.fleet.scheduling import FleetScheduler
-from nvpair.wire.fanout import ask
 from nvpair.wire.web import UpstreamClient
 
 T = TypeVar("T")
-
-#: Bound on one inventory poll beyond the dial timeout (docs/inventories.md#polled-inventories).
-POLL_GRACE = 30.0
-
-#: A model list is small; a bigger answer is not one (and is not kept in memory).
-MAX_INVENTORY_BODY = 16 * 1024 * 1024
 
 
 class Facades(Protocol):
@@ -62,12 +53,13 @@ class FleetService(Service):
 
     Every (node, engine) pair is polled on its own schedule: at start, then every
     ``inventory-interval``, never twice at once. One poll asks for the model list and, at the
-    same time, the engine's load routes; each request (dial, headers and body together) is
-    bounded by the dial timeout plus :data:`POLL_GRACE` and by :data:`MAX_INVENTORY_BODY`, so a
-    node that stalls delays only its own next poll, never another node's. The two readings
-    are recorded as each arrives, and neither failing spoils the other — except that a node
-    whose model list fails while its engine says it is loading keeps its last known models, so
-    it stays in discovery as loading rather than leaving (docs/fleet-scheduling.md#load-state).
+    same time, the engine's load routes; each request is bounded as a whole
+    (:class:`~nvpair.fleet.nodepoll.NodePoll`), so a node that stalls delays only its own next
+    poll, never another node's. The two readings are recorded as each arrives
+    (:class:`~nvpair.fleet.discovery.FleetDiscovery`), and neither failing spoils the other —
+    except that a node whose model list fails while its engine says it is loading keeps its
+    last known models, so it stays in discovery as loading rather than leaving
+    (docs/fleet-scheduling.md#load-state).
 
     :param clock: the poll schedule and bounds.
     :param upstream: the process's shared upstream client (its pool is closed by the
@@ -102,29 +94,32 @@ class FleetService(Service):
         self._credentials = credentials
         credentials(fleet.authorizations())
         self._liveness = liveness
-        if liveness is not None:
-            liveness.changed = lambda engine, node: self._publish(engine)
         self._cannot_serve = cannot_serve
         self._fleet = fleet
         self._control = control
         self._facades = facades
-        self._upstream = upstream
-        self._timeout = (dial_timeout or 10.0) + POLL_GRACE
+        self._ask = NodePoll(upstream, clock, (dial_timeout or 10.0) + POLL_GRACE)
         self._scheduler = scheduler
         # The engines whose nodes this process's facades reach (every engine's with the openai
         # facade): a reload cannot change them (a port is bound).
         self._engines = served_engines(fleet.facades)
-        # engine -> node id -> models from that node's last successful poll, while in discovery
-        self._answered: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in self._engines}
-        # engine -> node id -> the last models it ever answered, kept after it leaves: what a
-        # node that comes back loading is known to serve.
-        self._known: dict[str, dict[str, tuple[str, ...]]] = {e: {} for e in self._engines}
+        self._discovery = FleetDiscovery(
+            clock,
+            control,
+            self._engines,
+            self.log,
+            self._urls,
+            self._end_first_round,
+            lambda: self._fleet.models,
+            scheduler,
+            liveness,
+        )
+        if liveness is not None:
+            liveness.changed = lambda engine, node: self._discovery.publish(engine)
         # (node id, engine) -> the pair, in the file's order
         self._pairs: dict[tuple[str, str], Pair] = {}
         #: Latched once every pair has answered or failed (:attr:`polled`).
         self._first_round_done = False
-        # engine -> the [models] aliases its nodes' own names shadow, as last warned of
-        self._shadowed: dict[str, tuple[str, ...]] = {}
 
     # -- what an operator reads ---------------------------------------------------------------
 
@@ -215,10 +210,7 @@ class FleetService(Service):
                     pair.loop.stop()
                     self._schedule(pair, now=False)
                 continue
-            # What a moved node was serving, to keep it in discovery at its new URL.
-            serving = self._answered[pair.engine].get(pair.node)
-            known = self._known[pair.engine].get(pair.node)
-            self._drop(pair)
+            self._drop(pair, moved=url is not None)
             touched.add(pair.engine)
             if url is None:
                 self.log.info(
@@ -233,12 +225,6 @@ class FleetService(Service):
                     engine=pair.engine,
                     url=url,
                 )
-                # Same id, new place: it stays in discovery, dialled at the new URL, until
-                # its first poll there says otherwise.
-                if serving is not None:
-                    self._answered[pair.engine][pair.node] = serving
-                if known is not None:
-                    self._known[pair.engine][pair.node] = known
         # In the file's order, new pairs where the file puts them.
         pairs, self._pairs = self._pairs, {}
         for key, url in wanted.items():
@@ -248,7 +234,7 @@ class FleetService(Service):
                 self._add(key, url, now=True)
                 touched.add(key[1])
         for engine in touched:
-            self._publish(engine)
+            self._discovery.publish(engine)
         # A reload before the first round ended may have removed what it waited for.
         self._end_first_round()
 
@@ -269,8 +255,12 @@ class FleetService(Service):
             (node.id, engine): url
             for node in fleet.nodes
             for engine, url in node.engines.items()
-            if engine in self._answered
+            if engine in self._engines
         }
+
+    def _urls(self, engine: str) -> dict[str, str]:
+        """Node id -> URL of each configured node of ``engine``."""
+        return {p.node: p.url for p in self._pairs.values() if p.engine == engine}
 
     def _add(self, key: tuple[str, str], url: str, now: bool) -> None:
         pair = Pair(key[0], key[1], url)
@@ -292,15 +282,17 @@ class FleetService(Service):
             lambda failure: self.log.failure("inventory polling stopped", failure)
         )
 
-    def _drop(self, pair: Pair) -> None:
-        """Forget a pair the file no longer has (or has at another URL)."""
+    def _drop(self, pair: Pair, moved: bool) -> None:
+        """Forget a pair the file no longer has (or, ``moved``, has at another URL)."""
         # Gone from the map first: a poll the stop cancels then counts for nothing.
         del self._pairs[(pair.node, pair.engine)]
         pair.stop()
         if self._liveness is not None:
             self._liveness.forget(pair.engine, pair.node)
-        self._answered[pair.engine].pop(pair.node, None)
-        self._known[pair.engine].pop(pair.node, None)
+        if not moved:
+            self._discovery.forget(pair.engine, pair.node)
+        # Else same id, new place: it stays in discovery, dialled at the new URL, until its
+        # first poll there says otherwise.
         if self._scheduler is not None:
             self._scheduler.forget(pair.engine, pair.node)
 
@@ -310,37 +302,10 @@ class FleetService(Service):
 
     # -- one poll -----------------------------------------------------------------------------
 
-    async def _ask(self, url: str, path: str) -> Answer:
-        """One GET of a poll, bounded as a whole (time and bytes)."""
-        reply = await ask(
-            self._upstream,
-            self._clock,
-            self._timeout,
-            url,
-            b"GET",
-            path.encode(),
-            Headers(),
-            MAX_INVENTORY_BODY,
-        )
-        return Answer(reply.status, reply.body)
-
-    async def _poll_once(self, engine: str, url: str) -> list[str]:
-        spec = ENGINES[engine]
-        reply = await self._ask(url, spec.poll_path)
-        if not 200 <= reply.status < 300:
-            hint = base_url_hint(url) if reply.status == 404 else ""
-            raise ValueError(f"status {reply.status}{hint}")
-        models = spec.inventory_models(json.loads(reply.body))
-        if models is None:
-            raise ValueError("not the engine's model-list envelope")
-        return models
-
     async def _probe_load(self, engine: str, url: str) -> LoadState:
         if self._scheduler is None:
             return UNKNOWN
-        spec = ENGINES[engine]
-        # Each route bounded like the model list; one failing says nothing.
-        return await read_load(spec.load_probe, spec.model_key, lambda path: self._ask(url, path))
+        return await self._ask.load(engine, url)
 
     def _track(self, pair: Pair, d: Deferred[T]) -> Deferred[T]:
         """Remember ``d`` until it settles, so a shutdown or reload can cancel it."""
@@ -374,7 +339,7 @@ class FleetService(Service):
         # What this proxy dispatched after this moment the answer cannot have seen
         # (docs/fleet-scheduling.md#dispatched-is-loading).
         asked_at = self._clock.seconds()
-        inventory = self._track(pair, Deferred.fromCoroutine(self._poll_once(engine, url)))
+        inventory = self._track(pair, Deferred.fromCoroutine(self._ask.models(engine, url)))
         load = self._track(pair, Deferred.fromCoroutine(self._probe_load(engine, url)))
 
         def record_load(result: object) -> LoadState:
@@ -402,123 +367,15 @@ class FleetService(Service):
             # Whether the node left or is loading is this round's load reading's to say.
             state = await loaded
             if self._live(pair):
-                self._failed(pair, str(error) or type(error).__name__, state.loading)
+                self._discovery.failed(pair, str(error) or type(error).__name__, state.loading)
             return
         if self._live(pair):
             assert isinstance(models, list)
-            self._answer(pair, tuple(models))
+            self._discovery.answered(pair, tuple(models))
         await loaded
-
-    # -- what a poll says ---------------------------------------------------------------------
-
-    #: What a node answering its poll again is logged as, by what it was before (info).
-    _CAME_UP = {
-        PollState.PENDING: "{node} joined {engine} discovery with {count} models",
-        PollState.DOWN: "{node}'s {engine} answers again: back in discovery with {count} models",
-        PollState.LOADING: "{node}'s {engine} is ready: {count} models",
-    }
-
-    #: What a node failing its poll is logged as, by what it was before (warn); a node that
-    #: stays down is not logged again.
-    _WENT_DOWN = {
-        PollState.PENDING: "{node}'s {engine} at {url} does not answer its poll: {why}",
-        PollState.UP: "{node} left {engine} discovery: poll of {url} failed ({why})",
-        PollState.LOADING: "{node} left {engine} discovery: poll of {url} failed ({why})",
-    }
-
-    def _answer(self, pair: Pair, models: tuple[str, ...]) -> None:
-        came_up = self._CAME_UP.get(pair.report.state)
-        self._report(pair, PollState.UP, models, None)
-        if came_up is not None:
-            self.log.info(came_up, engine=pair.engine, node=pair.node, count=len(models))
-        self._record(pair.engine, pair.node, models)
-
-    def _failed(self, pair: Pair, why: str, loading: bool) -> None:
-        engine, node_id = pair.engine, pair.node
-        why = why[:200]
-        before = pair.report.state
-        known = self._known[engine].get(node_id)
-        if loading:
-            # A llama.cpp server loading its model answers 503 everywhere, its model list
-            # included; it is no gone node. Kept with what it last listed, marked loading; one
-            # never seen does not join until its models are known.
-            self._report(pair, PollState.LOADING, known or (), why)
-            if before is not PollState.LOADING:
-                self.log.info(
-                    "{node}'s {engine} is loading a model{known}",
-                    engine=engine,
-                    node=node_id,
-                    known=": in discovery with its last models" if known is not None else "",
-                )
-            if known is not None:
-                self._record(engine, node_id, known)
-            return
-        self._report(pair, PollState.DOWN, (), why)
-        went_down = self._WENT_DOWN.get(before)
-        if went_down is not None:
-            self.log.warn(went_down, engine=engine, node=node_id, url=pair.url, why=why)
-        self._record(engine, node_id, None)
-
-    def _report(
-        self, pair: Pair, state: PollState, models: tuple[str, ...], error: str | None
-    ) -> None:
-        now = self._clock.seconds()
-        previous = pair.report
-        since = now if state is not previous.state else previous.since
-        pair.report = evolve(
-            previous, state=state, models=models, last_poll=now, last_error=error, since=since
-        )
-        self._end_first_round()
 
     def _end_first_round(self) -> None:
         if not self._first_round_done:
             self._first_round_done = all(
                 p.report.state is not PollState.PENDING for p in self._pairs.values()
             )
-
-    def _record(self, engine: str, node_id: str, models: tuple[str, ...] | None) -> None:
-        answered = self._answered[engine]
-        if models is None:
-            if node_id not in answered:
-                return
-            del answered[node_id]
-        else:
-            if answered.get(node_id) == models:
-                return
-            answered[node_id] = models
-            self._known[engine][node_id] = models
-        if self._scheduler is not None:
-            # What a node that left last listed: who a request for it finds down.
-            away = None if models is not None else self._known[engine].get(node_id, ())
-            self._scheduler.away(engine, node_id, away)
-        self._publish(engine)
-
-    def _publish(self, engine: str) -> None:
-        """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now, each
-        with the other names its models are known by (docs/model-names.md).
-
-        A hung node is left out, as one whose poll fails, and for the same reasons: nothing
-        is dispatched to it, and an attempt there not yet committed is abandoned and fails
-        over (docs/fleet-scheduling.md#hung-nodes).
-        """
-        urls = {p.node: p.url for p in self._pairs.values() if p.engine == engine}
-        serving: dict[str, tuple[str, ...]] = {}
-        for nid, names in self._answered[engine].items():
-            if nid not in urls:
-                continue
-            hung = self._liveness is not None and self._liveness.hung(engine, nid)
-            if self._scheduler is not None:
-                # A hung owner is named when nobody serves its model (every-owner-down).
-                self._scheduler.away(engine, nid, names if hung else None)
-            if not hung:
-                serving[nid] = names
-        found = discovery_nodes(ENGINES[engine], serving, urls, self._fleet.models)
-        for alias in sorted(set(found.shadowed) - set(self._shadowed.get(engine, ()))):
-            self.log.warn(
-                "[models] alias {alias} is also a name {engine} reports: a request for it goes "
-                "to that model, as if the alias were not there",
-                alias=alias,
-                engine=engine,
-            )
-        self._shadowed[engine] = found.shadowed
-        self._control.set_discovery(engine, found.nodes)

@@ -19,14 +19,15 @@ from typing import cast
 from httptools.parser.parser import HttpResponseParser
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import ITCPTransport, ITransport
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
 from twisted.web.iweb import IResponse
 
 from nvpair.wire.outlet import Outlet
 from nvpair.wire.upstream_framing import MAX_HEAD, BadResponse
-from nvpair.wire.upstream_response import BodyTransport, ReadFlow, UpstreamResponse, final_answer
+from nvpair.wire.upstream_reading import AnswerReader
+from nvpair.wire.upstream_response import ReadFlow, UpstreamResponse
 from nvpair.wire.upstream_types import Key, Phase, Resent, Wire
 
 # A member looked up through its class costs 45 ns on 3.11, a module global 5: these are read
@@ -48,7 +49,7 @@ class Owner(TypingProtocol):
         returns what cancels it."""
 
 
-class UpstreamConnection(Protocol):
+class UpstreamConnection(AnswerReader):
     """One connection to an engine, carrying one exchange at a time.
 
     :meth:`send` writes a whole request and fires its Deferred with the response once the head
@@ -64,21 +65,14 @@ class UpstreamConnection(Protocol):
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
-        "_chunks",
         "_deferred",
-        "_extra",
-        "_failure",
-        "_fields",
         "_flow",
         "_head",
         "_head_bytes",
         "_outlet",
         "_parser",
-        "_pending",
-        "_phrase",
         "_resend",
         "_resent",
-        "_response",
         "_stopped",
         "_waiters",
         "_wire",
@@ -92,6 +86,7 @@ class UpstreamConnection(Protocol):
     )
 
     def __init__(self) -> None:
+        super().__init__()
         # Slots, where the Protocol base has class defaults.
         self.transport: ITransport | None = None
         self.connected = 0
@@ -106,16 +101,7 @@ class UpstreamConnection(Protocol):
         self._parser: HttpResponseParser | None = None
         self._deferred: Deferred[IResponse] | None = None
         self._head = False
-        # Head in progress (reset at each message's start).
-        self._fields: list[tuple[bytes, bytes]] = []
-        self._phrase = b""
         self._head_bytes = 0
-        # The answer: built by the parser callbacks, fired after them.
-        self._pending: UpstreamResponse | None = None
-        self._response: UpstreamResponse | None = None
-        self._chunks: list[bytes] = []
-        self._extra = False
-        self._failure: Exception | None = None
         self._stopped = False
         self._waiters: list[Deferred[None]] = []
         # What a stale kept-alive connection sends again (docs/robustness.md#engine-answers).
@@ -257,65 +243,6 @@ class UpstreamConnection(Protocol):
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             waiter.callback(None)
-
-    # -- llhttp callbacks: record only -----------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        if self._pending is not None or self._response is not None:
-            self._extra = True
-            return
-        self._fields.clear()
-        self._phrase = b""
-
-    def on_status(self, status: bytes) -> None:
-        if self._pending is None and self._response is None:
-            self._phrase += status
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._pending is not None or self._response is not None:
-            # Trailer fields of a chunked body (Twisted drops them too), or another message.
-            return
-        self._fields.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        if self._pending is not None or self._response is not None:
-            return
-        parser = self._parser
-        assert parser is not None
-        code = parser.get_status_code()
-        if 100 <= code < 200 and code != 101:
-            # Informational (100, 103): not the answer, which is still to come.
-            return
-        try:
-            pending = final_answer(
-                code,
-                parser.get_http_version(),
-                self._phrase,
-                self._fields,
-                self._head,
-                BodyTransport(self, self._flow),
-            )
-        except BadResponse as refused:
-            # llhttp stops, and raises its own error: the reason is kept here.
-            self._failure = refused
-            raise
-        self._pending = pending
-        # Nothing follows a head with no body (a HEAD answer, 204, 304, Content-Length: 0).
-        self.phase = _BODY_DONE if pending.length == 0 else _READING_BODY
-        # Now in the response's headers: a stream held open should not keep both copies.
-        self._fields.clear()
-
-    def on_body(self, body: bytes) -> None:
-        if self.phase is _BODY_DONE:
-            self._extra = True
-        else:
-            self._chunks.append(body)
-
-    def on_message_complete(self) -> None:
-        # Only a final answer's body ends here: an interim answer's end leaves the head awaited,
-        # and a stopped reader's connection is closing already.
-        if self.phase is _READING_BODY:
-            self.phase = _BODY_DONE
 
     # -- after the parser returned ---------------------------------------------------------
 
