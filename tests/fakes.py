@@ -27,7 +27,7 @@ from nvpair.dispatch.activity import NodeActivity
 from nvpair.dispatch.requestpath import SERVERS, RequestPath, Server
 from nvpair.dispatch.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
 from nvpair.dispatch.workload import Workloads
-from nvpair.engines.table import ENGINES, RouteClass
+from nvpair.engines.table import FACADES, RouteClass
 from nvpair.facades.facade import Admitted
 from nvpair.fleet.health import HealthPolicy
 from nvpair.fleet.scheduling import FleetScheduler
@@ -317,7 +317,7 @@ class Harness:
         route_path: str = "/v1/chat/completions",
         method: bytes = b"POST",
     ) -> tuple[ClientRequest, Deferred[None]]:
-        eng = ENGINES[engine]
+        eng = FACADES[engine]
         route = eng.classify(method, route_path)
         request = ClientRequest(method, route_path.encode())
         admitted = Admitted(

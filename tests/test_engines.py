@@ -8,7 +8,16 @@ import json
 import pytest
 
 from nvpair.common.reasons import Reason
-from nvpair.engines.table import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.engines.table import (
+    ENGINES,
+    FACADES,
+    LLAMACPP,
+    LMSTUDIO,
+    OLLAMA,
+    OPENAI,
+    RouteClass,
+    served_engines,
+)
 
 
 @pytest.mark.parametrize(
@@ -37,6 +46,15 @@ from nvpair.engines.table import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
         (LLAMACPP, b"GET", "/models", RouteClass.INVENTORY),
         (LLAMACPP, b"GET", "/health", RouteClass.OTHER),
         (LLAMACPP, b"POST", "/tokenize", RouteClass.OTHER),
+        (OPENAI, b"POST", "/v1/chat/completions", RouteClass.INFERENCE),
+        (OPENAI, b"POST", "/v1/completions", RouteClass.INFERENCE),
+        (OPENAI, b"POST", "/v1/embeddings", RouteClass.INFERENCE),
+        (OPENAI, b"POST", "/v1/responses", RouteClass.INFERENCE),
+        (OPENAI, b"GET", "/v1/models", RouteClass.INVENTORY),
+        (OPENAI, b"HEAD", "/v1/models", RouteClass.OTHER),
+        (OPENAI, b"POST", "/v1/messages", RouteClass.OTHER),
+        (OPENAI, b"POST", "/chat/completions", RouteClass.OTHER),
+        (OPENAI, b"GET", "/api/tags", RouteClass.OTHER),
     ],
 )
 def test_route_classes(engine: object, method: bytes, path: str, expected: RouteClass) -> None:
@@ -82,3 +100,31 @@ def test_inventory_models_from_each_poll_envelope() -> None:
     assert OLLAMA.inventory_models(["not", "an", "envelope"]) is None
     assert OLLAMA.inventory_models({"models": [{"model": "no name"}]}) is None
     assert LMSTUDIO.inventory_models({"data": "x"}) is None
+
+
+def test_the_openai_facade_is_a_dialect_of_its_own_over_every_engine() -> None:
+    """docs/openai-facade.md: OpenAI's envelope on every route, every engine's nodes, nothing
+    forwarded outside its routes, port 4000; no engine of its own (never polled, never named
+    in a broker's ``facade/enable``)."""
+    assert FACADES == {**ENGINES, "openai": OPENAI} and "openai" not in ENGINES
+    assert (OPENAI.standalone_port, OPENAI.port_file) == (4000, "openai-proxy-port.json")
+    assert OPENAI.serves == ("ollama", "lmstudio", "llamacpp") and OPENAI.spans_engines
+    assert not OPENAI.forwards_other and not OPENAI.host_guard and OPENAI.model_required
+    assert all(e.serves == (e.id,) and not e.spans_engines for e in ENGINES.values())
+    openai = {"error": {"message": "m", "type": "nvpair_proxy", "code": "not-found"}}
+    assert json.loads(OPENAI.error_body("/api/tags", "m", Reason.NOT_FOUND)) == openai
+    # Names compare exactly at the facade: each engine keys them its own way for its nodes.
+    assert OPENAI.model_key("Llama3") == "Llama3"
+
+
+@pytest.mark.parametrize(
+    ("facades", "engines"),
+    [
+        (["llamacpp", "ollama"], ("ollama", "llamacpp")),
+        (["openai"], ("ollama", "lmstudio", "llamacpp")),
+        (["lmstudio", "openai"], ("ollama", "lmstudio", "llamacpp")),
+        ([], ()),
+    ],
+)
+def test_the_engines_a_set_of_facades_reaches(facades: list[str], engines: tuple[str]) -> None:
+    assert served_engines(facades) == engines

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nvpair.fleet.file import FleetFileError, base_url_hint, load_fleet, unserved
+from nvpair import examples
+from nvpair.engines.table import served_engines
+from nvpair.fleet.file import FacadeSpec, FleetFileError, base_url_hint, load_fleet, unserved
 
 HEAD = '[facades.ollama]\nport = 11434\n[[nodes]]\nid = "a"\n[nodes.engines]\n'
 
@@ -54,7 +56,7 @@ def test_an_unknown_engine_lists_the_valid_ones(tmp_path: Path) -> None:
         f"nodes[0].engines.llama: unknown engine 'llama'; {valid}"
     )
     assert refusal(tmp_path / "g.toml", "[facades.olama]\n") == (
-        f"facades.olama: unknown engine 'olama'; {valid}"
+        "facades.olama: unknown facade 'olama'; expected one of ollama, lmstudio, llamacpp, openai"
     )
 
 
@@ -126,6 +128,34 @@ def test_a_node_engine_no_facade_serves_is_named_with_why(tmp_path: Path) -> Non
         ("a", "lmstudio", "the fleet file has no [facades.lmstudio] table"),
         ("b", "llamacpp", "its facade was added to the fleet file and starts with a restart"),
     ]
+
+
+def test_the_openai_facade_is_a_facade_of_its_own_on_port_4000(tmp_path: Path) -> None:
+    """``[facades.openai]`` alone names no engine facade; its default port is 4000, which no
+    other facade may take (docs/openai-facade.md#the-fleet-file)."""
+    path = tmp_path / "f.toml"
+    path.write_text(
+        '[facades.openai]\n[[nodes]]\nid = "a"\n[nodes.engines]\nollama = "http://a:1"\n'
+    )
+    fleet = load_fleet(path)
+    assert fleet.facades == {"openai": FacadeSpec(0, ())}
+    # Every engine is the openai facade's: no node engine goes unserved.
+    assert unserved(fleet, served_engines(fleet.facades)) == []
+    assert refusal(tmp_path / "g.toml", "[facades.openai]\n[facades.lmstudio]\nport = 4000\n") == (
+        "facades.lmstudio.port: port 4000 is also facades.openai's: each facade needs its own"
+    )
+
+
+def test_the_example_s_openai_facade_uncommented_is_a_fleet_file(tmp_path: Path) -> None:
+    """The example fleet file shows ``[facades.openai]`` commented; uncommented, as a reader
+    would, it is the facade on its default port beside the others."""
+    text = examples.text(examples.FLEET)
+    for line in ("[facades.openai]", "port = 4000"):
+        assert f"# {line}" in text
+        text = text.replace(f"# {line}", line, 1)
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    assert load_fleet(path).facades["openai"] == FacadeSpec(4000, ())
 
 
 def test_a_models_table_is_read_in_the_files_order(tmp_path: Path) -> None:

@@ -14,92 +14,41 @@ from typing import Any
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import CannotListenError, ConnectionDone
-from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
-from twisted.test.iosim import ConnectionCompleter, FakeTransport, IOPump, connect
 
 from nvpair.config import Config
 from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
 from nvpair.service import ProxyService, build
 from nvpair.sim import SimEngine
 from nvpair.sim.engine import Faults
+from tests.inmemory import InMemoryProcess
 
 FACADE, ENGINE = 18080, 18081
 
 
-class Client(Protocol):
-    def __init__(self) -> None:
-        self.data = b""
-        self.closed = False
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data += data
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.closed = True
-
-
-class InMemory:
+class InMemory(InMemoryProcess):
     """A process, simulated llama.cpp nodes (``a``, then ``b``...), and the pumps between them."""
 
     def __init__(self, tmp_path: Path, faults: Faults | None = None, nodes: int = 1) -> None:
-        self.reactor = MemoryReactorClock()
-        self.sims = [
-            SimEngine(self.reactor, "llamacpp", models=["tiny"], node=name, faults=faults)
+        reactor = MemoryReactorClock()
+        sims = [
+            SimEngine(reactor, "llamacpp", models=["tiny"], node=name, faults=faults)
             for name in "ab"[:nodes]
         ]
-        for index, sim in enumerate(self.sims):
+        for index, sim in enumerate(sims):
             sim.listen(ENGINE + index)
-        self.sim = self.sims[0]
+        self.sim = sims[0]
         fleet = Fleet(
             60.0,
             {"llamacpp": FacadeSpec(FACADE, ())},
             tuple(
                 FleetNode(sim.node, {"llamacpp": f"http://127.0.0.1:{ENGINE + index}"})
-                for index, sim in enumerate(self.sims)
+                for index, sim in enumerate(sims)
             ),
         )
-        self.log = io.StringIO()
-        self.service: ProxyService = build(
-            self.reactor, Config(state_dir=tmp_path, fleet=fleet), log_out=self.log
-        )
-        self.completer = ConnectionCompleter(self.reactor)
-        self.pumps: list[IOPump] = []
-
-    def run(self, seconds: float = 0.0) -> None:
-        """Complete pending connections and move bytes until nothing changes."""
-        for _ in range(200):
-            pump = self.completer.succeedOnce()
-            if pump is not None:
-                self.pumps.append(pump)
-            moved = any([p.pump() for p in self.pumps])
-            self.reactor.advance(0)
-            if pump is None and not moved:
-                break
-        if seconds:
-            self.reactor.advance(seconds)
-            self.run()
-
-    def client(self, request: bytes, *, run: bool = True) -> Client:
-        factory = next(f for port, f, *_ in self.reactor.tcpServers if port == FACADE)
-        peer = IPv4Address("TCP", "127.0.0.1", 50000 + len(self.pumps))
-        server = factory.buildProtocol(peer)
-        client = Client()
-        pump = connect(
-            server,
-            FakeTransport(server, isServer=True, peerAddress=peer),
-            client,
-            FakeTransport(client, isServer=False),
-            clock=self.reactor,
-        )
-        self.pumps.append(pump)
-        assert client.transport is not None
-        client.transport.write(request)
-        if run:
-            self.run()
-        return client
+        super().__init__(tmp_path, reactor, fleet, sims)
 
 
 def completion(stream: bool) -> bytes:
@@ -166,7 +115,7 @@ def test_a_refused_connection_fails_over_through_the_real_client(tmp_path: Path)
 
 
 def log_lines(process: InMemory) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in process.log.getvalue().splitlines() if line]
+    return process.log_lines()
 
 
 class _PortTaken(MemoryReactorClock):

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nvpair.engines.inventory import InvalidInventory, empty_inventory, merge_inventories
-from nvpair.engines.table import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, Engine
+from nvpair.engines.table import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, OPENAI, Engine
 
 Entry = dict[str, object]
 
@@ -104,6 +104,24 @@ def test_ollama_openai_list_null_is_an_empty_list() -> None:
     assert merge_inventories(OLLAMA, "/v1/models", [envelope(OLLAMA, "/v1/models", None)] * 2) == (
         b'{"object":"list","data":null}'
     )
+
+
+def test_each_body_can_be_read_as_its_own_engine_s_list() -> None:
+    """The openai facade merges every engine's OpenAI list into its own envelope, each read as
+    its node's engine writes it: Ollama's ``"data": null`` is an empty list there too, and an
+    LM Studio node's null is not (docs/openai-facade.md#models)."""
+    ollama, studio = OLLAMA.inventory["/v1/models"], LMSTUDIO.inventory["/v1/models"]
+    null = envelope(OLLAMA, "/v1/models", None)
+    a = encode({"object": "list", "data": [{"id": "a"}]})
+    assert merge_inventories(OPENAI, "/v1/models", [null, a], read_as=[ollama, studio]) == (
+        b'{"object":"list","data":[{"id":"a"}]}'
+    )
+    assert merge_inventories(OPENAI, "/v1/models", [null], read_as=[ollama]) == (
+        b'{"object":"list","data":[]}'
+    )
+    with pytest.raises(InvalidInventory) as raised:
+        merge_inventories(OPENAI, "/v1/models", [a, null], read_as=[ollama, studio])
+    assert raised.value.index == 1
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ it is, and reports to null observers when no admin listener runs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,14 @@ class Backwards:
     ) -> Plan:
         ordered = sorted(eligible, key=lambda n: n.id, reverse=True)
         return Plan(tuple(ordered), False, ordered[0].id if ordered else None)
+
+    def plan_across(
+        self,
+        eligible: Sequence[Node],
+        model_key: Callable[[str], str | None],
+        reservations: Mapping[str, int],
+    ) -> Plan:
+        return self.plan("", eligible, None, None, reservations)
 
     def owners_down(self, engine: str, model_key: str | None) -> list[str]:
         return self.down

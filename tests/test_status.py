@@ -191,3 +191,17 @@ def test_readiness_waits_for_facades_and_control_state() -> None:
     assert ready and body == {"ready": True, "waitingFor": [], "enginesWithoutNodes": ["ollama"]}
     control.set_discovery("ollama", [node("a", "llama3")])
     assert readiness(["ollama"], OLLAMA, True, control)[1]["enginesWithoutNodes"] == []
+
+
+def test_the_openai_facade_has_nodes_when_any_engine_has_one() -> None:
+    """It reaches every engine's nodes: named without nodes only while no engine has one, and it
+    lists none of its own (docs/openai-facade.md#what-an-operator-sees)."""
+    control = ControlState()
+    openai = {"openai": FacadeView(4000, (), False)}
+    assert readiness(["openai"], openai, True, control)[1]["enginesWithoutNodes"] == ["openai"]
+    control.set_discovery("llamacpp", [node("a", "tiny")])
+    assert readiness(["openai"], openai, True, control)[1]["enginesWithoutNodes"] == []
+    document = status_document(openai, control, {}, lambda engine, node: 0, 0, None, 0.0)
+    assert document["nodes"] == {} and document["facades"] == {
+        "openai": {"port": 4000, "aliases": [], "tls": False}
+    }

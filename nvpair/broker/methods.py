@@ -125,6 +125,7 @@ def parse_nodes(engine: Engine, params: Params) -> list[Node]:
                 url=url,
                 models=tuple(models),
                 model_keys=frozenset(engine.model_key(m) for m in models),
+                engine=engine.id,
             )
         )
     return nodes

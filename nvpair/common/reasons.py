@@ -55,5 +55,6 @@ class Reason(enum.StrEnum):
     FORBIDDEN = "forbidden", 403, "plaintext access is allowed from loopback only"
     FORBIDDEN_HOST = "forbidden-host", 403, "this Host is not allowed (DNS-rebinding guard)"
     BAD_REQUEST = "bad-request", 400, "malformed request"
+    NOT_FOUND = "not-found", 404, "this endpoint serves no such route"
     NOT_IMPLEMENTED = "not-implemented", 501, "not implemented by this proxy"
     INTERNAL = "internal", 500, "internal error in the proxy"

@@ -173,14 +173,28 @@ def fleet_plan(
     reserved.
     """
     pinned = [node for node in eligible if node.id == pin][:1]
-    rest = [node for node in eligible if node.id != pin]
-    states = {node.id: standing(node.id) for node in rest}
-    ready = [node for node in rest if not states[node.id].load.loading]
+    rest = [(node, model_key, standing(node.id)) for node in eligible if node.id != pin]
+    return ranked_plan(pinned, rest, reservations)
+
+
+#: A candidate as fleet mode ranks it: the node, the requested model as its engine keys it, and
+#: what is known of it (a facade reaching several engines ranks each node by its own engine's key
+#: and standing). A plain tuple: one is made per owner per round.
+Ranked = tuple[Node, str | None, Standing]
+
+
+def ranked_plan(
+    pinned: Sequence[Node], rest: Sequence[Ranked], reservations: Mapping[str, int]
+) -> Plan:
+    """``pinned`` (at most one node) first, then ``rest`` in fleet order (:func:`fleet_plan`);
+    the first of ``rest`` is reserved when nothing is pinned. Ties keep ``rest``'s order."""
+    ready = [ranked for ranked in rest if not ranked[2].load.loading]
     if ready or pinned:
         rest = ready
 
-    def rank(node: Node) -> tuple[bool, Tier, int, str]:
-        state, reserved = states[node.id], reservations.get(node.id, 0)
+    def rank(ranked: Ranked) -> tuple[bool, Tier, int, str]:
+        node, model_key, state = ranked
+        reserved = reservations.get(node.id, 0)
         return (
             state.held,
             tier(node, model_key, state.load, reserved),
@@ -188,6 +202,6 @@ def fleet_plan(
             node.id,
         )
 
-    ordered = sorted(rest, key=rank)
+    ordered = [node for node, _, _ in sorted(rest, key=rank)]
     reserve = ordered[0].id if ordered and not pinned else None
-    return Plan(tuple(pinned + ordered), bool(pinned), reserve)
+    return Plan(tuple([*pinned, *ordered]), bool(pinned), reserve)

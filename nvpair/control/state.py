@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 from twisted.logger import Logger
 
 from nvpair.engines.modelnames import OtherName
@@ -23,6 +23,8 @@ class Node:
     :ivar models: the inventory exactly as the engine names it.
     :ivar model_keys: the comparison keys (engine's normalization) of every name the node
         answers to: its inventory's and, in fleet mode, its other names'.
+    :ivar engine: the engine whose snapshot holds it (:meth:`ControlState.set_discovery` says
+        so): what a facade that reaches several engines' nodes dials it as.
     :ivar other_names: fleet mode: the names it is known by besides its inventory's (file
         names, ``[models]`` aliases), each with its own name for the model
         (docs/model-names.md).
@@ -33,6 +35,7 @@ class Node:
     url: str | None
     models: tuple[str, ...]
     model_keys: frozenset[str]
+    engine: str = ""
     other_names: tuple[OtherName, ...] = ()
     _by_key: Mapping[str, OtherName] = field(init=False, eq=False, repr=False)
 
@@ -157,7 +160,9 @@ class ControlState:
         return engine in self._discovery
 
     def set_discovery(self, engine: str, nodes: Iterable[Node]) -> None:
-        snapshot = Discovery(tuple(nodes))
+        snapshot = Discovery(
+            tuple(node if node.engine == engine else evolve(node, engine=engine) for node in nodes)
+        )
         self._discovery[engine] = snapshot
         self.log.debug(
             "discovery for {engine}: {count} nodes", engine=engine, count=len(snapshot.nodes)

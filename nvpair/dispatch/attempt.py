@@ -134,9 +134,9 @@ DISCARD_BYTES = 1024 * 1024
 
 @frozen
 class Outgoing:
-    """What every attempt of one request sends upstream."""
+    """What every attempt of one request sends upstream, to whichever node (each dialled as
+    its own engine's, :attr:`nvpair.control.state.Node.engine`)."""
 
-    engine: str
     route: RouteClass
     method: bytes
     uri: bytes
@@ -191,7 +191,7 @@ class Attempts:
         def watch(engine: str, snapshot: Discovery) -> None:
             # The target left discovery: cancel promptly instead of waiting out the
             # first-content timeout while the broker already calls the workload failed.
-            if engine == outgoing.engine and snapshot.node(node.id) is None:
+            if engine == node.engine and snapshot.node(node.id) is None:
                 state.claim_abandon()
 
         # A peer's request targets this node's own engine, which is no discovery entry.
@@ -270,7 +270,7 @@ class Attempts:
                 state.timers.append(self._clock.callLater(self._timeout, state.expire))
 
         try:
-            base = self._address(outgoing.engine, node)
+            base = self._address(node.engine, node)
             sent = self._upstream.request(
                 base,
                 outgoing.method,

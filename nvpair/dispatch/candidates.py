@@ -4,7 +4,9 @@ The ordering itself is pure (:mod:`nvpair.control.routing`); this module applies
 control state holds right now: the discovery snapshot, the pin and the process's reservations,
 ordered by the mode's :class:`~nvpair.dispatch.seams.Scheduling` (the scheduler's priority list in
 broker mode, the fleet's own standing of each node in standalone fleet mode). There is no
-memory of past nodes: each plan and each pre-dispatch check reads the live snapshot.
+memory of past nodes: each plan and each pre-dispatch check reads the live snapshot. A facade
+that reaches several engines' nodes (the ``openai`` facade) plans over the owners of every
+engine it serves, each node dialled as its own engine's (docs/openai-facade.md#owners).
 """
 
 from __future__ import annotations
@@ -13,12 +15,26 @@ from nvpair.control.reservations import Reservations
 from nvpair.control.routing import Plan, advertises, order, owners
 from nvpair.control.state import ControlState, Node
 from nvpair.dispatch.seams import Scheduling
-from nvpair.engines.table import RouteClass
+from nvpair.engines.table import ENGINES, RouteClass
 from nvpair.facades.facade import Admitted
 
 
 class NoAddress(LookupError):
     """The node has no address to dial (a local node before ``node/set-local-backend``)."""
+
+
+def model_key_on(engine: str, admitted: Admitted) -> str | None:
+    """The model ``admitted`` names, as ``engine``'s inventories key it.
+
+    The one place a requested name meets a node's inventory: on the facade's own engine it is
+    the key admission computed; a facade that reaches other engines' nodes compares the name
+    as each engine does (an Ollama node lists ``llama3`` as ``llama3:latest``). A file name or
+    an alias is a key like any other there (a fleet node carries every name it answers to,
+    docs/model-names.md), so the node's own name for it is ``node.own_name`` of this key.
+    """
+    if admitted.model is None or admitted.engine.id == engine:
+        return admitted.model_key
+    return ENGINES[engine].model_key(admitted.model)
 
 
 class Candidates:
@@ -34,17 +50,24 @@ class Candidates:
         self._reservations = reservations
         self._scheduling = scheduling
 
+    def owners(self, engine: str, admitted: Admitted) -> list[Node]:
+        """``engine``'s nodes that list the model ``admitted`` names (no model named: every
+        node that lists one). Every facade finds its owners here."""
+        return owners(self._control.discovery(engine), model_key_on(engine, admitted))
+
     def plan(self, admitted: Admitted) -> Plan:
         """This round's candidates, in order, and the node to reserve."""
-        engine = admitted.engine.id
-        discovery = self._control.discovery(engine)
+        facade = admitted.engine
+        if facade.spans_engines:
+            return self._plan_across(admitted)
+        engine = facade.id
         if admitted.route is RouteClass.INFERENCE:
-            eligible = owners(discovery, admitted.model_key)
+            eligible = self.owners(engine, admitted)
         else:
             # Other routes go to the named model's owners when any node has it, else to any
             # node of the engine (docs/request-path.md#route-classes).
-            named = owners(discovery, admitted.model_key) if admitted.model_key else []
-            eligible = named or list(discovery.nodes)
+            named = self.owners(engine, admitted) if admitted.model_key else []
+            eligible = named or list(self._control.discovery(engine).nodes)
         # A node with nothing to dial (a local node before its backend is known) is no
         # candidate: trying it would cost an attempt and report a dispatch that never left.
         dialable = [node for node in eligible if self.dialable(engine, node)]
@@ -56,6 +79,20 @@ class Candidates:
             self._reservations.counts,
         )
 
+    def _plan_across(self, admitted: Admitted) -> Plan:
+        """The owners of every engine the facade serves, in one order: what each node's own
+        engine says of its load and health ranks it among the others (no pin: a pin is an
+        engine's)."""
+        dialable = [
+            node
+            for engine in admitted.engine.serves
+            for node in self.owners(engine, admitted)
+            if self.dialable(engine, node)
+        ]
+        return self._scheduling.plan_across(
+            dialable, lambda engine: model_key_on(engine, admitted), self._reservations.counts
+        )
+
     def live(self, admitted: Admitted, node: Node) -> Node | None:
         """``node`` as the live snapshot has it now, if it is still one of the owners.
 
@@ -63,16 +100,19 @@ class Candidates:
         model) since is skipped at no attempt's cost, and one whose URL changed is dialled
         where it is now.
         """
-        engine = admitted.engine.id
+        engine = node.engine
         current = self._control.discovery(engine).node(node.id)
         if current is None or not self.dialable(engine, current):
             return None
-        return current if advertises(current, admitted.model_key) else None
+        return current if advertises(current, model_key_on(engine, admitted)) else None
 
-    def every_node(self, engine: str) -> list[Node]:
-        """Every node of the engine in candidate order (fleet-wide requests)."""
-        control = self._control
-        return order(control.discovery(engine).nodes, control.pin(engine), control.priority)
+    def every_node(self, admitted: Admitted) -> list[Node]:
+        """Every node of every engine the facade serves, in candidate order (fleet-wide
+        requests); a pin is its engine's facade's own."""
+        control, facade = self._control, admitted.engine
+        nodes = [node for engine in facade.serves for node in control.discovery(engine).nodes]
+        pin = None if facade.spans_engines else control.pin(facade.id)
+        return order(nodes, pin, control.priority)
 
     def dialable(self, engine: str, node: Node) -> bool:
         return not node.local or self._control.local_backend(engine) is not None

@@ -20,6 +20,7 @@ from nvpair.common.reasons import Reason
 from nvpair.common.renaming import renamed
 from nvpair.control.state import Node
 from nvpair.dispatch.attempt import Failed, Fault, Outgoing, Served
+from nvpair.dispatch.candidates import model_key_on
 from nvpair.dispatch.job import Ending, Job, Services
 from nvpair.dispatch.relay import BodyEnd, WriteDeadline
 from nvpair.engines.inferstats import StatsReader
@@ -38,7 +39,7 @@ async def try_node(
     tracking = (
         contextlib.nullcontext()
         if outgoing.route is RouteClass.PEER
-        else services.activity.tracking(job.admitted.engine.id, node.id)
+        else services.activity.tracking(node.engine, node.id)
     )
     job.node = node.id
     job.dispatches += 1
@@ -53,7 +54,7 @@ async def try_node(
             finally:
                 _delivered(services, job, node, outcome, end is not None and end.cut)
             return None
-        services.counter.attempt_ended(job.admitted.engine.id, node.id, outcome)
+        services.counter.attempt_ended(node.engine, node.id, outcome)
     if debug_enabled():
         log.debug(
             "attempt {attempt} to {node} failed: {why} {status} {detail}",
@@ -70,9 +71,10 @@ async def try_node(
 def _for_node(job: Job, outgoing: Outgoing, node: Node) -> Outgoing:
     """What this attempt sends: a model the request names otherwise than ``node`` does (a file
     name, an alias) is renamed to the node's own name in the body, and nothing else is
-    changed (docs/model-names.md#the-node-gets-its-own-name)."""
+    changed (docs/model-names.md#the-node-gets-its-own-name). The name is looked up as the
+    node's own engine keys it, whatever facade the request came to (docs/openai-facade.md)."""
     admitted = job.admitted
-    own = node.own_name(admitted.model_key)
+    own = node.own_name(model_key_on(node.engine, admitted))
     if own is None:
         return outgoing
     fallback = "name" if admitted.path in admitted.engine.named_model_paths else None
@@ -85,7 +87,7 @@ def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bo
     engine cut it short (docs/operations.md#recent-workloads). The workload is unchanged."""
     if cut:
         job.trail.truncated()
-    services.counter.attempt_ended(job.admitted.engine.id, node.id, served, cut)
+    services.counter.attempt_ended(node.engine, node.id, served, cut)
 
 
 async def deliver(services: Services, job: Job, node: Node, served: Served) -> BodyEnd:

@@ -12,6 +12,8 @@ health and ``--owner-wait``, docs/fleet-scheduling.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from twisted.internet import task
 from twisted.internet.defer import Deferred
 
@@ -20,6 +22,7 @@ from nvpair.common.reasons import Reason
 from nvpair.control.routing import Plan
 from nvpair.control.state import Discovery, Node
 from nvpair.dispatch.attempt import Failed, Fault, Outgoing
+from nvpair.dispatch.candidates import model_key_on
 from nvpair.dispatch.delivery import answer_final, try_node
 from nvpair.dispatch.job import Job, Services
 from nvpair.dispatch.outcome import Verdict, classify
@@ -38,7 +41,11 @@ async def serve_inference(services: Services, job: Job) -> None:
         )
         return
     model = job.admitted.model
-    job.workload = services.workloads.admit(engine.id, engine.model_display(model) if model else "")
+    # A workload's engine is that of the node it goes to: the facade's own, or for a facade
+    # reaching several engines, the first candidate's until a dispatch says otherwise.
+    job.workload = services.workloads.admit(
+        round_plan.candidates[0].engine, engine.model_display(model) if model else ""
+    )
     job.trail = services.recorder.admitted(job.workload)
     outgoing = job.outgoing()
     while True:
@@ -54,7 +61,7 @@ async def serve_inference(services: Services, job: Job) -> None:
                     message=no_owner_timeout_message(job.admitted.model, _bound(services, job)),
                 )
                 return
-            await _owner_change(services, engine.id, wait)
+            await _owner_change(services, engine.serves, wait)
             job.budget = job.budget.backed_off()
             round_plan = candidates.plan(job.admitted)
             continue
@@ -104,6 +111,7 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
         job.budget = job.budget.spend()
         if reserving:
             job.reserve(services.reservations, node.id)
+        workload.engine = node.engine
         workload.submitted(node.id)
         dispatched = True
         failed = await _attempt(services, job, outgoing, node)
@@ -118,8 +126,14 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
 
 
 def _down(services: Services, job: Job) -> list[str]:
-    """The nodes that last listed the model and are down now, as far as the mode knows."""
-    return services.scheduling.owners_down(job.admitted.engine.id, job.admitted.model_key)
+    """The nodes that last listed the model and are down now, as far as the mode knows, on
+    every engine the facade serves."""
+    admitted, scheduling = job.admitted, services.scheduling
+    return sorted(
+        node
+        for engine in admitted.engine.serves
+        for node in scheduling.owners_down(engine, model_key_on(engine, admitted))
+    )
 
 
 def _bound(services: Services, job: Job) -> str:
@@ -135,10 +149,13 @@ async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node)
     """One dispatch (:func:`~nvpair.dispatch.delivery.try_node`), told to the mode's scheduling as
     it starts and with what its outcome says about the node (in fleet mode: the model counted as
     in memory there, docs/fleet-scheduling.md#dispatched-is-loading, and passive health,
-    docs/fleet-scheduling.md#passive-health)."""
+    docs/fleet-scheduling.md#passive-health). The node is its own engine's, whatever facade
+    the request came to."""
     scheduling = services.scheduling
-    engine = job.admitted.engine.id
-    trial = scheduling.dispatching(engine, node.id, node.own_key(job.admitted.model_key))
+    engine = node.engine
+    trial = scheduling.dispatching(
+        engine, node.id, node.own_key(model_key_on(engine, job.admitted))
+    )
     failed: Failed | None = None
     try:
         failed = await try_node(services, job, outgoing, node, job.budget.final)
@@ -169,8 +186,8 @@ def _against_node(job: Job, failed: Failed | None) -> str | None:
     return ""
 
 
-def _owner_change(services: Services, engine: str, seconds: float) -> Deferred[None]:
-    """Fires after ``seconds``, or as soon as ``engine``'s discovery snapshot changes."""
+def _owner_change(services: Services, engines: Sequence[str], seconds: float) -> Deferred[None]:
+    """Fires after ``seconds``, or as soon as one of ``engines``' discovery snapshots changes."""
     subscribed = True
 
     def stop() -> None:
@@ -187,7 +204,7 @@ def _owner_change(services: Services, engine: str, seconds: float) -> Deferred[N
             d.callback(None)
 
     def changed(changed_engine: str, snapshot: Discovery) -> None:
-        if changed_engine == engine:
+        if changed_engine in engines:
             wake()
 
     d: Deferred[None] = Deferred(lambda _: stop())

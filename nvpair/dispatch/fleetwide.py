@@ -1,10 +1,11 @@
 """Fleet-wide requests: model lists and CORS preflights, answered from every node at once.
 
 Every node of the engine is asked concurrently (bounded per node, see
-:func:`nvpair.wire.fanout.ask_all`); what the answers mean is decided by the pure modules:
-:mod:`nvpair.engines.inventory` merges model lists, :mod:`nvpair.engines.cors` intersects browser
-permissions (docs/inventories.md, docs/browser-policy.md). No reservations and no workload events:
-nothing is dispatched for inference.
+:func:`nvpair.wire.fanout.ask_all`) — for the ``openai`` facade every node of every engine, each
+at its own engine's URL (docs/openai-facade.md#models). What the answers mean is decided by the
+pure modules: :mod:`nvpair.engines.inventory` merges model lists, :mod:`nvpair.engines.cors`
+intersects browser permissions (docs/inventories.md, docs/browser-policy.md). No reservations
+and no workload events: nothing is dispatched for inference.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from twisted.internet.defer import CancelledError
 from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
+from nvpair.control.state import Node
 from nvpair.dispatch.job import Job, Services
 from nvpair.engines.cors import Reply, inventory_grant, preflight
 from nvpair.engines.inventory import InvalidInventory, merge_inventories
+from nvpair.engines.modelnames import OtherName
+from nvpair.engines.table import ENGINES, Dialect, InventoryRoute
 from nvpair.wire.fanout import NodeReply, ask_all
 
 #: Caller credentials never sent along with a preflight (docs/browser-policy.md).
@@ -24,12 +28,13 @@ _CREDENTIALS = (b"cookie", b"authorization", b"proxy-authorization", b"x-api-key
 
 async def _ask_every_node(
     services: Services, job: Job, method: bytes, path: str, headers: Headers
-) -> list[NodeReply]:
-    """Every node of the engine, concurrently, in candidate order; responders only."""
-    engine = job.admitted.engine.id
+) -> list[tuple[str, NodeReply]]:
+    """Every node the facade reaches, concurrently, in candidate order; responders only, each
+    with its engine."""
     candidates = services.candidates
     query = job.admitted.uri[len(job.admitted.path.encode("latin-1")) :]
-    bases = [candidates.maybe_base_url(engine, node) for node in candidates.every_node(engine)]
+    nodes = candidates.every_node(job.admitted)
+    bases = [candidates.maybe_base_url(node.engine, node) for node in nodes]
     replies = await ask_all(
         services.upstream,
         services.clock,
@@ -41,7 +46,34 @@ async def _ask_every_node(
     )
     if job.cancelled():
         raise CancelledError()
-    return [reply for reply in replies if reply is not None]
+    return [
+        (node.engine, reply)
+        for node, reply in zip(nodes, replies, strict=True)
+        if reply is not None
+    ]
+
+
+def _read_as(facade: Dialect, path: str, engines: list[str]) -> list[InventoryRoute] | None:
+    """How each responder's list is read: as its own engine's on the same route when the
+    facade reaches other engines' nodes (Ollama says ``"data": null`` for none), else (None) as
+    the facade's own."""
+    if not facade.spans_engines:
+        return None
+    return [ENGINES[engine].inventory[path] for engine in engines]
+
+
+def _other_names(facade: Dialect, nodes: list[Node]) -> list[OtherName]:
+    """The names the fleet knows ``nodes``' models by besides theirs (docs/model-names.md),
+    keyed as the facade compares names: a facade reaching several engines lists one alias
+    once, though each engine keys it its own way."""
+    names = [other for node in nodes for other in node.other_names]
+    if not facade.spans_engines:
+        return names
+    key = facade.model_key
+    return [
+        OtherName(other.name, key(other.name), other.reported, key(other.reported))
+        for other in names
+    ]
 
 
 async def serve_inventory(services: Services, job: Job) -> None:
@@ -51,28 +83,35 @@ async def serve_inventory(services: Services, job: Job) -> None:
     route = engine.inventory[admitted.path]
     origin = request.requestHeaders.getRawHeaders(b"origin", [None])[0]
     # A HEAD is decided like a GET (validity needs the bodies) and answered without one.
-    answers = await _ask_every_node(
+    responders = await _ask_every_node(
         services, job, b"GET", route.upstream_path or admitted.path, job.outgoing().headers
     )
-    if not answers:
+    if not responders:
         job.refuse(Reason.NO_RESPONDERS)
         return
+    answers = [reply for _, reply in responders]
     replies = [Reply(a.status, a.headers) for a in answers]
     grant = inventory_grant(origin, replies) if origin is not None else None
     # With an Origin, only granting responders are judged for validity; a denial is a
     # denial, not an invalid list.
     judged = [
-        a
-        for a, r in zip(answers, replies, strict=True)
+        (node_engine, a)
+        for (node_engine, a), r in zip(responders, replies, strict=True)
         if origin is None or inventory_grant(origin, [r]).granted
     ]
     merged = b""
-    invalid = any(not 200 <= a.status < 300 for a in judged)
+    invalid = any(not 200 <= a.status < 300 for _, a in judged)
     if not invalid:
         # The names the fleet knows its nodes' models by besides theirs (docs/model-names.md).
-        names = [o for n in services.candidates.every_node(engine.id) for o in n.other_names]
+        names = _other_names(engine, services.candidates.every_node(admitted))
         try:
-            merged = merge_inventories(engine, admitted.path, [a.body for a in judged], names)
+            merged = merge_inventories(
+                engine,
+                admitted.path,
+                [a.body for _, a in judged],
+                names,
+                _read_as(engine, admitted.path, [e for e, _ in judged]),
+            )
         except InvalidInventory:
             invalid = True
     if invalid:
@@ -106,7 +145,7 @@ async def serve_preflight(services: Services, job: Job) -> None:
     if not answers:
         job.refuse(Reason.NO_RESPONDERS)
         return
-    decision = preflight(origin, [Reply(a.status, a.headers) for a in answers])
+    decision = preflight(origin, [Reply(a.status, a.headers) for _, a in answers])
     # A denial passes through as a denial: the engine's status, nothing else. It is not
     # proxy-generated, so it carries no X-Nvpair-Error: served, as a grant is.
     job.served(decision.status)

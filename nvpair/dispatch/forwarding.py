@@ -4,6 +4,8 @@ Non-inference routes may change state (``POST /api/pull`` starts a download), so
 candidates are resolved once and each is tried at most once: no re-resolving, no backoff, no
 deadline (docs/retry-budget.md#non-inference-routes). A pinned peer's request goes to this
 node's own engine and nowhere else: the peer already chose this node and runs its own failover.
+A facade with no engine of its own to forward to (the ``openai`` facade) answers them 404
+``not-found`` (docs/openai-facade.md#routes).
 """
 
 from __future__ import annotations
@@ -12,13 +14,21 @@ from nvpair.common.reasons import Reason
 from nvpair.control.state import Node
 from nvpair.dispatch.delivery import answer_final, try_node
 from nvpair.dispatch.job import Job, Services
+from nvpair.engines.table import ENGINES
 from nvpair.facades.answers import no_node_message
 
-#: The node a peer's request is served by: this node's own engine (its local backend).
-_LOCAL = Node(id="local", local=True, url=None, models=(), model_keys=frozenset())
+#: The node a peer's request is served by, per engine: this node's own engine (its local
+#: backend).
+_LOCAL = {
+    engine: Node(id="local", local=True, url=None, models=(), model_keys=frozenset(), engine=engine)
+    for engine in ENGINES
+}
 
 
 async def serve_once_each(services: Services, job: Job) -> None:
+    if not job.admitted.engine.forwards_other:
+        job.refuse(Reason.NOT_FOUND)
+        return
     candidates = services.candidates.plan(job.admitted).candidates
     if not candidates:
         admitted = job.admitted
@@ -35,6 +45,7 @@ async def serve_once_each(services: Services, job: Job) -> None:
 
 
 async def serve_peer(services: Services, job: Job) -> None:
-    failed = await try_node(services, job, job.outgoing(), _LOCAL, True)
+    local = _LOCAL[job.admitted.engine.id]
+    failed = await try_node(services, job, job.outgoing(), local, True)
     if failed is not None:
         answer_final(job, failed)

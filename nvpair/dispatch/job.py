@@ -149,7 +149,6 @@ class Job:
         headers = strip_hop_by_hop(request.requestHeaders, request=True)
         request.requestHeaders = SPENT
         return Outgoing(
-            admitted.engine.id,
             admitted.route,
             admitted.method,
             admitted.uri,

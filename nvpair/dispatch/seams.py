@@ -17,7 +17,7 @@ one implementation of each (docs/request-path.md#seams):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from nvpair.control.routing import Plan, plan
@@ -46,6 +46,16 @@ class Scheduling(Protocol):
         reservations: Mapping[str, int],
     ) -> Plan:
         """This round's candidates among ``eligible``, in order, and the node to reserve."""
+        ...
+
+    def plan_across(
+        self,
+        eligible: Sequence[Node],
+        model_key: Callable[[str], str | None],
+        reservations: Mapping[str, int],
+    ) -> Plan:
+        """A round over several engines' nodes (the ``openai`` facade): no pin, each node
+        judged by its own engine's ``model_key(engine)`` (docs/openai-facade.md#owners)."""
         ...
 
     def owners_down(self, engine: str, model_key: str | None) -> list[str]:
@@ -86,6 +96,14 @@ class PriorityScheduling:
         reservations: Mapping[str, int],
     ) -> Plan:
         return plan(eligible, pin, self._control.priority, reservations)
+
+    def plan_across(
+        self,
+        eligible: Sequence[Node],
+        model_key: Callable[[str], str | None],
+        reservations: Mapping[str, int],
+    ) -> Plan:
+        return plan(eligible, None, self._control.priority, reservations)
 
     def owners_down(self, engine: str, model_key: str | None) -> list[str]:
         # A broker's discovery says nothing of the nodes that left it.

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from twisted.internet.address import IPv4Address, IPv6Address
 
 from nvpair.common.reasons import Reason
-from nvpair.engines.table import Engine, RouteClass
+from nvpair.engines.table import Dialect, RouteClass
 
 
 def is_loopback(address: object) -> bool:
@@ -138,7 +138,7 @@ def _document(body: bytes) -> object:
         return None
 
 
-def model_from_body(engine: Engine, route: RouteClass, path: str, body: bytes) -> str | None:
+def model_from_body(engine: Dialect, route: RouteClass, path: str, body: bytes) -> str | None:
     """The model an inference (or model-naming other) body names.
 
     Inference bodies must be JSON objects (``bad-json`` otherwise); Ollama requires a model

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from nvpair.common import strictjson
 from nvpair.common.strictjson import NestedTooDeeply
 from nvpair.engines.modelnames import OtherName
-from nvpair.engines.table import Engine, InventoryRoute
+from nvpair.engines.table import Dialect, InventoryRoute
 
 __all__ = ["InvalidInventory", "empty_inventory", "merge_inventories", "with_other_names"]
 
@@ -39,7 +39,7 @@ class InvalidInventory(ValueError):
         self.reason = reason
 
 
-def empty_inventory(engine: Engine, path: str) -> bytes:
+def empty_inventory(engine: Dialect, path: str) -> bytes:
     """The engine's own empty envelope for an inventory route, as JSON bytes.
 
     :param engine: the facade's engine.
@@ -50,7 +50,11 @@ def empty_inventory(engine: Engine, path: str) -> bytes:
 
 
 def merge_inventories(
-    engine: Engine, path: str, bodies: Sequence[bytes], names: Sequence[OtherName] = ()
+    engine: Dialect,
+    path: str,
+    bodies: Sequence[bytes],
+    names: Sequence[OtherName] = (),
+    read_as: Sequence[InventoryRoute] | None = None,
 ) -> bytes:
     """Merge the 2xx bodies of every responding node for the inventory route *path*.
 
@@ -77,6 +81,9 @@ def merge_inventories(
     :param names: the other names the nodes are known by (fleet mode), in node order: each is
         listed once, after the first entry of a model it stands for, as a copy of that entry
         under its own name (:func:`with_other_names`).
+    :param read_as: how each body is validated and read, when not as the facade's route: the
+        route of the node's own engine, for a facade that reaches several engines' nodes
+        (an Ollama node's ``"data": null`` is an empty list there too).
     :return: the merged envelope as compact JSON bytes.
     :raises InvalidInventory: when any body is not the expected envelope.
     :raises KeyError: when *path* is not an inventory route of *engine*.
@@ -87,8 +94,9 @@ def merge_inventories(
     for index, body in enumerate(bodies):
         # Every body is validated before anything is returned, duplicates included: one bad
         # node makes the whole answer invalid, so a partial list can never escape.
-        for entry in _entries(route, index, body):
-            key = engine.model_key(_key(route, entry))
+        reading = route if read_as is None else read_as[index]
+        for entry in _entries(reading, index, body):
+            key = engine.model_key(_key(reading, entry))
             if key not in seen:
                 seen.add(key)
                 merged.append(entry)
@@ -106,7 +114,7 @@ def merge_inventories(
 
 
 def with_other_names(
-    engine: Engine,
+    engine: Dialect,
     route: InventoryRoute,
     entries: Sequence[dict[str, object]],
     names: Sequence[OtherName],

@@ -3,15 +3,18 @@
 Identity, ports, the persisted-port file, the route table, model-name normalization, the
 model-list envelopes and the error envelope the proxy speaks on each route. Adding an engine
 is adding one :class:`Engine` to :data:`ENGINES`; nothing else in the process names an engine.
+A facade is a :class:`Dialect`: each engine's is the engine itself, and fleet mode's ``openai``
+facade (:data:`OPENAI`), which reaches every engine's nodes, is the one that is no engine
+(:data:`FACADES`).
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from attrs import frozen
+from attrs import Factory, field, frozen
 
 from nvpair.common.reasons import Reason
 from nvpair.engines.loadstate import LLAMACPP_PROBE, LMSTUDIO_PROBE, OLLAMA_PROBE, LoadProbe
@@ -69,39 +72,43 @@ def _never(path: str) -> bool:
     return False
 
 
-@frozen
-class Engine:
-    """The identity and dialect of one engine.
+def _own_engine(facade: Dialect) -> tuple[str, ...]:
+    return (facade.id,)
 
-    :ivar id: the bare engine id used in broker addresses (``ollama``).
-    :ivar own_port: the engine's own client-facing port, which its clients already use.
-    :ivar relocated_port: where PAIR moves the engine so the facade can take ``own_port``.
-    :ivar standalone_port: the facade's port when ``facade/enable`` omits one (or says 0).
+
+@frozen(kw_only=True)
+class Dialect:
+    """What one facade is and speaks: its identity, its port, its route table, its model names
+    and the error envelope the proxy answers in.
+
+    Every engine is one (:class:`Engine`, whose facade speaks its own dialect and reaches its
+    own nodes); the ``openai`` facade (:data:`OPENAI`) is the one that is not an engine: it
+    speaks OpenAI's dialect and reaches the nodes of every engine (docs/openai-facade.md).
+
+    :ivar id: the facade's id: the engine's id in broker addresses (``ollama``), or ``openai``.
+    :ivar standalone_port: the facade's port when ``facade/enable`` (or the fleet file) omits
+        one (or says 0).
     :ivar port_file: the persisted-port file name inside the state directory.
     :ivar inference_paths: POST routes that carry a model and get the full failover loop.
     :ivar inventory: GET (and HEAD where the engine answers it) model-list routes.
     :ivar model_required: whether an inference body must name its model.
     :ivar model_key: the comparison key of a model name (exact for engines without aliases).
     :ivar model_display: the display form used in events and merged lists.
-    :ivar poll_path: the model list a standalone fleet polls for each node's inventory.
-    :ivar load_probe: what a standalone fleet asks each node, with the inventory, about the
-        engine's load: models in memory, slots, loading (docs/fleet-scheduling.md#load-state).
-    :ivar liveness_path: the engine's cheapest route, which a standalone fleet asks every 2 s
-        to find a hung engine (docs/fleet-scheduling.md#hung-nodes).
     :ivar plain_errors: which paths answer errors as ``{"error": "..."}`` rather than
         OpenAI's envelope (Ollama's native routes, not its ``/v1/*`` shims).
     :ivar named_model_paths: "other" routes whose body names a model in ``model``, or
         in the deprecated ``name`` when ``model`` is empty.
     :ivar host_guard: the engine refuses a ``Host`` outside its DNS-rebinding allow-list
         (Ollama), so its facade must too (reason ``forbidden-host``).
-    :ivar file_path_ids: its model ids may be file paths (``-m /models/x.gguf``), also known by
-        their file names in fleet mode (docs/model-names.md#file-names).
+    :ivar serves: the engines whose nodes the facade's requests go to: an engine's facade, its
+        own; the ``openai`` facade, every engine's.
+    :ivar forwards_other: whether a route outside the table is forwarded to a node ("other"),
+        or answered 404 ``not-found`` (the ``openai`` facade, which has no engine of its own
+        to forward it to).
     """
 
     id: str
     display_name: str
-    own_port: int
-    relocated_port: int
     standalone_port: int
     port_file: str
     inference_paths: frozenset[str]
@@ -110,13 +117,16 @@ class Engine:
     model_required: bool
     model_key: Callable[[str], str]
     model_display: Callable[[str], str]
-    poll_path: str
-    load_probe: LoadProbe
-    liveness_path: str
     plain_errors: Callable[[str], bool] = _never
     named_model_paths: frozenset[str] = frozenset()
     host_guard: bool = False
-    file_path_ids: bool = False
+    serves: tuple[str, ...] = field(default=Factory(_own_engine, takes_self=True))
+    forwards_other: bool = True
+
+    @property
+    def spans_engines(self) -> bool:
+        """Whether the facade reaches nodes of engines other than one of its own."""
+        return self.serves != (self.id,)
 
     def classify(self, method: bytes, path: str) -> RouteClass:
         """Classify a route by exact path (no trailing-slash folding, no query string)."""
@@ -141,6 +151,29 @@ class Engine:
         else:
             body = {"error": {"message": message, "type": "nvpair_proxy", "code": reason.value}}
         return json.dumps(body, separators=(",", ":")).encode()
+
+
+@frozen(kw_only=True)
+class Engine(Dialect):
+    """The identity and dialect of one engine, and what a node running it is asked.
+
+    :ivar own_port: the engine's own client-facing port, which its clients already use.
+    :ivar relocated_port: where PAIR moves the engine so the facade can take ``own_port``.
+    :ivar poll_path: the model list a standalone fleet polls for each node's inventory.
+    :ivar load_probe: what a standalone fleet asks each node, with the inventory, about the
+        engine's load: models in memory, slots, loading (docs/fleet-scheduling.md#load-state).
+    :ivar liveness_path: the engine's cheapest route, which a standalone fleet asks every 2 s
+        to find a hung engine (docs/fleet-scheduling.md#hung-nodes).
+    :ivar file_path_ids: its model ids may be file paths (``-m /models/x.gguf``), also known by
+        their file names in fleet mode (docs/model-names.md#file-names).
+    """
+
+    own_port: int
+    relocated_port: int
+    poll_path: str
+    load_probe: LoadProbe
+    liveness_path: str
+    file_path_ids: bool = False
 
     def inventory_models(self, body: object) -> list[str] | None:
         """Model names out of a :attr:`poll_path` answer, or None when it is not the envelope."""
@@ -283,3 +316,34 @@ LLAMACPP = Engine(
 
 #: The registry: every engine the process knows, by id. Order is presentation order.
 ENGINES: Mapping[str, Engine] = {e.id: e for e in (OLLAMA, LMSTUDIO, LLAMACPP)}
+
+#: The OpenAI-dialect facade of fleet mode: one endpoint for every engine's models, through
+#: each engine's own OpenAI-compatible routes, nothing translated (docs/openai-facade.md).
+OPENAI = Dialect(
+    id="openai",
+    display_name="OpenAI",
+    standalone_port=4000,
+    port_file="openai-proxy-port.json",
+    inference_paths=frozenset(
+        {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"}
+    ),
+    inventory={"/v1/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY)},
+    inventory_methods=frozenset({b"GET"}),
+    # Every engine's node is asked for the model by name: one a body leaves out has no owner.
+    model_required=True,
+    model_key=_exact,
+    model_display=_exact,
+    # Every engine with OpenAI's model list: it is the one route of theirs asked for it.
+    serves=tuple(engine.id for engine in ENGINES.values() if "/v1/models" in engine.inventory),
+    forwards_other=False,
+)
+
+#: Every facade a fleet file may name, by id: each engine's, then the ``openai`` facade.
+FACADES: Mapping[str, Dialect] = {**ENGINES, OPENAI.id: OPENAI}
+
+
+def served_engines(facades: Iterable[str]) -> tuple[str, ...]:
+    """The engines whose nodes the named facades reach, in :data:`ENGINES` order: each engine
+    facade its own engine, the ``openai`` facade every engine."""
+    served = {engine for facade in facades for engine in FACADES[facade].serves}
+    return tuple(engine for engine in ENGINES if engine in served)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from twisted.web.http import RESPONSES
 
 from nvpair.common.reasons import Reason
-from nvpair.engines.table import Engine
+from nvpair.engines.table import Dialect
 from nvpair.wire.web import ProxiedRequest
 
 #: The longest model name an answer quotes back (a name, not a body, but bounded all the same).
@@ -52,21 +52,21 @@ def no_owner_timeout_message(model: str | None, bound: str) -> str:
     return f"no node serving {which} came back within {bound}"
 
 
-def no_node_message(engine: Engine, model: str | None) -> str:
+def no_node_message(engine: Dialect, model: str | None) -> str:
     """``no-owner`` for another route: the engine has no node at all (and the model named)."""
     message = f"no {engine.display_name} node is available"
     return message if model is None else f"{message} for model {_quoted(model)}"
 
 
 def error_answer(
-    engine: Engine, path: str, reason: Reason, message: str | None = None
+    engine: Dialect, path: str, reason: Reason, message: str | None = None
 ) -> tuple[int, bytes]:
     """The status and dialect body of the proxy-generated answer ``reason`` on ``path``."""
     return reason.status, engine.error_body(path, message or reason.message, reason)
 
 
 def head_refusal(
-    engine: Engine, path: str, reason: Reason, message: str | None = None, *, head_only: bool
+    engine: Dialect, path: str, reason: Reason, message: str | None = None, *, head_only: bool
 ) -> bytes:
     """A whole HTTP/1.1 answer for a request refused at its head, closing the connection.
 
@@ -87,7 +87,7 @@ def head_refusal(
 
 def write_error(
     request: ProxiedRequest,
-    engine: Engine,
+    engine: Dialect,
     reason: Reason,
     *,
     retry_after: int | None = None,

@@ -27,7 +27,7 @@ from nvpair.engines.admission import (
     ollama_host_allowed,
     target_host,
 )
-from nvpair.engines.table import Engine, RouteClass
+from nvpair.engines.table import Dialect, RouteClass
 from nvpair.facades import access
 from nvpair.facades.answers import head_refusal, write_error
 from nvpair.wire.cluster import Membership
@@ -56,7 +56,7 @@ class Admitted:
     :ivar model_key: the engine's comparison key for ``model``.
     """
 
-    engine: Engine
+    engine: Dialect
     route: RouteClass
     method: bytes
     path: str
@@ -87,7 +87,7 @@ class Facade:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Dialect,
         handler: RequestHandler,
         *,
         peer: Callable[[], Membership | None] | None = None,

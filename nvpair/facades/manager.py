@@ -17,7 +17,7 @@ from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTim
 from twisted.logger import Logger
 
 from nvpair.control.outbox import Outbox
-from nvpair.engines.table import ENGINES, Engine
+from nvpair.engines.table import FACADES, Dialect
 from nvpair.facades.access import AccessLog
 from nvpair.facades.facade import Facade, RequestHandler
 from nvpair.facades.ports import (
@@ -52,14 +52,23 @@ class FacadeError(Exception):
 
 @define(eq=False)
 class LiveFacade:
-    """An enabled facade: its engine, its listening factory and where it listens."""
+    """An enabled facade: its engine, its listening factory and where it listens.
 
-    engine: Engine
+    :ivar peers: whether it has the cluster personality: a facade that reaches several
+        engines' nodes (``openai``) has no local engine to serve a pinned peer.
+    """
+
+    engine: Dialect
     factory: SniffingFactory
     port: int
     listener: IListeningPort
     aliases: list[str] = field(factory=list)
     alias_listeners: list[IListeningPort] = field(factory=list)
+    peers: bool = True
+
+
+def _no_membership() -> Membership | None:
+    return None
 
 
 class FacadeManager:
@@ -107,10 +116,10 @@ class FacadeManager:
     def enabled(self, engine: str) -> bool:
         return engine in self.facades
 
-    def _port_file(self, engine: Engine) -> Path:
+    def _port_file(self, engine: Dialect) -> Path:
         return self._state_dir / engine.port_file
 
-    def _persisted(self, engine: Engine) -> int | None:
+    def _persisted(self, engine: Dialect) -> int | None:
         read = read_persisted_port(self._port_file(engine))
         if isinstance(read, PortCorrupt):
             message = f"persisted port file {engine.port_file} ignored: {read.reason}"
@@ -135,7 +144,7 @@ class FacadeManager:
         :raises FacadeError: ``conflict`` for a re-enable on another port, ``bind`` when the
             port is taken.
         """
-        engine = ENGINES[engine_id]
+        engine = FACADES[engine_id]
         wanted = port or engine.standalone_port
         if not ignore_persisted:
             wanted = self._persisted(engine) or wanted
@@ -149,16 +158,16 @@ class FacadeManager:
                     f"{engine_id} is already enabled on port {live.port}",
                 )
             return self._result(live)
+        peers = not engine.spans_engines
+        membership = self._membership if peers else _no_membership
         factory = SniffingFactory(
             self._clock,
             self._site(Facade(engine, self._handler, access_log=self._access)),
-            self._site(
-                Facade(engine, self._handler, peer=self._membership, access_log=self._access)
-            ),
-            self._membership,
+            self._site(Facade(engine, self._handler, peer=membership, access_log=self._access)),
+            membership,
         )
         listener = self._listen(engine, wanted, factory)
-        live = LiveFacade(engine, factory, wanted, listener)
+        live = LiveFacade(engine, factory, wanted, listener, peers=peers)
         self.facades[engine_id] = live
         self.log.info("{engine} facade listening on {port}", engine=engine_id, port=wanted)
         for alias in aliases:
@@ -176,7 +185,7 @@ class FacadeManager:
         )
 
     def _ready(self, live: LiveFacade) -> None:
-        tls = self._membership() is not None
+        tls = live.peers and self._membership() is not None
         params: dict[str, object] = {"port": live.port, "aliases": list(live.aliases), "tls": tls}
         self._outbox.notify(f"{live.engine.id}:ready", params)
 
@@ -213,7 +222,7 @@ class FacadeManager:
         self._ready(live)
         return {"engine": engine_id, "port": port}
 
-    def _persist(self, engine: Engine, port: int) -> None:
+    def _persist(self, engine: Dialect, port: int) -> None:
         try:
             write_persisted_port(self._port_file(engine), port)
         except OSError as error:
@@ -221,7 +230,7 @@ class FacadeManager:
             self.log.warn("{message}", engine=engine.id, message=message)
             raise FacadeError("persist", engine.id, port, message) from None
 
-    def _listen(self, engine: Engine, port: int, factory: SniffingFactory) -> IListeningPort:
+    def _listen(self, engine: Dialect, port: int, factory: SniffingFactory) -> IListeningPort:
         holder = next((live.engine for live in self.facades.values() if live.port == port), None)
         if holder is not None and holder is not engine:
             # Said as it is, rather than as the address in use the bind would report.

@@ -17,7 +17,7 @@ from attrs import field, frozen
 
 from nvpair.common.durations import parse_duration
 from nvpair.engines.modelnames import NO_ALIASES, AliasError, Aliases
-from nvpair.engines.table import ENGINES
+from nvpair.engines.table import ENGINES, FACADES, served_engines
 from nvpair.facades.ports import ascii_digits, parse_aliases, valid_port
 from nvpair.fleet.credentials import Credential, read_credential
 
@@ -111,6 +111,10 @@ def _unknown_engine(name: str) -> str:
     return f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}"
 
 
+def _unknown_facade(name: str) -> str:
+    return f"unknown facade {name!r}; expected one of {', '.join(FACADES)}"
+
+
 def base_url_hint(url: str) -> str:
     """What to say of a node URL whose poll answered 404: when it has a path (``/v1``), that
     it should be the engine's base URL, the poll's path being the engine's own
@@ -128,7 +132,7 @@ def _one_facade_per_port(path: Path, facades: Mapping[str, FacadeSpec]) -> None:
     one's bind failing at start."""
     holders: dict[int, str] = {}
     for engine, spec in facades.items():
-        port = spec.port or ENGINES[engine].standalone_port
+        port = spec.port or FACADES[engine].standalone_port
         holder = holders.setdefault(port, engine)
         if holder != engine:
             default = "" if spec.port else " (its default)"
@@ -203,8 +207,8 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
     facades: dict[str, FacadeSpec] = {}
     for engine, spec in facades_table.items():
         where = f"facades.{engine}"
-        if engine not in ENGINES:
-            raise _fail(path, where, _unknown_engine(engine))
+        if engine not in FACADES:
+            raise _fail(path, where, _unknown_facade(engine))
         if not isinstance(spec, dict):
             raise _fail(path, where, "must be a table")
         _check_keys(path, where, spec, {"port", "aliases"})
@@ -264,7 +268,7 @@ def unserved(fleet: Fleet, running: Collection[str]) -> list[tuple[str, str, str
             node.id,
             engine,
             "its facade was added to the fleet file and starts with a restart"
-            if engine in fleet.facades
+            if engine in served_engines(fleet.facades)
             else f"the fleet file has no [facades.{engine}] table",
         )
         for node in fleet.nodes

@@ -42,6 +42,7 @@ def discovery_nodes(
             url=urls[node],
             models=models,
             model_keys=keys,
+            engine=engine.id,
             other_names=others,
         )
         for (node, models), keys, others in zip(serving, names.keys, names.others, strict=True)

@@ -27,7 +27,7 @@ from twisted.python.failure import Failure
 
 from nvpair.control.state import ControlState
 from nvpair.engines.loadstate import UNKNOWN, LoadState
-from nvpair.engines.table import ENGINES
+from nvpair.engines.table import FACADES, served_engines
 from nvpair.facades.manager import FacadeError
 from nvpair.fleet.discovery import FleetDiscovery
 from nvpair.fleet.file import Fleet, restart_needed, unserved
@@ -100,8 +100,9 @@ class FleetService(Service):
         self._facades = facades
         self._ask = NodePoll(upstream, clock, (dial_timeout or 10.0) + POLL_GRACE)
         self._scheduler = scheduler
-        # The facades this process runs: a reload cannot change them (a port is bound).
-        self._engines = tuple(fleet.facades)
+        # The engines whose nodes this process's facades reach (every engine's with the openai
+        # facade): a reload cannot change them (a port is bound).
+        self._engines = served_engines(fleet.facades)
         self._discovery = FleetDiscovery(
             clock,
             control,
@@ -123,10 +124,14 @@ class FleetService(Service):
     # -- what an operator reads ---------------------------------------------------------------
 
     def reports(self) -> Mapping[str, tuple[PairReport, ...]]:
-        """Every configured (node, engine) of each running facade, in the file's order."""
-        out: dict[str, list[PairReport]] = {engine: [] for engine in self._engines}
+        """Every configured (node, engine) of each running facade, in the file's order: every
+        engine with a facade of its own, and each other engine a facade reaches (the ``openai``
+        facade) that has a node."""
+        out: dict[str, list[PairReport]] = {
+            engine: [] for engine in self._engines if engine in self._fleet.facades
+        }
         for pair in self._pairs.values():
-            out[pair.engine].append(pair.report)
+            out.setdefault(pair.engine, []).append(pair.report)
         return {engine: tuple(reports) for engine, reports in out.items()}
 
     @property
@@ -144,7 +149,7 @@ class FleetService(Service):
             try:
                 self._facades.enable(engine, spec.port or None, spec.aliases, False)
             except FacadeError as error:
-                why = f"{ENGINES[engine].display_name} facade not enabled: {error.message}"
+                why = f"{FACADES[engine].display_name} facade not enabled: {error.message}"
                 if self._cannot_serve is None:
                     self.log.error("{why}", engine=engine, why=why)
                     continue

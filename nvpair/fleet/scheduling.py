@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from attrs import evolve
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair.control.routing import Plan, Standing, fleet_plan
+from nvpair.control.routing import Plan, Ranked, Standing, fleet_plan, ranked_plan
 from nvpair.control.state import Node
 from nvpair.engines.loadstate import UNKNOWN, LoadState, unseen
 from nvpair.engines.table import ENGINES
@@ -185,3 +185,17 @@ class FleetScheduler:
         return fleet_plan(
             eligible, pin, model_key, lambda node: self.standing(engine, node), reservations
         )
+
+    def plan_across(
+        self,
+        eligible: Sequence[Node],
+        model_key: Callable[[str], str | None],
+        reservations: Mapping[str, int],
+    ) -> Plan:
+        """A round over several engines' nodes (the ``openai`` facade), in fleet order, each
+        ranked by its own engine's standing and ``model_key(engine)``; no pin."""
+        keys = {engine: model_key(engine) for engine in {node.engine for node in eligible}}
+        ranked: list[Ranked] = [
+            (node, keys[node.engine], self.standing(node.engine, node.id)) for node in eligible
+        ]
+        return ranked_plan((), ranked, reservations)

@@ -107,7 +107,7 @@ class Admin:
     def _views(self) -> dict[str, FacadeView]:
         tls = self._tls()
         return {
-            engine: FacadeView(live.port, tuple(live.aliases), tls)
+            engine: FacadeView(live.port, tuple(live.aliases), tls and live.peers)
             for engine, live in self._facades.facades.items()
         }
 

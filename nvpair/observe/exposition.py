@@ -17,6 +17,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from nvpair.engines.table import served_engines
 from nvpair.observe.metrics import Histogram, Metrics
 
 
@@ -156,8 +157,10 @@ class MetricsCollector(Collector):
         port = GaugeMetricFamily(
             "nvpair_facade_port", "The port each enabled facade listens on.", labels=["engine"]
         )
-        for engine, listening in sorted(facades.items()):
+        # Per engine whose nodes a facade reaches: the openai facade's are its engines'.
+        for engine in sorted(served_engines(facades)):
             discovery.add_metric([engine], live.discovery(engine))
+        for engine, listening in sorted(facades.items()):
             up.add_metric([engine], 0 if listening is None else 1)
             if listening is not None:
                 port.add_metric([engine], listening)

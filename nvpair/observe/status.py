@@ -14,6 +14,7 @@ from attrs import frozen
 
 from nvpair.control.state import ControlState
 from nvpair.engines.loadstate import LoadState
+from nvpair.engines.table import ENGINES, FACADES
 from nvpair.fleet.pairs import PairReport, PollState
 from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.observe.recent import RecentWorkloads, Trail
@@ -264,18 +265,20 @@ def status_document(
 ) -> dict[str, object]:
     """``GET /status`` (docs/operations.md#status)."""
     nodes: dict[str, list[dict[str, object]]]
+    # Nodes are per engine: the openai facade has none of its own (its engines' are listed).
+    engines = {engine for engine in facades if engine in ENGINES}
     if fleet is not None:
         reports = fleet.reports()
         nodes = {
             engine: fleet_nodes(
                 engine, reports.get(engine, ()), fleet, now, reservations, in_flight
             )
-            for engine in sorted(set(facades) | set(reports))
+            for engine in sorted(engines | set(reports))
         }
     else:
         nodes = {
             engine: broker_nodes(engine, control, reservations, in_flight)
-            for engine in sorted(facades)
+            for engine in sorted(engines)
         }
     return {
         "mode": "fleet" if fleet is not None else "broker",
@@ -292,9 +295,11 @@ def status_document(
     }
 
 
-def nodes_up(engine: str, control: ControlState) -> bool:
-    """Whether ``engine`` has any node in discovery."""
-    return bool(control.discovery(engine).nodes)
+def nodes_up(facade: str, control: ControlState) -> bool:
+    """Whether any engine the facade reaches (its own, or every one for ``openai``) has a node
+    in discovery."""
+    serves = FACADES[facade].serves if facade in FACADES else (facade,)
+    return any(control.discovery(engine).nodes for engine in serves)
 
 
 def readiness(

@@ -160,8 +160,11 @@ SCRIPT = """
 
   function renderFleet(doc) {
     const byEngine = doc.nodes || {};
-    const engines = [...new Set([...Object.keys(doc.facades || {}),
-      ...Object.keys(byEngine)])].sort();
+    const engines = Object.keys(byEngine).sort();
+    // A facade with no column of its own (openai, which reaches every engine's nodes).
+    const spanning = Object.keys(doc.facades || {}).filter((f) => !(f in byEngine)).sort();
+    document.getElementById("spanning").textContent = spanning.map(
+      (f) => f + " facade on port " + doc.facades[f].port).join(", ");
     const ids = [];
     for (const engine of engines) {
       for (const node of byEngine[engine] || []) {
@@ -280,6 +283,7 @@ PAGE_TEMPLATE = """<!doctype html>
 <h1>nvpair-proxy</h1>
 <span id="mode" class="muted"></span>
 <span id="in-flight" class="muted"></span>
+<span id="spanning" class="muted"></span>
 <span id="updated" class="muted">loading /status</span>
 </header>
 <h2>Fleet</h2>

@@ -43,14 +43,22 @@ def fleet_text(
 
 @asynccontextmanager
 async def fleet(
-    tmp_path: Path, sims: Sequence[SimEngine], models: str = "", expected_error: str = ""
+    tmp_path: Path,
+    sims: Sequence[SimEngine],
+    models: str = "",
+    expected_error: str = "",
+    *,
+    openai_facade: bool = False,
 ) -> AsyncIterator[tuple[ProxyProcess, dict[str, int], Path]]:
     """The sims listening, and the proxy in fleet mode in front of them once every node has
-    joined: yields the proxy, each engine's facade port and the fleet file. Afterwards its log
-    must show no problem but ``expected_error``'s."""
+    joined: yields the proxy, each engine's facade port (and the ``openai`` facade's, with
+    ``openai_facade``) and the fleet file. Afterwards its log must show no problem but
+    ``expected_error``'s."""
     for sim in sims:
         sim.listen()
     ports = {sim.dialect: free_port() for sim in sims}
+    if openai_facade:
+        ports["openai"] = free_port()
     path = tmp_path / "fleet.toml"
     path.write_text(fleet_text(ports, [(s.node, s.dialect, s.url) for s in sims], models))
     try:
@@ -189,6 +197,75 @@ async def test_an_alias_across_engines_through_the_ollama_and_openai_sdks(tmp_pa
             "llama3",
         ]
         assert [json.loads(b)["model"] for b in inference_bodies(llama_sim)] == [LLAMA_PATH] * 2
+
+
+STUDIO_PATH = "lmstudio-community/Meta-Llama-3.1-8B-Instruct-GGUF/" + LLAMA_PATH.rsplit("/")[-1]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_openai_facade_finds_a_names_owners_on_every_engine_each_sent_its_own(
+    tmp_path: Path,
+) -> None:
+    """docs/openai-facade.md#names: on the ``openai`` facade an alias has owners on every
+    engine and a GGUF file name on every engine with that file, each node sent its own name
+    for it (Ollama's tag, llama.cpp's path, LM Studio's id); the merged list shows each name
+    once, an alias only one engine's model answers to included."""
+    ollama_sim = SimEngine(reactor, "ollama", models=["llama3.1:8b"], node="o")
+    llama_sim = SimEngine(reactor, "llamacpp", models=[LLAMA_PATH], node="l")
+    studio_sim = SimEngine(reactor, "lmstudio", models=[STUDIO_PATH], node="s")
+    sims = [ollama_sim, llama_sim, studio_sim]
+    own = {ollama_sim: "llama3.1:8b", llama_sim: LLAMA_PATH, studio_sim: STUDIO_PATH}
+    # "chat" is an alias only Ollama's model answers to.
+    models = LLAMA3 + '"chat" = ["llama3.1:8b"]\n'
+    async with fleet(tmp_path, sims, models, openai_facade=True) as (_, ports, _path):
+        port = ports["openai"]
+        file_name = "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf"
+        # Every owner failing: each is tried in turn, which shows who the owners are and what
+        # each was sent.
+        for sim in sims:
+            sim.faults.status = 503
+        for name, owners in (("llama3", sims), (file_name, [llama_sim, studio_sim])):
+            before = {sim: len(inference_bodies(sim)) for sim in sims}
+            body = json.dumps({"model": name, "messages": [{"role": "user", "content": "hi"}]})
+            status, _, _ = await post(port, "/v1/chat/completions", body.encode())
+            assert status == 503
+            for sim in sims:
+                sent = [json.loads(b)["model"] for b in inference_bodies(sim)[before[sim] :]]
+                assert sent == ([own[sim]] * len(sent) if sim in owners else []), sim.node
+                assert (len(sent) > 0) == (sim in owners), (name, sim.node)
+        for sim in sims:
+            sim.faults.status = None
+
+        def through_openai() -> tuple[list[tuple[str, str | None]], list[str]]:
+            client = openai.OpenAI(
+                base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0
+            )
+            served = []
+            for name in ("llama3", file_name, "Meta-Llama-3.1-8B-Instruct-Q4_K_M"):
+                raw = client.chat.completions.with_raw_response.create(
+                    model=name, messages=[{"role": "user", "content": "hi"}]
+                )
+                served.append(
+                    (raw.parse().choices[0].message.content or "", raw.headers.get("x-nvpair-node"))
+                )
+            return served, [m.id for m in client.models.list()]
+
+        served, ids = await deferToThread(through_openai)
+        by_node = {sim.node: sim for sim in sims}
+        for text, node in served:
+            assert node is not None and text == "".join(by_node[node].tokens)
+            assert json.loads(inference_bodies(by_node[node])[-1])["model"] == own[by_node[node]]
+        assert sorted(ids) == sorted(
+            [
+                LLAMA_PATH,
+                STUDIO_PATH,
+                "llama3.1:8b",
+                file_name,
+                "Meta-Llama-3.1-8B-Instruct-Q4_K_M",
+                "llama3",
+                "chat",
+            ]
+        )
 
 
 @pytest_twisted.ensureDeferred

@@ -53,24 +53,30 @@ async def failing_over(
     port, admin = free_port(), free_port()
     fleet = write_fleet(tmp_path / "fleet.toml", port, {first: a.url, second: b.url})
     try:
-        async with running_proxy(
-            tmp_path, "--fleet", str(fleet), "--admin-port", str(admin)
-        ) as proxy:
-
-            async def both_up() -> bool:
-                try:
-                    code, _ = await admin_get(admin, "/readyz")
-                except ConnectionRefusedError:
-                    return False  # not listening yet
-                if code != 200:
-                    return False
-                _, status = await admin_get(admin, "/status")
-                return all(n["state"] == "up" for n in status["nodes"]["ollama"])
-
-            await eventually(both_up, "both nodes up")
+        async with every_node_up(tmp_path, fleet, admin) as proxy:
             yield proxy, port, admin
     finally:
         await stopped([a, b])
+
+
+@contextlib.asynccontextmanager
+async def every_node_up(tmp_path: Path, fleet: Path, admin: int) -> AsyncIterator[ProxyProcess]:
+    """The proxy over ``fleet`` with its admin listener on ``admin``, once it is ready and every
+    node of every engine is up."""
+    async with running_proxy(tmp_path, "--fleet", str(fleet), "--admin-port", str(admin)) as proxy:
+
+        async def all_up() -> bool:
+            try:
+                code, _ = await admin_get(admin, "/readyz")
+            except ConnectionRefusedError:
+                return False  # not listening yet
+            if code != 200:
+                return False
+            _, status = await admin_get(admin, "/status")
+            return all(n["state"] == "up" for nodes in status["nodes"].values() for n in nodes)
+
+        await eventually(all_up, "every node up")
+        yield proxy
 
 
 async def chat(port: int) -> tuple[int, str | None, dict[str, Any]]:
@@ -267,3 +273,56 @@ async def test_the_status_page_shows_the_fleet_and_a_failover_live(
         assert number and first_byte.endswith(" ms"), row
         assert seen["injected"] == 0, seen
         assert log_problems(proxy) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_page_names_the_openai_facade_and_its_nodes_engines(
+    tmp_path: Path, browser: Browser
+) -> None:
+    """Fleet mode with ``[facades.openai]`` alone (docs/openai-facade.md#what-an-operator-sees):
+    the header names the facade and its port, each node sits in its own engine's column, and a
+    request that failed over from Ollama to llama.cpp is the serving engine's."""
+    ollama, llama = started(
+        SimEngine(reactor, "ollama", models=["tiny:latest"], node="a"),
+        SimEngine(reactor, "llamacpp", models=["tiny"], node="b"),
+    )
+    ollama.faults.status = 503
+    port, admin = free_port(), free_port()
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        f'inventory-interval = "100ms"\n[facades.openai]\nport = {port}\n'
+        f'[[nodes]]\nid = "a"\n[nodes.engines]\nollama = "{ollama.url}"\n'
+        f'[[nodes]]\nid = "b"\n[nodes.engines]\nllamacpp = "{llama.url}"\n'
+    )
+    try:
+        async with every_node_up(tmp_path, fleet, admin) as proxy:
+            body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+            response = await treq.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions", body.encode(), timeout=20
+            )
+            assert response.code == 200
+            await response.content()
+
+            def load() -> tuple[Any, str]:
+                browser.navigate(f"http://127.0.0.1:{admin}/")
+                seen = browser.execute_async(READ_PAGE, 10_000, True)
+                return seen, browser.execute(
+                    "return document.getElementById('spanning').textContent"
+                )
+
+            seen, spanning = await deferToThread(load)
+            assert spanning == f"openai facade on port {port}"
+            assert seen["engines"] == ["node", "llamacpp", "ollama"], seen
+            assert [(c["engine"], c["node"], c["state"]) for c in seen["cells"]] == [
+                ("llamacpp", "b", "up"),
+                ("ollama", "a", "up"),
+            ], seen
+            (row,) = seen["rows"]
+            assert row["cells"][1:4] == ["llamacpp", "tiny", "completed"], row
+            assert [(a["node"], a["result"]) for a in row["attempts"]] == [
+                ("a", "status"),
+                ("b", "served"),
+            ]
+            assert log_problems(proxy) == []
+    finally:
+        await stopped([ollama, llama])
