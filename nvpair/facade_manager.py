@@ -21,6 +21,7 @@ from nvpair.cluster import Membership
 from nvpair.engines import ENGINES, Engine
 from nvpair.facade_server import FacadeSite
 from nvpair.http_facade import Facade, RequestHandler
+from nvpair.langate import LanGate
 from nvpair.outbox import Outbox
 from nvpair.ports import (
     PortCorrupt,
@@ -86,10 +87,12 @@ class FacadeManager:
         backlog: int = 4096,
         membership: Callable[[], Membership | None] = lambda: None,
         access_log: AccessLog | None = None,
+        lan: LanGate | None = None,
     ) -> None:
         """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
         :param membership: the live cluster membership (None: plaintext personality only).
-        :param access_log: where each facade writes the requests it refuses (None: off)."""
+        :param access_log: where each facade writes the requests it refuses (None: off).
+        :param lan: fleet mode's ``[access]``, which lets LAN callers in (None: nobody)."""
         self._reactor = reactor
         self._clock = IReactorTime(reactor)
         self._membership = membership
@@ -102,6 +105,7 @@ class FacadeManager:
         self._idle_timeout = idle_timeout
         self._backlog = backlog
         self._access = access_log
+        self._lan = lan
         self.facades: dict[str, LiveFacade] = {}
 
     def enabled(self, engine: str) -> bool:
@@ -149,13 +153,18 @@ class FacadeManager:
                     f"{engine_id} is already enabled on port {live.port}",
                 )
             return self._result(live)
+        lan = self._lan
+        plain = self._site(Facade(engine, self._handler, access_log=self._access, lan=lan))
         factory = SniffingFactory(
             self._clock,
-            self._site(Facade(engine, self._handler, access_log=self._access)),
+            plain,
             self._site(
                 Facade(engine, self._handler, peer=self._membership, access_log=self._access)
             ),
             self._membership,
+            # LAN callers over TLS are served as over plaintext, under the same rules.
+            lan=None if lan is None else plain,
+            lan_tls=(lambda: None) if lan is None else (lambda: lan.tls),
         )
         listener = self._listen(engine, wanted, factory)
         live = LiveFacade(engine, factory, wanted, listener)

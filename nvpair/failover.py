@@ -38,7 +38,9 @@ async def serve_inference(services: Services, job: Job) -> None:
         )
         return
     model = job.admitted.model
-    job.workload = services.workloads.admit(engine.id, engine.model_display(model) if model else "")
+    job.workload = services.workloads.admit(
+        engine.id, engine.model_display(model) if model else "", caller=job.admitted.caller
+    )
     if services.recent is not None:
         job.trail = services.recent.admitted(job.workload)
     outgoing = job.outgoing()

@@ -16,6 +16,7 @@ from attrs import frozen
 
 from nvpair.durations import parse_duration
 from nvpair.engines import ENGINES
+from nvpair.lanconfig import Access, AccessError, parse_access
 from nvpair.ports import ascii_digits, parse_aliases, valid_port
 
 
@@ -37,11 +38,15 @@ class FleetNode:
 
 @frozen
 class Fleet:
-    """A parsed fleet file."""
+    """A parsed fleet file.
+
+    :ivar access: who besides loopback may call (``[access]``, docs/lan.md); None: nobody.
+    """
 
     inventory_interval: float
     facades: Mapping[str, FacadeSpec]
     nodes: tuple[FleetNode, ...]
+    access: Access | None = None
 
 
 def _fail(path: Path, where: str, why: str) -> FleetFileError:
@@ -127,7 +132,7 @@ def load_fleet(path: Path) -> Fleet:
     except RecursionError:
         # tomllib parses nested arrays and inline tables recursively.
         raise FleetFileError(f"{path}: not valid TOML: nested too deeply") from None
-    _check_keys(path, "top level", document, {"inventory-interval", "facades", "nodes"})
+    _check_keys(path, "top level", document, {"inventory-interval", "facades", "nodes", "access"})
 
     interval_text = document.get("inventory-interval", "5s")
     try:
@@ -182,7 +187,11 @@ def load_fleet(path: Path) -> Fleet:
             if problem is not None:
                 raise _fail(path, f"{where}.engines.{engine}", problem)
         nodes.append(FleetNode(node_id, dict(engines)))
-    return Fleet(interval, facades, tuple(nodes))
+    try:
+        access = parse_access(document.get("access"), path.parent)
+    except AccessError as error:
+        raise FleetFileError(f"{path}: {error}") from None
+    return Fleet(interval, facades, tuple(nodes), access)
 
 
 def unserved(fleet: Fleet, running: Collection[str]) -> list[tuple[str, str, str]]:

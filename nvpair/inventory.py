@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from nvpair import strictjson
 from nvpair.engines import Engine, InventoryRoute
@@ -48,7 +48,12 @@ def empty_inventory(engine: Engine, path: str) -> bytes:
     return _dump(engine.inventory[path].empty)
 
 
-def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> bytes:
+def merge_inventories(
+    engine: Engine,
+    path: str,
+    bodies: Sequence[bytes],
+    allowed: Callable[[str], bool] | None = None,
+) -> bytes:
     """Merge the 2xx bodies of every responding node for the inventory route *path*.
 
     Entries come out in node order; the first entry with a given model key wins and later
@@ -71,6 +76,8 @@ def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> byt
     :param engine: the facade's engine.
     :param path: the client's inventory route, a key of ``engine.inventory``.
     :param bodies: each responding node's body, in node order.
+    :param allowed: which names the caller may see (a fleet key's patterns,
+        docs/lan.md#keys); an entry it refuses is left out. None: every entry.
     :return: the merged envelope as compact JSON bytes.
     :raises InvalidInventory: when any body is not the expected envelope.
     :raises KeyError: when *path* is not an inventory route of *engine*.
@@ -82,7 +89,10 @@ def merge_inventories(engine: Engine, path: str, bodies: Sequence[bytes]) -> byt
         # Every body is validated before anything is returned, duplicates included: one bad
         # node makes the whole answer invalid, so a partial list can never escape.
         for entry in _entries(route, index, body):
-            key = engine.model_key(_key(route, entry))
+            name = _key(route, entry)
+            key = engine.model_key(name)
+            if allowed is not None and not allowed(name):
+                continue
             if key not in seen:
                 seen.add(key)
                 merged.append(entry)

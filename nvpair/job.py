@@ -101,12 +101,16 @@ class Job:
         """What each attempt sends: the client's request with its end-to-end headers.
 
         The last read of the client's headers: the request keeps none from then on, the
-        attempts send this copy (docs/performance.md#held-streams)."""
+        attempts send this copy (docs/performance.md#held-streams). Where ``[access]`` is in
+        force the caller's ``Authorization`` is the proxy's key, never an engine's: it is not
+        sent on (docs/lan.md#keys)."""
         admitted = self.admitted
         headers = Headers()
         request = self.request
         for name, values in end_to_end(request.requestHeaders.getAllRawHeaders(), request=True):
             headers.setRawHeaders(name, values)
+        if admitted.caller is not None:
+            headers.removeHeader(b"authorization")
         request.requestHeaders = SPENT
         return Outgoing(
             admitted.engine.id,

@@ -29,7 +29,9 @@ from nvpair.fleetwide import serve_inventory, serve_preflight
 from nvpair.forwarding import serve_once_each, serve_peer
 from nvpair.http_facade import Admitted, RequestHandler
 from nvpair.job import Ending, Job, Services
+from nvpair.lanpolicy import forbids
 from nvpair.metrics import Metrics
+from nvpair.proxy_answers import forbidden_model_message
 from nvpair.reasons import Reason
 from nvpair.recent import RecentWorkloads
 from nvpair.reservations import Reservations
@@ -121,7 +123,10 @@ class RequestPath(RequestHandler):
             now, config.job_deadline, config.max_dispatch_attempts, config.retry_backoff
         )
         job = Job(admitted, request, now, budget)
-        d = Deferred.fromCoroutine(self._servers[admitted.route](services, job))
+        server = self._servers[admitted.route]
+        if forbids(admitted.caller, admitted.engine, admitted.route, admitted.model):
+            server = serve_forbidden_model
+        d = Deferred.fromCoroutine(server(services, job))
         job.deferred = d
         self._jobs.add(job)
         # The requester leaving ends the job at once: whatever it is waiting on is cancelled,
@@ -151,6 +156,12 @@ class RequestPath(RequestHandler):
         if self._access is not None:
             self._access.write(finished(job, services.clock.seconds()))
         return result
+
+
+async def serve_forbidden_model(services: Services, job: Job) -> None:
+    """A key asked for a model outside its patterns (docs/lan.md#keys): refused, nothing
+    dispatched, no workload."""
+    job.refuse(Reason.FORBIDDEN_MODEL, message=forbidden_model_message(job.admitted.model))
 
 
 class Unanswered(RuntimeError):
@@ -198,6 +209,14 @@ def counted(metrics: Metrics, job: Job, now: float) -> None:
         None if committed is None else committed - job.created,
         job.stats,
     )
+    key = _key_name(admitted)
+    if key is not None:
+        metrics.key_request_ended(key, admitted.engine.id, outcome(job))
+
+
+def _key_name(admitted: Admitted) -> str | None:
+    caller = admitted.caller
+    return None if caller is None else caller.name
 
 
 def finished(job: Job, now: float) -> Finished:
@@ -216,6 +235,7 @@ def finished(job: Job, now: float) -> Finished:
         attempts=None if admitted.route in FAN_OUT else job.dispatches,
         ttfb_ms=None if committed is None else millis(committed - job.created),
         duration_ms=millis(now - job.created),
+        key=_key_name(admitted),
     )
 
 

@@ -7,11 +7,9 @@ in-memory that ``twistd -n nvpair-proxy`` runs.
 from __future__ import annotations
 
 import resource
-import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from twisted.application.service import IServiceCollection, MultiService, Service
 from twisted.internet import defer
@@ -35,8 +33,9 @@ from nvpair.config import Config
 from nvpair.control import ControlState
 from nvpair.facade_manager import FacadeManager
 from nvpair.fleet import FleetService
-from nvpair.fleetfile import FleetFileError, load_fleet
+from nvpair.fleetreload import FleetReloadService
 from nvpair.health import HealthPolicy
+from nvpair.langate import LanGate
 from nvpair.logs import LogObserver, chosen_format
 from nvpair.metrics import Metrics
 from nvpair.outbox import BrokerOutbox, LogOutbox
@@ -103,48 +102,6 @@ class BrokerLinkService(Service):
     def stopService(self) -> Deferred[None] | None:
         super().stopService()
         return None
-
-
-class FleetReloadService(Service):
-    """SIGHUP re-reads the fleet file (docs/fleet-scheduling.md#the-fleet-file-re-read).
-
-    A file that no longer parses is reported and the running fleet kept: a typo must not
-    empty a working router.
-    """
-
-    log = Logger()
-
-    def __init__(self, reactor: IReactorThreads, path: Path, fleet: FleetService) -> None:
-        self._reactor = reactor
-        self._path = path
-        self._fleet = fleet
-        self._previous: Any = None
-
-    def startService(self) -> None:
-        super().startService()
-        # The handler runs between bytecodes of whatever the reactor is doing; the reload runs
-        # as a reactor event of its own.
-        self._previous = signal.signal(
-            signal.SIGHUP, lambda signum, frame: self._reactor.callFromThread(self.reload)
-        )
-
-    def stopService(self) -> Deferred[None] | None:
-        super().stopService()
-        if self._previous is not None:
-            signal.signal(signal.SIGHUP, self._previous)
-            self._previous = None
-        return None
-
-    def reload(self) -> None:
-        if not self.running:
-            return
-        try:
-            fleet = load_fleet(self._path)
-        except FleetFileError as error:
-            self.log.error("fleet file not reloaded, the running fleet is kept: {why}", why=error)
-            return
-        self.log.info("fleet file reloaded: {path}", path=str(self._path))
-        self._fleet.reload(fleet)
 
 
 class ProxyService(MultiService):
@@ -301,6 +258,8 @@ def build(
     clock, core = IReactorTime(reactor), IReactorCore(reactor)
     observer = _observer(reactor, config, log_out or sys.stderr)
     access_log = AccessLog() if config.access_log else None
+    # Fleet mode's [access]: who besides loopback may call (docs/lan.md).
+    lan = LanGate(clock, config.fleet.access) if config.fleet is not None else None
     control = ControlState()
     cluster = ClusterWatch(clock, config.cluster_dir)
     upstream = Upstream(reactor, config.dial_timeout, _peer_tls(config, cluster, control))
@@ -350,6 +309,7 @@ def build(
         backlog=config.listen_backlog,
         membership=lambda: cluster.membership,
         access_log=access_log,
+        lan=lan,
     )
 
     def membership_changed(_: object) -> None:
@@ -375,7 +335,9 @@ def build(
         )
         fleet.setServiceParent(root)
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):
-            FleetReloadService(reactor, config.fleet_file, fleet).setServiceParent(root)
+            assert lan is not None
+            also = (lambda reread: lan.reload(reread.access),)
+            FleetReloadService(reactor, config.fleet_file, fleet, also).setServiceParent(root)
     else:
         assert isinstance(outbox, BrokerOutbox)
         _link_broker(core, config.broker, root, control, facades, outbox)

@@ -1,10 +1,11 @@
 """One port, two personalities: the connection's first byte decides (docs/cluster.md).
 
 ``0x16`` (a TLS handshake record) is the cluster personality — mutual TLS with pinned peers,
-whose requests go straight to the local engine. Anything else is plaintext HTTP for local
-clients, gated to loopback by the facade. The chosen protocol gets the real transport (so
-FacadeChannel sets TCP_NODELAY and registers itself as the transport's producer) and the byte
-that was read.
+whose requests go straight to the local engine — and, in fleet mode with ``[access]`` TLS, LAN
+callers over TLS (:mod:`nvpair.lantls`). Anything else is plaintext HTTP for local clients,
+gated to loopback (and ``[access]``'s networks) by the facade. The chosen protocol gets the
+real transport (so FacadeChannel sets TCP_NODELAY and registers itself as the transport's
+producer) and the byte that was read.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from twisted.python.failure import Failure
 from nvpair.cluster import Membership
 
 if TYPE_CHECKING:
+    from OpenSSL import SSL
     from twisted.protocols.tls import TLSMemoryBIOFactory
 
 #: A connection that says nothing for this long is closed before it is given a personality.
@@ -85,9 +87,11 @@ class _Sniffer(Protocol):
 class SniffingFactory(ServerFactory):
     """The listening factory of a facade port.
 
-    :param plain: the plaintext site (loopback clients).
+    :param plain: the plaintext site (loopback clients, and listed LAN callers in fleet mode).
     :param peer: the site for pinned peers (local backend only), wrapped in TLS per connection.
     :param membership: the live membership; None means the TLS personality is off.
+    :param lan: the site for LAN callers over TLS (fleet mode's ``[access]``).
+    :param lan_tls: their live TLS context (None: no TLS for LAN callers now).
     """
 
     noisy = False
@@ -99,22 +103,38 @@ class SniffingFactory(ServerFactory):
         peer: IProtocolFactory,
         membership: Callable[[], Membership | None],
         timeout: float = SNIFF_TIMEOUT,
+        *,
+        lan: IProtocolFactory | None = None,
+        lan_tls: Callable[[], SSL.Context | None] = lambda: None,
     ) -> None:
         self.clock = clock
         self.plain = plain
         self.timeout = timeout
         self._membership = membership
         self._peer = peer
+        self._lan = lan
+        self._lan_tls = lan_tls
         # Built for the first peer: only a member speaks TLS, and a node that is none never
         # loads pyOpenSSL (docs/performance.md#memory).
         self._tls: TLSMemoryBIOFactory | None = None
+        self._gateway: TLSMemoryBIOFactory | None = None
 
     def buildProtocol(self, addr: IAddress | None) -> Protocol:
         assert addr is not None
         return _Sniffer(self, addr)
 
     def tls_protocol(self, address: IAddress) -> IProtocol | None:
-        """A TLS server protocol for a peer, or None when this node is not a member."""
+        """A TLS server protocol for a peer or a LAN caller, or None when this node is no
+        member and serves LAN callers no TLS."""
+        if self._lan is not None and self._lan_tls() is not None:
+            if self._gateway is None:
+                from nvpair.lantls import gateway_factory
+
+                self._gateway = gateway_factory(
+                    self.clock, self._peer, self._lan, self._membership, self._lan_tls
+                )
+            gateway: IProtocol | None = self._gateway.buildProtocol(address)
+            return gateway
         if self._membership() is None:
             return None
         if self._tls is None:

@@ -678,3 +678,18 @@ def test_any_invalid_body_raises(
     with pytest.raises(InvalidInventory) as caught:
         merge_inventories(engine, path, bodies)
     assert caught.value.index == position
+
+
+def test_a_keys_patterns_filter_the_merged_list_after_validation() -> None:
+    """A key with model patterns sees only what it may use (docs/lan.md#keys); a node's
+    invalid list is still refused whole, whatever the key may see."""
+    bodies = [
+        json.dumps({"models": [{"name": "llama3:latest"}, {"name": "mistral:latest"}]}).encode(),
+        json.dumps({"models": [{"name": "llama3.1:8b"}]}).encode(),
+    ]
+    merged = merge_inventories(OLLAMA, "/api/tags", bodies, lambda name: "llama3" in name)
+    assert [m["name"] for m in json.loads(merged)["models"]] == ["llama3:latest", "llama3.1:8b"]
+    none = merge_inventories(OLLAMA, "/api/tags", bodies, lambda name: False)
+    assert none == empty_inventory(OLLAMA, "/api/tags")
+    with pytest.raises(InvalidInventory):
+        merge_inventories(OLLAMA, "/api/tags", [*bodies, b"{}"], lambda name: False)

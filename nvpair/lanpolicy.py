@@ -1,0 +1,155 @@
+"""Pure decisions about a LAN caller: its network, its key, the models its key may use
+(docs/lan.md#who-may-call).
+
+Values in, values out: no clock, no socket. :mod:`nvpair.langate` applies them at a request's
+head with the failed-key throttle (:mod:`nvpair.throttle`); the request path applies a key's
+model patterns (:func:`may_use`).
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+from collections.abc import Callable, Sequence
+from fnmatch import fnmatchcase
+from ipaddress import IPv4Address, IPv6Address
+
+from attrs import frozen
+
+from nvpair.engines import Engine, RouteClass
+from nvpair.lanconfig import Access, IPNetwork, Key, digest_of
+
+IPAddress = IPv4Address | IPv6Address
+
+#: ``Authorization``'s scheme for a fleet key (RFC 6750), compared case-insensitively.
+_BEARER = b"bearer "
+
+
+@frozen
+class Caller:
+    """Who a request came from, wherever ``[access]`` is in force (None outside it).
+
+    :ivar key: the fleet key it presented, if a valid one; None for a loopback caller that
+        presented none and for a LAN caller where no key file is named.
+    """
+
+    key: Key | None = None
+
+    @property
+    def name(self) -> str | None:
+        """The key's name, as ``/status``, the logs and the metrics show it."""
+        return None if self.key is None else self.key.name
+
+
+#: A caller with no key.
+KEYLESS = Caller()
+
+
+class Verdict(enum.Enum):
+    """What a LAN caller's head decides, before the throttle has its say."""
+
+    ALLOWED = "allowed"
+    #: Not from a listed network: 403 ``forbidden``, as without ``[access]``.
+    FORBIDDEN = "forbidden"
+    #: No key presented where one is needed: 401, not counted against the address.
+    NO_KEY = "no-key"
+    #: A key presented that is none of the file's: 401, counted against the address.
+    BAD_KEY = "bad-key"
+
+
+def in_networks(ip: IPAddress | None, networks: Sequence[IPNetwork]) -> bool:
+    """Whether ``ip`` (IPv4-mapped already unwrapped) is in one of ``networks``."""
+    # An address is never in a network of the other family (False, no error).
+    return ip is not None and any(ip in network for network in networks)
+
+
+def bearer(values: Sequence[bytes] | None) -> bytes | None:
+    """The secret of exactly one ``Authorization: Bearer <secret>``, or None.
+
+    Several ``Authorization`` fields, another scheme or an empty token are no secret.
+    """
+    if values is None or len(values) != 1:
+        return None
+    value = values[0].strip()
+    if len(value) <= len(_BEARER) or value[: len(_BEARER)].lower() != _BEARER:
+        return None
+    secret = value[len(_BEARER) :].strip()
+    return secret or None
+
+
+def find_key(
+    keys: Sequence[Key],
+    secret: bytes,
+    compare: Callable[[bytes, bytes], bool] = hmac.compare_digest,
+) -> Key | None:
+    """The key whose digest is ``secret``'s, compared in constant time.
+
+    Every key is compared, whichever matches: the time taken says nothing of which one did,
+    or how much of a digest matched.
+
+    :param compare: the comparison (a constant-time one; a test counts its calls).
+    """
+    digest = digest_of(secret)
+    found = None
+    for key in keys:
+        if compare(digest, key.digest):
+            found = key
+    return found
+
+
+def judge(
+    access: Access, ip: IPAddress | None, authorization: Sequence[bytes] | None
+) -> tuple[Verdict, Key | None]:
+    """A non-loopback caller's verdict, and its key when it presented a valid one."""
+    if not in_networks(ip, access.networks):
+        return Verdict.FORBIDDEN, None
+    if access.keys is None:
+        return Verdict.ALLOWED, None
+    if authorization is None:
+        return Verdict.NO_KEY, None
+    secret = bearer(authorization)
+    key = None if secret is None else find_key(access.keys, secret)
+    if key is None:
+        return Verdict.BAD_KEY, None
+    return Verdict.ALLOWED, key
+
+
+def loopback_caller(access: Access, authorization: Sequence[bytes] | None) -> Caller:
+    """A loopback caller needs no key; one that presents a valid key is that key's, its
+    patterns included."""
+    secret = bearer(authorization) if access.keys else None
+    key = None if secret is None or access.keys is None else find_key(access.keys, secret)
+    return KEYLESS if key is None else Caller(key)
+
+
+def may_use(key: Key | None, engine: Engine, model: str) -> bool:
+    """Whether ``key`` may use ``model`` on ``engine``: it has no patterns, or one matches
+    the name as written or as the engine shows it (``llama3`` is ``llama3:latest`` to
+    Ollama, whose names ignore case, so its patterns do too)."""
+    if key is None or not key.models:
+        return True
+    names = {model, engine.model_display(model)}
+    if engine.model_key("A") == engine.model_key("a"):
+        # The engine's names ignore case (Ollama's do).
+        names = {name.lower() for name in names}
+        patterns: Sequence[str] = [pattern.lower() for pattern in key.models]
+    else:
+        patterns = key.models
+    return any(fnmatchcase(name, pattern) for name in names for pattern in patterns)
+
+
+def forbids(caller: Caller | None, engine: Engine, route: RouteClass, model: str | None) -> bool:
+    """Whether a request is refused 403 ``forbidden-model`` for its key's patterns.
+
+    An inference request that names no model is refused too: which model it gets is the
+    engine's choice, not one the key can be held to. Another route is refused only for a
+    model it names; a model list is filtered instead (:func:`may_use`, per entry).
+    """
+    key = None if caller is None else caller.key
+    if key is None or not key.models:
+        return False
+    if model is None:
+        return route is RouteClass.INFERENCE
+    if route is RouteClass.INVENTORY or route is RouteClass.PREFLIGHT:
+        return False
+    return not may_use(key, engine, model)
