@@ -42,9 +42,13 @@ FORBIDDEN_HOST = Refusal(Reason.FORBIDDEN_HOST)
 
 def is_preflight(request: FacadeRequest) -> bool:
     """A CORS preflight: ``OPTIONS`` carrying ``Origin`` and ``Access-Control-Request-Method``."""
-    headers = request.requestHeaders
+    return preflight_head(request.method, request.requestHeaders)
+
+
+def preflight_head(method: bytes, headers: Headers) -> bool:
+    """:func:`is_preflight`, from a request's method and headers."""
     return bool(
-        request.method == b"OPTIONS"
+        method == b"OPTIONS"
         and headers.hasHeader(b"origin")
         and headers.hasHeader(b"access-control-request-method")
     )
@@ -127,7 +131,9 @@ class Facade:
         if self._peer is not None:
             return None
         if not is_loopback(peer):
-            return FORBIDDEN if self._lan is None else self._lan.refusal(peer, headers)
+            if self._lan is None:
+                return FORBIDDEN
+            return self._lan.refusal(peer, headers, preflight_head(method, headers))
         if self.engine.host_guard:
             hosts = headers.getRawHeaders(b"host")
             if not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
@@ -166,7 +172,9 @@ class Facade:
             route, model = RouteClass.PEER, None
         else:
             if self._lan is not None:
-                found = self._lan.caller(_client(request), request.requestHeaders)
+                found = self._lan.caller(
+                    _client(request), request.requestHeaders, is_preflight(request)
+                )
                 if isinstance(found, Refusal):
                     # [access] was reloaded since the head: it lets this caller in no more.
                     self._refused(request.method, path, found.reason)

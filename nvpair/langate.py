@@ -90,14 +90,18 @@ class LanGate:
             self.log.warn("access.tls-cert: TLS for LAN callers needs a restart to start")
         return None
 
-    def refusal(self, peer: IAddress | None, headers: Headers) -> Refusal | None:
-        """A non-loopback caller's refusal at its request head, or None to read on."""
+    def refusal(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Refusal | None:
+        """A non-loopback caller's refusal at its request head, or None to read on.
+
+        :param preflight: a CORS preflight, which needs no key (:func:`judge`)."""
         access = self.access
         if access is None:
             return NOT_LISTED
         ip = _ip(peer)
         authorization = headers.getRawHeaders(b"authorization")
-        verdict, _ = judge(access, ip, authorization)
+        verdict, _ = judge(access, ip, authorization, preflight)
         if verdict is Verdict.FORBIDDEN:
             return NOT_LISTED
         assert ip is not None
@@ -115,7 +119,9 @@ class LanGate:
                 )
         return UNAUTHORIZED
 
-    def caller(self, peer: IAddress | None, headers: Headers) -> Caller | Refusal | None:
+    def caller(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Caller | Refusal | None:
         """Who an admitted request came from (None: no ``[access]`` in force), or its
         refusal when the ``[access]`` reloaded since its head no longer lets it in."""
         access = self.access
@@ -124,7 +130,7 @@ class LanGate:
         authorization = headers.getRawHeaders(b"authorization")
         if is_loopback(peer):
             return loopback_caller(access, authorization)
-        verdict, key = judge(access, _ip(peer), authorization)
+        verdict, key = judge(access, _ip(peer), authorization, preflight)
         if verdict is Verdict.ALLOWED:
             return Caller(key)
         return NOT_LISTED if verdict is Verdict.FORBIDDEN else UNAUTHORIZED

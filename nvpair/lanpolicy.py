@@ -98,12 +98,20 @@ def find_key(
 
 
 def judge(
-    access: Access, ip: IPAddress | None, authorization: Sequence[bytes] | None
+    access: Access,
+    ip: IPAddress | None,
+    authorization: Sequence[bytes] | None,
+    preflight: bool = False,
 ) -> tuple[Verdict, Key | None]:
-    """A non-loopback caller's verdict, and its key when it presented a valid one."""
+    """A non-loopback caller's verdict, and its key when it presented a valid one.
+
+    :param preflight: the request is a CORS preflight, which a browser sends without
+        credentials whatever the request it asks about carries: one without a key is let in
+        keyless (it asks the engines what they allow, and uses no model).
+    """
     if not in_networks(ip, access.networks):
         return Verdict.FORBIDDEN, None
-    if access.keys is None:
+    if access.keys is None or (preflight and authorization is None):
         return Verdict.ALLOWED, None
     if authorization is None:
         return Verdict.NO_KEY, None

@@ -128,3 +128,20 @@ def test_the_callers_authorization_is_never_forwarded_where_access_is_in_force()
         sent = _outgoing_headers(caller)
         assert not sent.hasHeader(b"authorization") and sent.hasHeader(b"x-client")
     assert _outgoing_headers(None).getRawHeaders(b"authorization") == [b"Bearer nvp_laptop"]
+
+
+def test_a_browsers_preflight_from_the_lan_needs_no_key() -> None:
+    handler = Broken()
+    raw = request(
+        "OPTIONS",
+        "/v1/chat/completions",
+        "Origin: http://webui.lan",
+        "Access-Control-Request-Method: POST",
+        "Access-Control-Request-Headers: authorization",
+    )
+    status, _, _ = split(exchange(LLAMACPP, raw, gate(), HOME, handler))
+    assert status == "HTTP/1.1 200 OK"
+    assert [(a.route, a.caller) for a in handler.seen] == [(RouteClass.PREFLIGHT, KEYLESS)]
+    plain_options = request("OPTIONS", "/v1/models")
+    status, _, _ = split(exchange(LLAMACPP, plain_options, gate(), HOME, Broken()))
+    assert status.startswith("HTTP/1.1 401")

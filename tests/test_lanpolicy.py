@@ -172,3 +172,15 @@ def test_forbids(route: RouteClass, model: str | None, refused: bool) -> None:
     assert forbids(Caller(LAPTOP), OLLAMA, route, model) is False
     assert forbids(KEYLESS, OLLAMA, route, model) is False
     assert forbids(None, OLLAMA, route, model) is False
+
+
+def test_a_cors_preflight_needs_no_key_but_a_listed_network() -> None:
+    """A browser sends a preflight without credentials, whatever its request carries: one
+    without a key is let in keyless; one with a key is judged as any request."""
+    access = Access(LAN, (LAPTOP,))
+    assert judge(access, ip("192.168.1.7"), None, preflight=True) == (Verdict.ALLOWED, None)
+    assert judge(access, ip("10.0.0.1"), None, preflight=True) == (Verdict.FORBIDDEN, None)
+    assert judge(access, ip("192.168.1.7"), [b"Bearer x"], preflight=True) == (
+        Verdict.BAD_KEY,
+        None,
+    )
