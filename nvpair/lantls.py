@@ -22,20 +22,18 @@ from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
 from twisted.internet.interfaces import (
     IAddress,
-    IDelayedCall,
     IHandshakeListener,
     IOpenSSLServerConnectionCreator,
-    IProtocol,
     IProtocolFactory,
     IReactorTime,
 )
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.protocol import Factory
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair.cluster import Membership
 from nvpair.lanconfig import LanTls
+from nvpair.sniffing import Held
 from nvpair.tls import server_context
 
 #: A handshake not done this long after the first byte closes the connection.
@@ -116,30 +114,16 @@ class GatewayServer:
 
 
 @implementer(IHandshakeListener)
-class Sorter(Protocol):
+class Sorter(Held):
     """A TLS connection until its handshake is done, then the pinned peers' site or the LAN
     callers' site, by the client's certificate."""
 
     def __init__(self, factory: SorterFactory, address: IAddress) -> None:
+        super().__init__(factory.clock, HANDSHAKE_TIMEOUT, address)
         self._factory = factory
-        self._address = address
-        self._delegate: IProtocol | None = None
-        self._timer: IDelayedCall | None = None
-
-    def connectionMade(self) -> None:
-        self._timer = self._factory.clock.callLater(HANDSHAKE_TIMEOUT, self._too_slow)
-
-    def _too_slow(self) -> None:
-        self._timer = None
-        if self.transport is not None:
-            self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def handshakeCompleted(self) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
         transport = self.transport
-        assert transport is not None
         peer_certificate = getattr(transport, "getPeerCertificate", None)
         certificate = peer_certificate() if peer_certificate is not None else None
         membership = self._factory.membership()
@@ -149,24 +133,12 @@ class Sorter(Protocol):
             and membership.pinned(certificate) is not None
         )
         site = self._factory.peer if pinned else self._factory.lan
-        delegate = site.buildProtocol(self._address)
-        if delegate is None:
-            transport.loseConnection()
-            return
-        self._delegate = delegate
-        delegate.makeConnection(transport)
+        self.hand_over(site.buildProtocol(self._address))
 
     def dataReceived(self, data: bytes) -> None:
         # Application data comes only after the handshake, so a delegate is there.
         if self._delegate is not None:
             self._delegate.dataReceived(data)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-        if self._delegate is not None:
-            self._delegate.connectionLost(reason)
 
 
 class SorterFactory(Factory):

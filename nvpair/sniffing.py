@@ -36,24 +36,55 @@ SNIFF_TIMEOUT = 10.0
 _TLS_HANDSHAKE = 0x16
 
 
-class _Sniffer(Protocol):
-    """Holds a new connection until its first byte, then hands it to a delegate."""
+class Held(Protocol):
+    """A new connection held until something about it is known, within ``timeout`` seconds
+    (else aborted), then handed to a delegate with the real transport."""
 
-    log = Logger()
-
-    def __init__(self, factory: SniffingFactory, address: IAddress) -> None:
-        self._factory = factory
+    def __init__(self, clock: IReactorTime, timeout: float, address: IAddress) -> None:
+        self._clock = clock
+        self._timeout = timeout
         self._address = address
         self._delegate: IProtocol | None = None
         self._timer: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
-        self._timer = self._factory.clock.callLater(self._factory.timeout, self._silent)
+        self._timer = self._clock.callLater(self._timeout, self._too_slow)
 
-    def _silent(self) -> None:
+    def _too_slow(self) -> None:
         self._timer = None
         if self.transport is not None:
             self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def hand_over(self, delegate: IProtocol | None) -> bool:
+        """Give the connection to ``delegate`` (None: close it); whether it was given."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        transport = self.transport
+        assert transport is not None
+        if delegate is None:
+            transport.loseConnection()
+            return False
+        self._delegate = delegate
+        delegate.makeConnection(transport)
+        return True
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self._delegate is not None:
+            self._delegate.connectionLost(reason)
+
+
+class _Sniffer(Held):
+    """Holds a new connection until its first byte, then hands it to a delegate."""
+
+    log = Logger()
+
+    def __init__(self, factory: SniffingFactory, address: IAddress) -> None:
+        super().__init__(factory.clock, factory.timeout, address)
+        self._factory = factory
 
     def dataReceived(self, data: bytes) -> None:
         if self._delegate is not None:
@@ -61,27 +92,13 @@ class _Sniffer(Protocol):
             return
         if not data:
             return
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
         if data[0] == _TLS_HANDSHAKE:
             delegate = self._factory.tls_protocol(self._address)
         else:
             delegate = self._factory.plain.buildProtocol(self._address)
-        if delegate is None:
-            assert self.transport is not None
-            self.transport.loseConnection()
-            return
-        self._delegate = delegate
-        assert self.transport is not None
-        delegate.makeConnection(self.transport)
-        delegate.dataReceived(data)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        if self._delegate is not None:
-            self._delegate.connectionLost(reason)
+        if self.hand_over(delegate):
+            assert delegate is not None
+            delegate.dataReceived(data)
 
 
 class SniffingFactory(ServerFactory):
