@@ -91,3 +91,35 @@ def test_the_tls_context_follows_the_certificate_through_reloads() -> None:
     assert gate.tls is not None and gate.tls is not one
     gate.reload(Access(LAN))
     assert gate.tls is None
+
+
+_WITHOUT_TLS = """
+import sys, ipaddress
+sys.modules["OpenSSL"] = None  # as tap.leave_tls_unloaded leaves a process without TLS
+from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
+from nvpair.lanconfig import Access, LanTls
+from nvpair.langate import LanGate
+said = []
+globalLogPublisher.addObserver(lambda event: said.append(event.get("log_format", "")))
+gate = LanGate(Clock(), None)
+gate.reload(Access((ipaddress.ip_network("10.0.0.0/8"),), None, LanTls(b"c", b"k")))
+print(gate.tls is None, gate.access is not None and gate.access.tls is None)
+print([line for line in said if "restart" in line])
+"""
+
+
+def test_tls_added_at_a_reload_to_a_process_without_it_waits_for_a_restart() -> None:
+    """docs/lan.md#tls: pyOpenSSL was kept out at start; the rest of [access] applies now,
+    and the log says TLS needs a restart."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TLS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "True True",
+        "['access.tls-cert: TLS for LAN callers needs a restart to start']",
+    ]
