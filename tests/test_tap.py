@@ -322,3 +322,20 @@ def test_access_tls_loads_tls_and_only_it(tmp_path: Path, access: str, loaded: s
     )
     assert done.returncode == 0, done.stderr
     assert ("OpenSSL" in done.stdout.split()) is (loaded == "OpenSSL")
+
+
+def test_a_key_file_with_a_name_twice_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    """docs/lan.md#keys: names are unique; at start a duplicate is a usage error."""
+    digest = "ab" * 32
+    (tmp_path / "keys.toml").write_text(
+        f'[[keys]]\nname = "tv"\nsha256 = "{digest}"\n'
+        f'[[keys]]\nname = "tv"\nsha256 = "{"cd" * 32}"\n'
+    )
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[facades.ollama]\n[access]\nnetworks = ["10.0.0.0/8"]\nkeys = "keys.toml"\n')
+    with pytest.raises(UsageError) as raised:
+        parse(["--fleet", str(fleet)])
+    assert str(raised.value) == (
+        f"--fleet: {fleet}: access.keys: {tmp_path / 'keys.toml'}: keys[1].name: "
+        "'tv' is another key's name"
+    )

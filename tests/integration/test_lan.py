@@ -184,6 +184,11 @@ async def test_the_openai_sdk_on_the_lan_with_its_api_key(tmp_path: Path) -> Non
                 }
                 completed = [r for r in proxy.logs if r.get("method") == "workload:completed"]
                 assert [r["key"] for r in completed] == ["laptop"]
+                # The admin listener stays on loopback: from the LAN it is not even there.
+                done = await in_namespace(
+                    lan, ["curl", "-s", "--max-time", "5", f"http://{lan.host_ip}:{admin}/status"]
+                )
+                assert done.returncode == 7  # couldn't connect
 
 
 _OLLAMA = """
