@@ -26,6 +26,8 @@ from nvpair.throttle import FailedKeys
 if TYPE_CHECKING:
     from OpenSSL import SSL
 
+#: Without ``[access]``: the answer every non-loopback caller gets, exactly as in broker mode.
+LOOPBACK_ONLY = Refusal(Reason.FORBIDDEN)
 NOT_LISTED = Refusal(Reason.FORBIDDEN, "this address is in none of the fleet's [access] networks")
 UNAUTHORIZED = Refusal(
     Reason.UNAUTHORIZED, headers=((b"WWW-Authenticate", b'Bearer realm="nvpair"'),)
@@ -98,7 +100,7 @@ class LanGate:
         :param preflight: a CORS preflight, which needs no key (:func:`judge`)."""
         access = self.access
         if access is None:
-            return NOT_LISTED
+            return LOOPBACK_ONLY
         ip = _ip(peer)
         authorization = headers.getRawHeaders(b"authorization")
         verdict, _ = judge(access, ip, authorization, preflight)
@@ -126,7 +128,7 @@ class LanGate:
         refusal when the ``[access]`` reloaded since its head no longer lets it in."""
         access = self.access
         if access is None:
-            return None if is_loopback(peer) else NOT_LISTED
+            return None if is_loopback(peer) else LOOPBACK_ONLY
         authorization = headers.getRawHeaders(b"authorization")
         if is_loopback(peer):
             return loopback_caller(access, authorization)

@@ -145,3 +145,19 @@ def test_a_browsers_preflight_from_the_lan_needs_no_key() -> None:
     plain_options = request("OPTIONS", "/v1/models")
     status, _, _ = split(exchange(LLAMACPP, plain_options, gate(), HOME, Broken()))
     assert status.startswith("HTTP/1.1 401")
+
+
+def test_without_access_a_fleet_facade_answers_byte_for_byte_as_before() -> None:
+    """A fleet file without [access]: the same refusal, the same admitted request (no
+    caller), as a facade that has no [access] to consult at all."""
+    from tests.test_facade_http import exchange as plain_exchange
+
+    raw = request("POST", "/v1/chat/completions", "Authorization: Bearer x", body=b"{}")
+    without = LanGate(Clock(), None)
+    assert exchange(LLAMACPP, raw, without, HOME, Broken()) == plain_exchange(
+        LLAMACPP, raw, Broken(), HOME
+    )
+    seen, before = Broken(), Broken()
+    exchange(LLAMACPP, raw, without, LOOPBACK, seen)
+    plain_exchange(LLAMACPP, raw, before, LOOPBACK)
+    assert seen.seen == before.seen and seen.seen[0].caller is None

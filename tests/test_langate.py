@@ -8,8 +8,9 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 
+from nvpair.facade_server import Refusal
 from nvpair.lanconfig import Access, Key, LanTls, digest_of
-from nvpair.langate import NOT_LISTED, UNAUTHORIZED, LanGate
+from nvpair.langate import LOOPBACK_ONLY, NOT_LISTED, UNAUTHORIZED, LanGate
 from nvpair.lanpolicy import KEYLESS, Caller
 from nvpair.reasons import Reason
 from tests.certs import issue, make_ca
@@ -31,7 +32,7 @@ def headers(authorization: bytes | None = None) -> Headers:
 
 def test_without_access_only_loopback_is_served_and_nothing_is_recorded() -> None:
     gate = LanGate(Clock(), None)
-    assert gate.refusal(HOME, headers()) == NOT_LISTED
+    assert gate.refusal(HOME, headers()) == LOOPBACK_ONLY == Refusal(Reason.FORBIDDEN)
     assert gate.caller(LOOPBACK, headers(b"Bearer nvp_laptop")) is None
     assert gate.tls is None
 
@@ -72,7 +73,7 @@ def test_a_reload_applies_to_the_next_head_and_to_a_request_not_yet_admitted() -
     gate.reload(Access(LAN, ()))  # the key removed while the body was coming
     assert gate.caller(HOME, headers(b"Bearer nvp_laptop")) == UNAUTHORIZED
     gate.reload(None)
-    assert gate.caller(HOME, headers(b"Bearer nvp_laptop")) == NOT_LISTED
+    assert gate.caller(HOME, headers(b"Bearer nvp_laptop")) == LOOPBACK_ONLY
     assert gate.caller(LOOPBACK, headers()) is None
     gate.reload(Access(LAN))  # no key file: a listed caller needs none
     assert gate.refusal(HOME, headers()) is None
