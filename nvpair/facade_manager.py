@@ -20,8 +20,7 @@ from nvpair.access import AccessLog
 from nvpair.cluster import Membership
 from nvpair.engines import ENGINES, Engine
 from nvpair.facade_server import FacadeSite
-from nvpair.http_facade import Facade, RequestHandler
-from nvpair.langate import LanGate
+from nvpair.http_facade import CallerGate, Facade, RequestHandler
 from nvpair.outbox import Outbox
 from nvpair.ports import (
     PortCorrupt,
@@ -87,7 +86,7 @@ class FacadeManager:
         backlog: int = 4096,
         membership: Callable[[], Membership | None] = lambda: None,
         access_log: AccessLog | None = None,
-        lan: LanGate | None = None,
+        lan: CallerGate | None = None,
     ) -> None:
         """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
         :param membership: the live cluster membership (None: plaintext personality only).

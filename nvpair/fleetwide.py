@@ -14,11 +14,11 @@ from functools import partial
 from twisted.internet.defer import CancelledError
 from twisted.web.http_headers import Headers
 
+from nvpair.caller import may_use
 from nvpair.cors import Reply, inventory_grant, preflight
 from nvpair.fanout import NodeReply, ask_all
 from nvpair.inventory import InvalidInventory, merge_inventories
 from nvpair.job import Job, Services
-from nvpair.lanpolicy import may_use
 from nvpair.proxy_answers import write_error
 from nvpair.reasons import Reason
 
@@ -73,8 +73,8 @@ async def serve_inventory(services: Services, job: Job) -> None:
     merged = b""
     invalid = any(not 200 <= a.status < 300 for a in judged)
     # A key with model patterns sees only the models it may use (docs/lan.md#keys).
-    key = admitted.caller.key if admitted.caller is not None else None
-    allowed = partial(may_use, key, engine) if key is not None and key.models else None
+    caller = admitted.caller
+    allowed = partial(may_use, caller.models, engine) if caller and caller.models else None
     if not invalid:
         try:
             merged = merge_inventories(engine, admitted.path, [a.body for a in judged], allowed)

@@ -10,6 +10,7 @@ asks this facade through its :class:`~nvpair.facade_server.Gate`. A request refu
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
@@ -26,15 +27,17 @@ from nvpair.admission import (
     ollama_host_allowed,
     target_host,
 )
+from nvpair.caller import Caller
 from nvpair.cluster import Membership
 from nvpair.engines import Engine, RouteClass
 from nvpair.facade_server import FacadeRequest, Refusal, origin_form
-from nvpair.langate import LanGate
-from nvpair.lanpolicy import Caller
 from nvpair.logs import debug_enabled
 from nvpair.proxy_answers import head_refusal, write_error
 from nvpair.reasons import Reason
 from nvpair.web import ProxiedRequest
+
+if TYPE_CHECKING:
+    from OpenSSL import SSL
 
 FORBIDDEN = Refusal(Reason.FORBIDDEN)
 FORBIDDEN_HOST = Refusal(Reason.FORBIDDEN_HOST)
@@ -75,6 +78,24 @@ class Admitted:
     caller: Caller | None = None
 
 
+class CallerGate(Protocol):
+    """What a facade asks of fleet mode's ``[access]`` (:class:`nvpair.langate.LanGate`)."""
+
+    def refusal(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Refusal | None:
+        """A non-loopback caller's refusal at its request head, or None to read on."""
+
+    def caller(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Caller | Refusal | None:
+        """Who an admitted request came from (None: no ``[access]``), or its refusal."""
+
+    @property
+    def tls(self) -> SSL.Context | None:
+        """The TLS context LAN callers get now (None: no TLS for them)."""
+
+
 class RequestHandler:
     """What a facade hands admitted requests to (the request path)."""
 
@@ -103,7 +124,7 @@ class Facade:
         *,
         peer: Callable[[], Membership | None] | None = None,
         access_log: access.AccessLog | None = None,
-        lan: LanGate | None = None,
+        lan: CallerGate | None = None,
     ) -> None:
         """:param peer: serve the cluster personality with this live membership: every request
         is a pinned peer's and goes to the local engine as it is."""

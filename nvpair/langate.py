@@ -17,9 +17,10 @@ from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
 from nvpair.admission import is_loopback, parse_ip
+from nvpair.caller import Caller
 from nvpair.facade_server import Refusal
 from nvpair.lanconfig import Access, LanTls
-from nvpair.lanpolicy import Caller, IPAddress, Verdict, judge, loopback_caller
+from nvpair.lanpolicy import IPAddress, Verdict, caller_of, judge, loopback_caller
 from nvpair.reasons import Reason
 from nvpair.throttle import FailedKeys
 
@@ -86,7 +87,7 @@ class LanGate:
         try:
             from nvpair.lantls import lan_context
 
-            return lan_context(tls)
+            return lan_context(tls.cert_pem, tls.key_pem)
         except ImportError:
             # The process started without TLS and keeps pyOpenSSL out (docs/performance.md#memory).
             self.log.warn("access.tls-cert: TLS for LAN callers needs a restart to start")
@@ -134,7 +135,7 @@ class LanGate:
             return loopback_caller(access, authorization)
         verdict, key = judge(access, _ip(peer), authorization, preflight)
         if verdict is Verdict.ALLOWED:
-            return Caller(key)
+            return caller_of(key)
         return NOT_LISTED if verdict is Verdict.FORBIDDEN else UNAUTHORIZED
 
 

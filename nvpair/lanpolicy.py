@@ -1,9 +1,8 @@
-"""Pure decisions about a LAN caller: its network, its key, the models its key may use
-(docs/lan.md#who-may-call).
+"""Pure decisions about a LAN caller: its network and its key (docs/lan.md#who-may-call).
 
 Values in, values out: no clock, no socket. :mod:`nvpair.langate` applies them at a request's
-head with the failed-key throttle (:mod:`nvpair.throttle`); the request path applies a key's
-model patterns (:func:`may_use`).
+head with the failed-key throttle (:mod:`nvpair.throttle`); what a key lets its caller use is
+:mod:`nvpair.caller`'s.
 """
 
 from __future__ import annotations
@@ -11,38 +10,15 @@ from __future__ import annotations
 import enum
 import hmac
 from collections.abc import Callable, Sequence
-from fnmatch import fnmatchcase
 from ipaddress import IPv4Address, IPv6Address
 
-from attrs import frozen
-
-from nvpair.engines import Engine, RouteClass
+from nvpair.caller import KEYLESS, Caller
 from nvpair.lanconfig import Access, IPNetwork, Key, digest_of
 
 IPAddress = IPv4Address | IPv6Address
 
 #: ``Authorization``'s scheme for a fleet key (RFC 6750), compared case-insensitively.
 _BEARER = b"bearer "
-
-
-@frozen
-class Caller:
-    """Who a request came from, wherever ``[access]`` is in force (None outside it).
-
-    :ivar key: the fleet key it presented, if a valid one; None for a loopback caller that
-        presented none and for a LAN caller where no key file is named.
-    """
-
-    key: Key | None = None
-
-    @property
-    def name(self) -> str | None:
-        """The key's name, as ``/status``, the logs and the metrics show it."""
-        return None if self.key is None else self.key.name
-
-
-#: A caller with no key.
-KEYLESS = Caller()
 
 
 class Verdict(enum.Enum):
@@ -122,42 +98,14 @@ def judge(
     return Verdict.ALLOWED, key
 
 
+def caller_of(key: Key | None) -> Caller:
+    """The caller a valid key (or none) makes."""
+    return KEYLESS if key is None else Caller(key.name, key.models)
+
+
 def loopback_caller(access: Access, authorization: Sequence[bytes] | None) -> Caller:
     """A loopback caller needs no key; one that presents a valid key is that key's, its
     patterns included."""
     secret = bearer(authorization) if access.keys else None
     key = None if secret is None or access.keys is None else find_key(access.keys, secret)
-    return KEYLESS if key is None else Caller(key)
-
-
-def may_use(key: Key | None, engine: Engine, model: str) -> bool:
-    """Whether ``key`` may use ``model`` on ``engine``: it has no patterns, or one matches
-    the name as written or as the engine shows it (``llama3`` is ``llama3:latest`` to
-    Ollama, whose names ignore case, so its patterns do too)."""
-    if key is None or not key.models:
-        return True
-    names = {model, engine.model_display(model)}
-    if engine.model_key("A") == engine.model_key("a"):
-        # The engine's names ignore case (Ollama's do).
-        names = {name.lower() for name in names}
-        patterns: Sequence[str] = [pattern.lower() for pattern in key.models]
-    else:
-        patterns = key.models
-    return any(fnmatchcase(name, pattern) for name in names for pattern in patterns)
-
-
-def forbids(caller: Caller | None, engine: Engine, route: RouteClass, model: str | None) -> bool:
-    """Whether a request is refused 403 ``forbidden-model`` for its key's patterns.
-
-    An inference request that names no model is refused too: which model it gets is the
-    engine's choice, not one the key can be held to. Another route is refused only for a
-    model it names; a model list is filtered instead (:func:`may_use`, per entry).
-    """
-    key = None if caller is None else caller.key
-    if key is None or not key.models:
-        return False
-    if model is None:
-        return route is RouteClass.INFERENCE
-    if route is RouteClass.INVENTORY or route is RouteClass.PREFLIGHT:
-        return False
-    return not may_use(key, engine, model)
+    return caller_of(key)

@@ -32,7 +32,6 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
 from nvpair.cluster import Membership
-from nvpair.lanconfig import LanTls
 from nvpair.sniffing import Held
 from nvpair.tls import server_context
 
@@ -40,16 +39,16 @@ from nvpair.tls import server_context
 HANDSHAKE_TIMEOUT = 10.0
 
 
-def lan_context(tls: LanTls) -> SSL.Context:
-    """The server context LAN callers get: the certificate with its chain, no client
-    certificate asked for (a browser would offer the user a choice of them)."""
+def lan_context(cert_pem: bytes, key_pem: bytes) -> SSL.Context:
+    """The server context LAN callers get: the certificate (PEM, its chain after it) and its
+    key; no client certificate asked for (a browser would offer the user a choice of them)."""
     context = SSL.Context(SSL.TLS_SERVER_METHOD)
     context.set_min_proto_version(SSL.TLS1_2_VERSION)
-    chain = x509.load_pem_x509_certificates(tls.cert_pem)
+    chain = x509.load_pem_x509_certificates(cert_pem)
     context.use_certificate(chain[0])
     for certificate in chain[1:]:
         context.add_extra_chain_cert(certificate)
-    key = serialization.load_pem_private_key(tls.key_pem, password=None)
+    key = serialization.load_pem_private_key(key_pem, password=None)
     context.use_privatekey(key)  # type: ignore[arg-type]
     context.check_privatekey()
     return context

@@ -20,6 +20,7 @@ from nvpair.access import FAN_OUT, AccessLog, Finished, bounded_path, millis
 from nvpair.activity import NodeActivity
 from nvpair.attempt import Attempts
 from nvpair.budget import RetryBudget
+from nvpair.caller import forbids
 from nvpair.candidates import Candidates
 from nvpair.config import Config
 from nvpair.control import ControlState
@@ -29,7 +30,6 @@ from nvpair.fleetwide import serve_inventory, serve_preflight
 from nvpair.forwarding import serve_once_each, serve_peer
 from nvpair.http_facade import Admitted, RequestHandler
 from nvpair.job import Ending, Job, Services
-from nvpair.lanpolicy import forbids
 from nvpair.metrics import Metrics
 from nvpair.proxy_answers import forbidden_model_message
 from nvpair.reasons import Reason

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from attrs import define, field
 
+from nvpair.caller import Caller
 from nvpair.inferstats import Stats
-from nvpair.lanpolicy import Caller
 
 Emit = Callable[[str, dict[str, object]], None]
 

@@ -11,13 +11,14 @@ from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 
 from nvpair.budget import RetryBudget
+from nvpair.caller import KEYLESS, Caller
 from nvpair.engines import LLAMACPP, OLLAMA, Engine, RouteClass
 from nvpair.facade_server import FacadeSite
 from nvpair.http_facade import Admitted, Facade
 from nvpair.job import Job
 from nvpair.lanconfig import Access, Key, digest_of
 from nvpair.langate import LanGate
-from nvpair.lanpolicy import KEYLESS, Caller
+from nvpair.lanpolicy import caller_of
 from tests.test_facade_http import Broken, split
 
 LAPTOP = Key("laptop", digest_of(b"nvp_laptop"))
@@ -95,7 +96,7 @@ def test_a_valid_key_is_admitted_as_its_callers_and_the_host_guard_spares_the_la
     assert headers["x-nvpair-error"] == "forbidden-host"
     local = request("GET", "/api/tags").replace(b"gpu.lan:11435", b"localhost")
     split(exchange(OLLAMA, local, gate(), LOOPBACK, handler))
-    assert [a.caller for a in handler.seen] == [Caller(LAPTOP), KEYLESS]
+    assert [a.caller for a in handler.seen] == [caller_of(LAPTOP), KEYLESS]
 
 
 def test_outside_the_networks_is_403_over_any_key() -> None:
@@ -124,7 +125,7 @@ def _outgoing_headers(caller: Caller | None) -> Headers:
 def test_the_callers_authorization_is_never_forwarded_where_access_is_in_force() -> None:
     """The key is the proxy's (docs/lan.md#keys); without [access] the header goes on as
     before."""
-    for caller in (Caller(LAPTOP), KEYLESS):
+    for caller in (caller_of(LAPTOP), KEYLESS):
         sent = _outgoing_headers(caller)
         assert not sent.hasHeader(b"authorization") and sent.hasHeader(b"x-client")
     assert _outgoing_headers(None).getRawHeaders(b"authorization") == [b"Bearer nvp_laptop"]

@@ -8,10 +8,11 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 
+from nvpair.caller import KEYLESS
 from nvpair.facade_server import Refusal
 from nvpair.lanconfig import Access, Key, LanTls, digest_of
 from nvpair.langate import LOOPBACK_ONLY, NOT_LISTED, UNAUTHORIZED, LanGate
-from nvpair.lanpolicy import KEYLESS, Caller
+from nvpair.lanpolicy import caller_of
 from nvpair.reasons import Reason
 from tests.certs import issue, make_ca
 
@@ -44,7 +45,7 @@ def test_a_listed_caller_needs_a_valid_key() -> None:
     assert UNAUTHORIZED.headers == ((b"WWW-Authenticate", b'Bearer realm="nvpair"'),)
     assert gate.refusal(HOME, headers(b"Bearer nvp_wrong")) == UNAUTHORIZED
     assert gate.refusal(HOME, headers(b"Bearer nvp_laptop")) is None
-    assert gate.caller(HOME, headers(b"Bearer nvp_laptop")) == Caller(LAPTOP)
+    assert gate.caller(HOME, headers(b"Bearer nvp_laptop")) == caller_of(LAPTOP)
     assert gate.caller(LOOPBACK, headers()) == KEYLESS
 
 

@@ -9,19 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nvpair.caller import KEYLESS, Caller, forbids, may_use
 from nvpair.engines import ENGINES, RouteClass
 from nvpair.lanconfig import Access, Key, digest_of
 from nvpair.lanpolicy import (
-    KEYLESS,
-    Caller,
     Verdict,
     bearer,
+    caller_of,
     find_key,
-    forbids,
     in_networks,
     judge,
     loopback_caller,
-    may_use,
 )
 
 OLLAMA, LLAMACPP = ENGINES["ollama"], ENGINES["llamacpp"]
@@ -127,9 +125,9 @@ def test_a_loopback_caller_needs_no_key_but_is_its_key_s_when_it_shows_one() -> 
     access = Access(LAN, (LAPTOP, PHONE))
     assert loopback_caller(access, None) == KEYLESS
     assert loopback_caller(access, [b"Bearer nvp_wrong"]) == KEYLESS
-    assert loopback_caller(access, [b"Bearer nvp_phone"]) == Caller(PHONE)
+    assert loopback_caller(access, [b"Bearer nvp_phone"]) == Caller("phone", PHONE.models)
     assert loopback_caller(Access(LAN), [b"Bearer nvp_phone"]) == KEYLESS
-    assert Caller(PHONE).name == "phone" and KEYLESS.name is None
+    assert caller_of(PHONE) == Caller("phone", PHONE.models) and KEYLESS.name is None
 
 
 @pytest.mark.parametrize(
@@ -148,11 +146,11 @@ def test_a_loopback_caller_needs_no_key_but_is_its_key_s_when_it_shows_one() -> 
     ],
 )
 def test_model_patterns(engine: object, model: str, allowed: bool) -> None:
-    assert may_use(PHONE, engine, model) is allowed  # type: ignore[arg-type]
+    assert may_use(PHONE.models, engine, model) is allowed  # type: ignore[arg-type]
 
 
-def test_a_key_without_patterns_or_no_key_may_use_any_model() -> None:
-    assert may_use(LAPTOP, OLLAMA, "anything") and may_use(None, OLLAMA, "anything")
+def test_a_key_without_patterns_may_use_any_model() -> None:
+    assert may_use(LAPTOP.models, OLLAMA, "anything")
 
 
 @pytest.mark.parametrize(
@@ -168,8 +166,8 @@ def test_a_key_without_patterns_or_no_key_may_use_any_model() -> None:
     ],
 )
 def test_forbids(route: RouteClass, model: str | None, refused: bool) -> None:
-    assert forbids(Caller(PHONE), OLLAMA, route, model) is refused
-    assert forbids(Caller(LAPTOP), OLLAMA, route, model) is False
+    assert forbids(caller_of(PHONE), OLLAMA, route, model) is refused
+    assert forbids(caller_of(LAPTOP), OLLAMA, route, model) is False
     assert forbids(KEYLESS, OLLAMA, route, model) is False
     assert forbids(None, OLLAMA, route, model) is False
 

@@ -19,7 +19,6 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThread
 
 from nvpair.cluster import Membership, load_membership
-from nvpair.lanconfig import LanTls
 from nvpair.lantls import lan_context
 from nvpair.sniffing import SniffingFactory
 from tests.certs import NodeIdentity, issue, make_ca, make_identity, write_cluster_dir
@@ -116,7 +115,7 @@ def _is(certificate: x509.Certificate, identity: NodeIdentity) -> bool:
     return certificate.public_bytes(serialization.Encoding.DER) == identity.der
 
 
-LAN = lan_context(LanTls(LAN_CERT.cert_pem, LAN_CERT.key_pem))
+LAN = lan_context(LAN_CERT.cert_pem, LAN_CERT.key_pem)
 
 
 @pytest_twisted.ensureDeferred
