@@ -20,6 +20,7 @@ from nvpair.control import ControlState, Node
 from nvpair.engines import LLAMACPP, RouteClass
 from nvpair.http_facade import Admitted
 from nvpair.reservations import Reservations
+from nvpair.seams import PriorityScheduling
 
 ENGINE = LLAMACPP.id
 
@@ -68,8 +69,9 @@ def route(candidates: Candidates, request: Admitted) -> str | None:
 def per_request_us(nodes: int, models: int, requests: int, seed: int = 1) -> float:
     """Microseconds of routing per request, the best of three passes over ``requests``
     random models (the best pass is the one least disturbed by the rest of the machine)."""
-    reservations = Reservations()
-    candidates = Candidates(fleet(nodes, models), reservations)
+    control, reservations = fleet(nodes, models), Reservations()
+    # Broker mode's order: the scheduler's priority list.
+    candidates = Candidates(control, reservations, PriorityScheduling(control))
     # A few claims outstanding, as under load: the plan weighs them.
     for n in range(min(nodes, 8)):
         reservations.take(f"node-{n:03d}")

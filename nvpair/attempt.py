@@ -102,6 +102,8 @@ RESULTS: dict[Fault, str] = {
     Fault.NODE_LEFT: "node_left",
 }
 SERVED = "served"
+#: Served, then cut by its engine before the body's end (docs/operations.md#recent-workloads).
+TRUNCATED = "truncated"
 
 
 @frozen

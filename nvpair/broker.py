@@ -1,19 +1,18 @@
 """The broker link: JSON-RPC 2.0, one object per line, on stdio or a Twisted client endpoint.
 
-This module knows framing, the JSON-RPC envelope, addressing (docs/broker-protocol.md#addressing)
-and matching answers to the proxy's own requests. What each method does is the caller's: it hands in
-a :class:`MethodTable` and gets the link's events back through it. Nothing a broker sends can crash
-the process: every line is answered or dropped on its own, and whatever a line makes go wrong stays
-inside that line (an exception out of ``dataReceived`` would make Twisted drop the stdin reader,
-which the process takes for EOF and exits)."""
+This module serves one link: each line is read (:mod:`nvpair.broker_framing`), judged as an
+envelope (:mod:`nvpair.broker_envelope`), then dispatched to the method its address names
+(:mod:`nvpair.broker_addressing`) or matched to the proxy's own request it answers. What each
+method does is the caller's: it hands in a :class:`~nvpair.broker_addressing.MethodTable` and
+gets the link's events back through it. Nothing a broker sends can crash the process: every line
+is answered or dropped on its own, and whatever a line makes go wrong stays inside that line (an
+exception out of ``dataReceived`` would make Twisted drop the stdin reader, which the process
+takes for EOF and exits)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
-from attrs import frozen
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IHalfCloseableProtocol
@@ -22,117 +21,43 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nvpair import strictjson
-from nvpair.engines import ENGINES
-
-#: Longest line accepted; longer ones are answered -32600 and discarded (docs/broker-protocol.md).
-MAX_LINE = 1024 * 1024
-
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-BIND_FAILED = -32001
-NO_FACADE = -32004
-
-#: The code of an :class:`RpcError` built from a broker's error answer that has no usable one.
-NO_CODE = 0
-
-#: Facade-scoped methods (docs/broker-protocol.md#addressing): they must carry an engine address.
-FACADE_SCOPED = frozenset(
-    {
-        "ready",
-        "error",
-        "node/select",
-        "node/set-local-backend",
-        "errors:report",
-        "set-port",
-        "discovery:subscribe",
-        "discovery:nodes",
-    }
+from nvpair.broker_addressing import Address, Handler, MethodTable, no_facade, resolve_address
+from nvpair.broker_envelope import (
+    BIND_FAILED,
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    NO_FACADE,
+    NOT_JSON,
+    Answer,
+    Call,
+    Invalid,
+    Params,
+    RpcError,
+    answer_error,
+    invalid_params,
+    read_message,
 )
+from nvpair.broker_framing import LineReader, encode_frame, parse_line
 
-
-class RpcError(Exception):
-    """An error answer: raised by a handler, sent as the JSON-RPC ``error`` member."""
-
-    def __init__(self, code: int, message: str, data: Mapping[str, object] | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.data = data
-
-
-def invalid_params(field: str, message: str) -> RpcError:
-    """The -32602 answer naming the offending field (docs/broker-protocol.md#errors)."""
-    return RpcError(INVALID_PARAMS, message, {"field": field})
-
-
-@frozen
-class Address:
-    """Where a method goes: an engine's facade (``engine`` set) or the process (``None``)."""
-
-    engine: str | None
-    method: str
-
-
-def resolve_address(method: str) -> Address:
-    """Split ``<engine>:<method>``; only a known engine id counts as an address
-    (docs/broker-protocol.md#addressing).
-
-    ``errors:report`` stays the unaddressed method ``errors:report``: treating any prefix before
-    a colon as an engine would strip a real method down to ``report``.
-    """
-    head, sep, rest = method.partition(":")
-    if sep and head in ENGINES:
-        return Address(head, rest)
-    return Address(None, method)
-
-
-def parse_line(line: bytes) -> object:
-    """The JSON value of one line; ValueError when it is not JSON text this link accepts.
-
-    Strict JSON (:func:`nvpair.strictjson.loads`: no ``NaN``/``Infinity`` literals, nesting
-    past the recursion limit a parse error), and stricter still, on purpose:
-
-    - UTF-8 only (``json.loads`` of bytes would also guess UTF-16 and UTF-32);
-    - no lone surrogate escapes (``"\\ud800"``): such a string has no UTF-8 form, so it could
-      be neither stored, logged nor echoed back as the text it claims to be.
-
-    A number past a double's range (``1e400``) reads as an infinity: each field that takes a
-    number refuses it there, with -32602 naming the field.
-    """
-    return strictjson.loads(line.decode("utf-8"), finite=False, lone_surrogates=False)
-
-
-#: A JSON-RPC ``params`` object (or a whole message) as parsed: its values are whatever the
-#: broker sent, and each validator narrows the ones it reads (``Any`` is honest here).
-Params = Mapping[str, Any]
-
-Handler = Callable[[Address, Params], object]
-
-
-class MethodTable:
-    """What the link calls into. Subclassed (or built) by the process wiring.
-
-    :meth:`handler` returns the callable for a resolved address, or None for an unknown method.
-    A handler returns a result (or a Deferred of one) and raises :class:`RpcError` to refuse.
-    """
-
-    def handler(self, address: Address) -> Handler | None:
-        raise NotImplementedError
-
-    def facade_enabled(self, engine: str) -> bool:
-        raise NotImplementedError
-
-    def link_lost(self) -> None:
-        """The broker closed the link: the process should stop serving and exit 0."""
+# What the process's methods (nvpair.rpc) use of the link, importable from here.
+__all__ = [
+    "BIND_FAILED",
+    "INTERNAL_ERROR",
+    "Address",
+    "BrokerProtocol",
+    "Handler",
+    "MethodTable",
+    "Params",
+    "RpcError",
+    "invalid_params",
+]
 
 
 @implementer(IHalfCloseableProtocol)
 class BrokerProtocol(Protocol):
-    """Line framing and JSON-RPC dispatch over one link.
+    """One link: its lines served one by one, and the proxy's own requests matched to their
+    answers.
 
     :param table: the methods this process serves.
     """
@@ -141,11 +66,7 @@ class BrokerProtocol(Protocol):
 
     def __init__(self, table: MethodTable) -> None:
         self._table = table
-        # The start of a line whose newline has not arrived yet, kept as pieces so a long line
-        # read in many small chunks is joined once instead of re-copied per chunk.
-        self._partial: list[bytes] = []
-        self._partial_size = 0
-        self._discarding = False
+        self._lines = LineReader(self._line_received, self._line_too_long)
         self._next_id = 1
         self._pending: dict[int, Deferred[object]] = {}
         self._input_closed = False
@@ -155,43 +76,19 @@ class BrokerProtocol(Protocol):
     # -- framing ---------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
-        # Walk the chunk by index: slicing the rest of a buffer off per line would make one
-        # read full of short lines cost quadratic time.
-        start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            piece, start = data[start:end], end + 1
-            if self._discarding:
-                # The tail of an over-long line: already answered.
-                self._discarding = False
-                continue
-            if self._partial:
-                line = b"".join([*self._partial, piece])
-                self._partial, self._partial_size = [], 0
-            else:
-                line = piece
-            if len(line) > MAX_LINE:
-                self._send_error(None, INVALID_REQUEST, "line exceeds 1 MiB")
-                continue
-            self._line_received(line)
-        if self._discarding or start == len(data):
-            return
-        self._partial.append(data[start:])
-        self._partial_size += len(data) - start
-        if self._partial_size > MAX_LINE:
-            self._partial, self._partial_size = [], 0
-            self._discarding = True
-            self._send_error(None, INVALID_REQUEST, "line exceeds 1 MiB")
+        self._lines.feed(data)
+
+    def _line_too_long(self) -> None:
+        self._send_error(None, INVALID_REQUEST, "line exceeds 1 MiB")
 
     def readConnectionLost(self) -> None:
         # Half-close: the broker said all it will say. Our output stays open so the terminal
         # events of what shutdown cancels still reach it.
-        if self._partial:
+        size = self._lines.drop_partial()
+        if size:
             # Lines are newline-terminated (docs/broker-protocol.md); a fragment cut off by EOF is
             # not one.
-            self.log.warn(
-                "dropped an unterminated last line ({size} bytes)", size=self._partial_size
-            )
-            self._partial, self._partial_size = [], 0
+            self.log.warn("dropped an unterminated last line ({size} bytes)", size=size)
         self._lose()
 
     def writeConnectionLost(self) -> None:
@@ -242,16 +139,10 @@ class BrokerProtocol(Protocol):
         notification, and an exception there would be some unrelated caller's problem.
         """
         try:
-            text = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            return encode_frame(message)
         except (ValueError, TypeError, RecursionError):
-            # NaN or Infinity (no JSON form), something unserializable, or absurd nesting.
             self.log.failure("dropped a frame with no JSON form")
             return None
-        try:
-            return text.encode() + b"\n"
-        except UnicodeEncodeError:
-            # A lone surrogate has no UTF-8 form; the ASCII form escapes it and is still JSON.
-            return json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
     def _write(self, message: Mapping[str, object]) -> bool:
         """Send one frame; False when it had no JSON form (and so was not sent)."""
@@ -319,35 +210,18 @@ class BrokerProtocol(Protocol):
         try:
             message = parse_line(line)
         except ValueError:  # UnicodeDecodeError and JSONDecodeError included
-            reply.owe(None).error(PARSE_ERROR, "parse error")
-            return
-        if not isinstance(message, dict):
-            reply.owe(None).error(INVALID_REQUEST, "expected one JSON object per line")
-            return
-        if "method" not in message:
-            # An answer, to one of our requests or to nothing. Never answered in turn: an error
-            # frame carrying its id would read to the broker as the answer to a request of its
-            # own with the same id.
-            self._answer_received(message)
-            return
-        request_id = message.get("id")
-        if message.get("jsonrpc") != "2.0":
-            reply.owe(_echo_id(request_id)).error(INVALID_REQUEST, 'jsonrpc must be "2.0"')
-            return
-        method = message["method"]
-        is_request = "id" in message
-        if not isinstance(method, str) or (is_request and not _valid_id(request_id)):
-            reply.owe(_echo_id(request_id)).error(INVALID_REQUEST, "invalid request")
-            return
-        if is_request:
-            # From here on a failure is answered -32603 unless an answer already went out.
-            reply.owe(request_id)
-        params = message.get("params", {})
-        if not isinstance(params, dict):
-            if is_request:
-                reply.error(INVALID_PARAMS, "params must be an object", {"field": "params"})
-            return
-        self._dispatch(method, params, reply if is_request else None)
+            incoming: Answer | Call | Invalid | None = NOT_JSON
+        else:
+            incoming = read_message(message)
+        if isinstance(incoming, Answer):
+            self._answer_received(incoming.message)
+        elif isinstance(incoming, Invalid):
+            reply.owe(incoming.request_id).error(incoming.code, incoming.message, incoming.data)
+        elif incoming is not None:
+            if incoming.is_request:
+                # From here on a failure is answered -32603 unless an answer already went out.
+                reply.owe(incoming.request_id)
+            self._dispatch(incoming.method, incoming.params, reply if incoming.is_request else None)
 
     def _answer_received(self, message: Params) -> None:
         request_id = message.get("id")
@@ -365,19 +239,13 @@ class BrokerProtocol(Protocol):
         else:
             # An error answer, or one that is not a well-formed answer at all: either way the
             # call failed, and leaving it pending would leave its caller waiting forever.
-            d.errback(_answer_error(message))
+            d.errback(answer_error(message))
 
     def _dispatch(self, method: str, params: Params, reply: _Reply | None) -> None:
         address = resolve_address(method)
-        if address.engine is None and address.method in FACADE_SCOPED:
-            self._no_facade(method, reply, "unaddressed")
-            return
-        if (
-            address.engine is not None
-            and address.method in FACADE_SCOPED
-            and not self._table.facade_enabled(address.engine)
-        ):
-            self._no_facade(method, reply, "facade-not-enabled")
+        reason = no_facade(address, self._table)
+        if reason is not None:
+            self._no_facade(method, reply, reason)
             return
         handler = self._table.handler(address)
         if handler is None:
@@ -452,26 +320,3 @@ class _Reply:
             return False
         self._sent = True
         return True
-
-
-def _answer_error(message: Params) -> RpcError:
-    """The RpcError for an error answer, whatever shape its ``error`` member has."""
-    error = message.get("error")
-    if not isinstance(error, dict):
-        return RpcError(NO_CODE, "malformed answer")
-    code = error.get("code")
-    text = error.get("message")
-    data = error.get("data")
-    return RpcError(
-        code if isinstance(code, int) and not isinstance(code, bool) else NO_CODE,
-        text if isinstance(text, str) else "",
-        data if isinstance(data, dict) else None,
-    )
-
-
-def _valid_id(value: object) -> bool:
-    return value is None or (isinstance(value, int | str) and not isinstance(value, bool))
-
-
-def _echo_id(value: object) -> object:
-    return value if _valid_id(value) else None

@@ -6,6 +6,9 @@ one: the number of dispatches (``--max-dispatch-attempts``) and the job deadline
 elapsed time). Between rounds the loop backs off, starting at ``--retry-backoff`` and doubling
 up to 8x. In standalone fleet mode a third bound caps the wait for an owner to come back
 (``--owner-wait``). The loop asks this value; it never does the arithmetic itself.
+
+The options that bound every request's effort reach the request path as one :class:`Bounds`
+value, which the process builds from its command line.
 """
 
 from __future__ import annotations
@@ -125,3 +128,31 @@ class RetryBudget:
     def retry_after(self) -> int:
         """``Retry-After`` for a refusal: whole seconds, at least 1."""
         return max(1, math.ceil(self.backoff))
+
+
+@frozen
+class Bounds:
+    """What bounds each request's effort, the same for every request of the process
+    (docs/retry-budget.md#the-bounds); seconds, 0 where an option allows it turns it off.
+
+    :ivar response_header_timeout: headers per attempt, and again the first body byte.
+    :ivar dial_timeout: connecting, per node asked by a fleet-wide request.
+    :ivar job_deadline: from admission, after which no new dispatch starts.
+    :ivar max_dispatch_attempts: dispatches per inference request.
+    :ivar retry_backoff: the first pause between rounds.
+    :ivar client_write_timeout: how long a client may accept nothing of a relayed answer
+        (docs/request-path.md#client-write-deadline).
+    """
+
+    response_header_timeout: float
+    dial_timeout: float
+    job_deadline: float
+    max_dispatch_attempts: int
+    retry_backoff: float
+    client_write_timeout: float
+
+    def budget(self, created: float) -> RetryBudget:
+        """A fresh budget for a request admitted at ``created``."""
+        return RetryBudget(
+            self.max_dispatch_attempts, created + self.job_deadline, self.retry_backoff
+        )

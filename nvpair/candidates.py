@@ -1,10 +1,10 @@
 """Which nodes a request may go to, read from the live control state (docs/candidate-order.md).
 
 The ordering itself is pure (:mod:`nvpair.routing`); this module applies it to what the
-control state holds right now: the discovery snapshot, the pin, the scheduler's priority and
-the process's reservations — or, in standalone fleet mode, what the fleet's own scheduling
-knows instead of a priority list (:mod:`nvpair.scheduling`). There is no memory of past
-nodes: each plan and each pre-dispatch check reads the live snapshot.
+control state holds right now: the discovery snapshot, the pin and the process's reservations,
+ordered by the mode's :class:`~nvpair.seams.Scheduling` (the scheduler's priority list in
+broker mode, the fleet's own standing of each node in standalone fleet mode). There is no
+memory of past nodes: each plan and each pre-dispatch check reads the live snapshot.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from nvpair.control import ControlState, Node
 from nvpair.engines import RouteClass
 from nvpair.http_facade import Admitted
 from nvpair.reservations import Reservations
-from nvpair.routing import Plan, advertises, order, owners, plan
-from nvpair.scheduling import FleetScheduler
+from nvpair.routing import Plan, advertises, order, owners
+from nvpair.seams import Scheduling
 
 
 class NoAddress(LookupError):
@@ -24,19 +24,15 @@ class NoAddress(LookupError):
 class Candidates:
     """Plans and checks candidates against the live control state.
 
-    :param fleet: standalone fleet mode's scheduling; None in broker mode, where the
-        scheduler's priority list ranks.
+    :param scheduling: what orders a round: broker mode's or standalone fleet mode's.
     """
 
     def __init__(
-        self,
-        control: ControlState,
-        reservations: Reservations,
-        fleet: FleetScheduler | None = None,
+        self, control: ControlState, reservations: Reservations, scheduling: Scheduling
     ) -> None:
         self._control = control
         self._reservations = reservations
-        self._fleet = fleet
+        self._scheduling = scheduling
 
     def plan(self, admitted: Admitted) -> Plan:
         """This round's candidates, in order, and the node to reserve."""
@@ -52,13 +48,13 @@ class Candidates:
         # A node with nothing to dial (a local node before its backend is known) is no
         # candidate: trying it would cost an attempt and report a dispatch that never left.
         dialable = [node for node in eligible if self.dialable(engine, node)]
-        control = self._control
-        counts = self._reservations.counts
-        if self._fleet is not None:
-            return self._fleet.plan(
-                engine, dialable, control.pin(engine), admitted.model_key, counts
-            )
-        return plan(dialable, control.pin(engine), control.priority, counts)
+        return self._scheduling.plan(
+            engine,
+            dialable,
+            self._control.pin(engine),
+            admitted.model_key,
+            self._reservations.counts,
+        )
 
     def live(self, admitted: Admitted, node: Node) -> Node | None:
         """``node`` as the live snapshot has it now, if it is still one of the owners.

@@ -22,7 +22,7 @@ from nvpair.inferstats import StatsReader
 from nvpair.job import Ending, Job, Services
 from nvpair.logs import debug_enabled
 from nvpair.reasons import Reason
-from nvpair.relay import WriteDeadline
+from nvpair.relay import BodyEnd, WriteDeadline
 
 log = Logger(namespace="nvpair.delivery")
 
@@ -42,13 +42,15 @@ async def try_node(
     job.dispatches += 1
     with tracking:
         outcome = await services.attempts.run(outgoing, node, final, job.cancelled)
-        if job.trail is not None:
-            job.trail.attempt_ended(node.id, outcome)
-        if services.metrics is not None:
-            services.metrics.attempt_ended(job.admitted.engine.id, node.id, outcome)
+        job.trail.attempt_ended(node.id, outcome)
         if isinstance(outcome, Served):
-            await deliver(services, job, node, outcome)
+            end: BodyEnd | None = None
+            try:
+                end = await deliver(services, job, node, outcome)
+            finally:
+                _delivered(services, job, node, outcome, end is not None and end.cut)
             return None
+        services.counter.attempt_ended(job.admitted.engine.id, node.id, outcome)
     if debug_enabled():
         log.debug(
             "attempt {attempt} to {node} failed: {why} {status} {detail}",
@@ -62,8 +64,16 @@ async def try_node(
     return outcome
 
 
-async def deliver(services: Services, job: Job, node: Node, served: Served) -> None:
-    """Write the served response's status and headers, then relay its body."""
+def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bool) -> None:
+    """A served attempt's answer has ended: it counts as served, or as truncated when its
+    engine cut it short (docs/operations.md#recent-workloads). The workload is unchanged."""
+    if cut:
+        job.trail.truncated()
+    services.counter.attempt_ended(job.admitted.engine.id, node.id, served, cut)
+
+
+async def deliver(services: Services, job: Job, node: Node, served: Served) -> BodyEnd:
+    """Write the served response's status and headers, then relay its body; how it ended."""
     request, response, relay = job.request, served.response, served.relay
     request.setResponseCode(response.code, response.phrase)
     headers = request.responseHeaders
@@ -76,9 +86,8 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> N
     headers.setRawHeaders(b"x-nvpair-node", [_answering_node(services, node).encode()])
     response.headers = SPENT
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
-    job.served_status = response.code
     clock = services.clock
-    job.committed_at = clock.seconds()
+    job.served(response.code, clock.seconds())
     reader: StatsReader | None = None
     if job.workload is not None:
         job.workload.started(node.id)
@@ -105,6 +114,7 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> N
             status=response.code,
             complete=end.complete,
         )
+    return end
 
 
 def _answering_node(services: Services, node: Node) -> str:
@@ -117,7 +127,7 @@ def _answering_node(services: Services, node: Node) -> str:
 
 
 def _write_deadline(services: Services, job: Job, upstream: IPushProducer) -> WriteDeadline:
-    timeout = services.config.client_write_timeout
+    timeout = services.bounds.client_write_timeout
 
     def expired() -> None:
         log.debug(

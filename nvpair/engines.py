@@ -83,6 +83,8 @@ class Engine:
     :ivar poll_path: the model list a standalone fleet polls for each node's inventory.
     :ivar load_probe: what a standalone fleet asks each node, with the inventory, about the
         engine's load: models in memory, slots, loading (docs/fleet-scheduling.md#load-state).
+    :ivar liveness_path: the engine's cheapest route, which a standalone fleet asks every 2 s
+        to find a hung engine (docs/fleet-scheduling.md#hung-nodes).
     :ivar plain_errors: which paths answer errors as ``{"error": "..."}`` rather than
         OpenAI's envelope (Ollama's native routes, not its ``/v1/*`` shims).
     :ivar named_model_paths: "other" routes whose body names a model in ``model``, or
@@ -105,6 +107,7 @@ class Engine:
     model_display: Callable[[str], str]
     poll_path: str
     load_probe: LoadProbe
+    liveness_path: str
     plain_errors: Callable[[str], bool] = _never
     named_model_paths: frozenset[str] = frozenset()
     host_guard: bool = False
@@ -185,6 +188,7 @@ OLLAMA = Engine(
     model_display=ollama_display,
     poll_path="/api/tags",
     load_probe=OLLAMA_PROBE,
+    liveness_path="/",
     plain_errors=lambda path: not path.startswith("/v1/"),
     named_model_paths=frozenset(
         {"/api/show", "/api/pull", "/api/push", "/api/create", "/api/delete"}
@@ -223,6 +227,7 @@ LMSTUDIO = Engine(
     model_display=_exact,
     poll_path="/v1/models",
     load_probe=LMSTUDIO_PROBE,
+    liveness_path="/v1/models",
 )
 
 LLAMACPP = Engine(
@@ -263,6 +268,7 @@ LLAMACPP = Engine(
     model_display=_exact,
     poll_path="/v1/models",
     load_probe=LLAMACPP_PROBE,
+    liveness_path="/health",
 )
 
 #: The registry: every engine the process knows, by id. Order is presentation order.

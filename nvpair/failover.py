@@ -5,9 +5,9 @@ and tries them in order, moving on after a retryable status or transport failure
 dispatch the node is checked against the live snapshot (a node that left costs no attempt) and
 the budget is asked whether a dispatch may start. Between rounds the loop backs off; when every
 owner has gone it waits for one at no attempt's cost. Commit is the first body byte, decided
-by the attempt. In standalone fleet mode each attempt's outcome also tells passive health
-about its node, and the wait for an owner is bounded by ``--owner-wait``
-(docs/fleet-scheduling.md).
+by the attempt. Each attempt's outcome is told to the mode's scheduling, which may judge the
+node by it, and the scheduling bounds the wait for an owner (standalone fleet mode's passive
+health and ``--owner-wait``, docs/fleet-scheduling.md).
 """
 
 from __future__ import annotations
@@ -41,14 +41,13 @@ async def serve_inference(services: Services, job: Job) -> None:
     job.workload = services.workloads.admit(
         engine.id, engine.model_display(model) if model else "", caller=job.admitted.caller
     )
-    if services.recent is not None:
-        job.trail = services.recent.admitted(job.workload)
+    job.trail = services.recorder.admitted(job.workload)
     outgoing = job.outgoing()
     while True:
         if not round_plan.candidates:
             # An owner existed within this request's life and went away: wait for one, at
             # no attempt's cost, until the deadline (in fleet mode, at most --owner-wait).
-            job.budget = job.budget.owners_gone(clock.seconds(), _owner_wait(services))
+            job.budget = job.budget.owners_gone(clock.seconds(), services.scheduling.owner_wait)
             wait = job.budget.owner_wait(clock.seconds())
             if wait is None:
                 job.refuse(
@@ -73,8 +72,7 @@ async def serve_inference(services: Services, job: Job) -> None:
             continue
         # The round is exhausted: nothing runs between attempts, so the claim goes now (a
         # stale one would push the other engines' traffic off a free node).
-        services.reservations.release(job.reservation)
-        job.reservation = None
+        job.release(services.reservations)
         pause = job.budget.pause(clock.seconds())
         if pause is None:
             job.refuse(Reason.DEADLINE, retry_after=job.budget.retry_after())
@@ -107,7 +105,7 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
             return None
         job.budget = job.budget.spend()
         if reserving:
-            job.reservation = services.reservations.move(job.reservation, node.id)
+            job.reserve(services.reservations, node.id)
         workload.submitted(node.id)
         dispatched = True
         failed = await _attempt(services, job, outgoing, node)
@@ -122,41 +120,27 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
 
 
 def _down(services: Services, job: Job) -> list[str]:
-    """Fleet mode: the nodes that last listed the model and are down now (a broker's
-    discovery says nothing of nodes that left it)."""
-    fleet = services.fleet
-    if fleet is None:
-        return []
-    return fleet.owners_down(job.admitted.engine.id, job.admitted.model_key)
+    """The nodes that last listed the model and are down now, as far as the mode knows."""
+    return services.scheduling.owners_down(job.admitted.engine.id, job.admitted.model_key)
 
 
 def _bound(services: Services, job: Job) -> str:
     """The wait for an owner that ran out, as the option that set it."""
-    config = services.config
     if job.budget.owner_wait_ran_out(services.clock.seconds()):
-        return f"the owner wait (--owner-wait {format_duration(config.owner_wait)})"
-    return f"the job deadline (--job-deadline {format_duration(config.job_deadline)})"
-
-
-def _owner_wait(services: Services) -> float:
-    """The bound on waiting for an owner beyond the deadline's: fleet mode only, where no
-    broker's node-loss sweep would otherwise end a request whose every node is gone."""
-    return services.config.owner_wait if services.fleet is not None else 0.0
+        wait = services.scheduling.owner_wait
+        return f"the owner wait (--owner-wait {format_duration(wait)})"
+    deadline = services.bounds.job_deadline
+    return f"the job deadline (--job-deadline {format_duration(deadline)})"
 
 
 async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node) -> Failed | None:
-    """One dispatch (:func:`~nvpair.delivery.try_node`); in fleet mode the dispatch counts its
-    model as in memory on the node (docs/fleet-scheduling.md#dispatched-is-loading) and what
-    its outcome says about the node goes to passive health
-    (docs/fleet-scheduling.md#passive-health)."""
-    fleet = services.fleet
-    if fleet is None:
-        return await try_node(services, job, outgoing, node, job.budget.final)
+    """One dispatch (:func:`~nvpair.delivery.try_node`), told to the mode's scheduling as it
+    starts and with what its outcome says about the node (in fleet mode: the model counted as
+    in memory there, docs/fleet-scheduling.md#dispatched-is-loading, and passive health,
+    docs/fleet-scheduling.md#passive-health)."""
+    scheduling = services.scheduling
     engine = job.admitted.engine.id
-    trial = fleet.health.dispatching(engine, node.id)
-    # Counted as loading there from now, not from the node's next poll: a second request for
-    # the model then joins this load instead of starting one on another cold node.
-    fleet.dispatched(engine, node.id, job.admitted.model_key)
+    trial = scheduling.dispatching(engine, node.id, job.admitted.model_key)
     failed: Failed | None = None
     try:
         failed = await try_node(services, job, outgoing, node, job.budget.final)
@@ -165,9 +149,9 @@ async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node)
         # about the node, unless the node had already answered.
         why = _against_node(job, failed)
         if why == "":
-            fleet.health.succeeded(engine, node.id)
+            scheduling.succeeded(engine, node.id)
         elif why is not None:
-            fleet.health.failed(engine, node.id, trial, why)
+            scheduling.failed(engine, node.id, trial, why)
     return failed
 
 

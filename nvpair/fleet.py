@@ -33,6 +33,8 @@ from nvpair.facade_manager import FacadeError
 from nvpair.fanout import ask
 from nvpair.fleetfile import Fleet, base_url_hint, restart_needed, unserved
 from nvpair.fleetpairs import Pair, PairReport, PollState
+from nvpair.liveness import LivenessProbes
+from nvpair.loadpoll import read_load
 from nvpair.loadstate import UNKNOWN, Answer, LoadState
 from nvpair.scheduling import FleetScheduler
 from nvpair.web import UpstreamClient
@@ -71,8 +73,12 @@ class FleetService(Service):
         process's shutdown, with everything else's).
     :param dial_timeout: connect timeout for each poll.
     :param scheduler: where load states go; None polls inventories only.
+    :param liveness: probes every pair for a hang; a hung node is out of discovery until it
+        answers again (docs/fleet-scheduling.md#hung-nodes). None: no probes.
     :param cannot_serve: ends the process, given why: a facade of the file that cannot bind
         (docs/ports.md#bind-failures). None only logs it (a fleet built without a process).
+    :param credentials: given each node URL's ``Authorization`` value, at once and at each
+        reload (the upstream client's :meth:`~nvpair.upstream.Upstream.set_credentials`).
     """
 
     log = Logger()
@@ -88,8 +94,15 @@ class FleetService(Service):
         scheduler: FleetScheduler | None = None,
         *,
         cannot_serve: Callable[[str], None] | None = None,
+        liveness: LivenessProbes | None = None,
+        credentials: Callable[[Mapping[str, bytes]], None] = lambda by_url: None,
     ) -> None:
         self._clock = clock
+        self._credentials = credentials
+        credentials(fleet.authorizations())
+        self._liveness = liveness
+        if liveness is not None:
+            liveness.changed = lambda engine, node: self._publish(engine)
         self._cannot_serve = cannot_serve
         self._fleet = fleet
         self._control = control
@@ -151,6 +164,7 @@ class FleetService(Service):
         self._pairs = {(pair.node, pair.engine): pair for pair in pairs}
         for pair in pairs:
             self._schedule(pair, now=True)
+            self._probe(pair)
         self._end_first_round()  # nothing to poll: done at once
 
     def stopService(self) -> Deferred[None] | None:
@@ -159,6 +173,8 @@ class FleetService(Service):
         # running), so a shutdown does not read as every node leaving.
         for pair in self._pairs.values():
             pair.stop()
+        if self._liveness is not None:
+            self._liveness.stop()
         return None
 
     def reload(self, fleet: Fleet) -> None:
@@ -174,6 +190,8 @@ class FleetService(Service):
         for change in restart_needed(self._fleet, fleet):
             self.log.warn("fleet file reloaded: {change} needs a restart", change=change)
         self._warn_unserved(fleet)
+        # Before any poll of the new file: every request from now on carries its credentials.
+        self._credentials(fleet.authorizations())
         interval = fleet.inventory_interval != self._fleet.inventory_interval
         self._fleet = evolve(fleet, facades=self._fleet.facades)
         wanted = self._wanted(fleet)
@@ -247,6 +265,11 @@ class FleetService(Service):
         pair = Pair(key[0], key[1], url)
         self._pairs[key] = pair
         self._schedule(pair, now)
+        self._probe(pair)
+
+    def _probe(self, pair: Pair) -> None:
+        if self._liveness is not None:
+            self._liveness.watch(pair.engine, pair.node, pair.url)
 
     def _schedule(self, pair: Pair, now: bool) -> None:
         # One loop per pair: a LoopingCall waits for its poll's Deferred before it schedules
@@ -263,6 +286,8 @@ class FleetService(Service):
         # Gone from the map first: a poll the stop cancels then counts for nothing.
         del self._pairs[(pair.node, pair.engine)]
         pair.stop()
+        if self._liveness is not None:
+            self._liveness.forget(pair.engine, pair.node)
         self._answered[pair.engine].pop(pair.node, None)
         self._known[pair.engine].pop(pair.node, None)
         if self._scheduler is not None:
@@ -299,25 +324,12 @@ class FleetService(Service):
             raise ValueError("not the engine's model-list envelope")
         return models
 
-    async def _load_answer(self, url: str, path: str) -> Answer | None:
-        try:
-            return await self._ask(url, path)
-        except CancelledError:
-            raise
-        except Exception:
-            # Refused, reset, timed out, too large: this route says nothing this time.
-            return None
-
     async def _probe_load(self, engine: str, url: str) -> LoadState:
         if self._scheduler is None:
             return UNKNOWN
-        probe = ENGINES[engine].load_probe
-        # Every route at once, each bounded like the model list; one failing says nothing.
-        answers = await defer.gatherResults(
-            [Deferred.fromCoroutine(self._load_answer(url, path)) for path in probe.paths],
-            consumeErrors=True,
-        )
-        return probe.read(answers, ENGINES[engine].model_key)
+        spec = ENGINES[engine]
+        # Each route bounded like the model list; one failing says nothing.
+        return await read_load(spec.load_probe, spec.model_key, lambda path: self._ask(url, path))
 
     def _track(self, pair: Pair, d: Deferred[T]) -> Deferred[T]:
         """Remember ``d`` until it settles, so a shutdown or reload can cancel it."""
@@ -471,20 +483,23 @@ class FleetService(Service):
         self._publish(engine)
 
     def _publish(self, engine: str) -> None:
-        """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now."""
+        """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now.
+
+        A hung node is left out, as one whose poll fails, and for the same reasons: nothing
+        is dispatched to it, and an attempt there not yet committed is abandoned and fails
+        over (docs/fleet-scheduling.md#hung-nodes).
+        """
         spec = ENGINES[engine]
         urls = {p.node: p.url for p in self._pairs.values() if p.engine == engine}
-        self._control.set_discovery(
-            engine,
-            [
-                Node(
-                    id=nid,
-                    local=False,
-                    url=urls[nid],
-                    models=names,
-                    model_keys=frozenset(spec.model_key(m) for m in names),
-                )
-                for nid, names in self._answered[engine].items()
-                if nid in urls
-            ],
-        )
+        nodes = []
+        for nid, names in self._answered[engine].items():
+            if nid not in urls:
+                continue
+            hung = self._liveness is not None and self._liveness.hung(engine, nid)
+            if self._scheduler is not None:
+                # A hung owner is named when nobody serves its model (every-owner-down).
+                self._scheduler.away(engine, nid, names if hung else None)
+            if not hung:
+                model_keys = frozenset(spec.model_key(m) for m in names)
+                nodes.append(Node(nid, False, urls[nid], names, model_keys))
+        self._control.set_discovery(engine, nodes)

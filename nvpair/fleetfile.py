@@ -7,16 +7,18 @@ the offending key, never a silent default.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from attrs import frozen
+from attrs import field, frozen
 
 from nvpair.durations import parse_duration
 from nvpair.engines import ENGINES
 from nvpair.lanconfig import Access, AccessError, parse_access
+from nvpair.nodecreds import Credential, read_credential
 from nvpair.ports import ascii_digits, parse_aliases, valid_port
 
 
@@ -32,8 +34,12 @@ class FacadeSpec:
 
 @frozen
 class FleetNode:
+    """One ``[[nodes]]`` table: each engine's URL and, for those that need one, a credential
+    (docs/fleet-scheduling.md#node-credentials)."""
+
     id: str
     engines: Mapping[str, str]
+    credentials: Mapping[str, Credential] = field(factory=dict)
 
 
 @frozen
@@ -47,6 +53,14 @@ class Fleet:
     facades: Mapping[str, FacadeSpec]
     nodes: tuple[FleetNode, ...]
     access: Access | None = None
+
+    def authorizations(self) -> dict[str, bytes]:
+        """Engine URL -> the ``Authorization`` value every request to it carries."""
+        return {
+            node.engines[engine]: credential.authorization
+            for node in self.nodes
+            for engine, credential in node.credentials.items()
+        }
 
 
 def _fail(path: Path, where: str, why: str) -> FleetFileError:
@@ -86,6 +100,12 @@ def _url_problem(url: object) -> str | None:
         return f"port {port!r} is not a number"
     if port and not valid_port(int(port)):
         return f"port {port} is out of range (1-65535)"
+    if parts.username is not None or parts.password is not None:
+        # It would be logged and shown with the URL; the key goes in the environment instead.
+        return (
+            "holds a user name or password: a node's secret is named in "
+            '[nodes.credentials] as "env:NAME", never written in the file'
+        )
     return None
 
 
@@ -121,8 +141,45 @@ def _one_facade_per_port(path: Path, facades: Mapping[str, FacadeSpec]) -> None:
             )
 
 
-def load_fleet(path: Path) -> Fleet:
-    """Parse and validate a fleet file; :class:`FleetFileError` names what is wrong."""
+def _credentials(
+    path: Path, where: str, table: object, engines: Mapping[str, str], environ: Mapping[str, str]
+) -> dict[str, Credential]:
+    """A node's ``[nodes.credentials]``: engine = "env:NAME", each read from ``environ``."""
+    if not isinstance(table, dict):
+        raise _fail(path, where, 'must be a table of engine = "env:NAME"')
+    credentials: dict[str, Credential] = {}
+    for engine, value in table.items():
+        if engine not in ENGINES:
+            raise _fail(path, f"{where}.{engine}", _unknown_engine(engine))
+        if engine not in engines:
+            raise _fail(path, f"{where}.{engine}", f"the node has no engines.{engine} URL")
+        try:
+            credentials[engine] = read_credential(value, environ)
+        except ValueError as bad:
+            raise _fail(path, f"{where}.{engine}", str(bad)) from None
+    return credentials
+
+
+def _one_credential_per_url(path: Path, nodes: list[FleetNode]) -> None:
+    """A credential belongs to the engine at a URL: two that differ for one URL cannot both
+    be sent."""
+    holders: dict[str, tuple[str, str]] = {}
+    for index, node in enumerate(nodes):
+        for engine, credential in node.credentials.items():
+            url = node.engines[engine]
+            where = f"nodes[{index}].credentials.{engine}"
+            holder, variable = holders.setdefault(url, (where, credential.variable))
+            if variable != credential.variable:
+                raise _fail(path, where, f"{holder} names another variable for the same URL")
+
+
+def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
+    """Parse and validate a fleet file; :class:`FleetFileError` names what is wrong.
+
+    :param environ: where ``env:NAME`` credentials are read (the process's environment,
+        read now, when None).
+    """
+    environ = os.environ if environ is None else environ
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -172,7 +229,7 @@ def load_fleet(path: Path) -> Fleet:
         where = f"nodes[{index}]"
         if not isinstance(item, dict):
             raise _fail(path, where, "must be a table")
-        _check_keys(path, where, item, {"id", "engines"})
+        _check_keys(path, where, item, {"id", "engines", "credentials"})
         node_id = item.get("id")
         if not isinstance(node_id, str) or not node_id or node_id in seen:
             raise _fail(path, f"{where}.id", "must be a unique non-empty string")
@@ -186,7 +243,11 @@ def load_fleet(path: Path) -> Fleet:
             problem = _url_problem(url)
             if problem is not None:
                 raise _fail(path, f"{where}.engines.{engine}", problem)
-        nodes.append(FleetNode(node_id, dict(engines)))
+        credentials = _credentials(
+            path, f"{where}.credentials", item.get("credentials", {}), engines, environ
+        )
+        nodes.append(FleetNode(node_id, dict(engines), credentials))
+    _one_credential_per_url(path, nodes)
     try:
         access = parse_access(document.get("access"), path.parent)
     except AccessError as error:

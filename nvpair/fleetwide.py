@@ -19,7 +19,6 @@ from nvpair.cors import Reply, inventory_grant, preflight
 from nvpair.fanout import NodeReply, ask_all
 from nvpair.inventory import InvalidInventory, merge_inventories
 from nvpair.job import Job, Services
-from nvpair.proxy_answers import write_error
 from nvpair.reasons import Reason
 
 #: Caller credentials never sent along with a preflight (docs/browser-policy.md).
@@ -37,7 +36,7 @@ async def _ask_every_node(
     replies = await ask_all(
         services.upstream,
         services.clock,
-        services.config.dial_timeout,
+        services.bounds.dial_timeout,
         bases,
         method,
         path.encode("latin-1") + query,
@@ -83,13 +82,12 @@ async def serve_inventory(services: Services, job: Job) -> None:
     if invalid:
         # No partial list. CORS headers only when every responder granted.
         cors = grant.headers if grant is not None and grant.granted else ()
-        job.refused = Reason.INVENTORY_INVALID
-        write_error(request, engine, Reason.INVENTORY_INVALID, cors=cors)
+        job.refuse(Reason.INVENTORY_INVALID, cors=cors)
         return
     if grant is not None and not grant.granted:
         job.refuse(Reason.CORS_DENIED)
         return
-    job.served_status = 200
+    job.served(200)
     headers = request.responseHeaders
     request.setResponseCode(200)
     headers.setRawHeaders(b"content-type", [b"application/json; charset=utf-8"])
@@ -115,7 +113,7 @@ async def serve_preflight(services: Services, job: Job) -> None:
     decision = preflight(origin, [Reply(a.status, a.headers) for a in answers])
     # A denial passes through as a denial: the engine's status, nothing else. It is not
     # proxy-generated, so it carries no X-Nvpair-Error: served, as a grant is.
-    job.served_status = decision.status
+    job.served(decision.status)
     request.setResponseCode(decision.status)
     request.responseHeaders.setRawHeaders(b"content-length", [b"0"])
     for name, value in decision.headers:

@@ -6,12 +6,26 @@ that reason rather than inferring it from an exception (an attempt's own cancell
 never look like the requester leaving). :class:`Services` is the set of process-wide pieces
 the servers in :mod:`nvpair.failover`, :mod:`nvpair.forwarding` and :mod:`nvpair.fleetwide`
 share.
+
+Each of a job's fields has one owner, the only code that sets it (``tests/test_job.py`` holds
+them to it):
+
+- ``admitted``, ``request``, ``created``: :mod:`nvpair.requestpath`, when it makes the job;
+- ``deferred`` (:meth:`Job.run`), ``ending`` (:meth:`Job.cancel`), ``refused``
+  (:meth:`Job.refuse`), ``reservation`` (:meth:`Job.reserve`, :meth:`Job.release`),
+  ``served_status`` and ``committed_at`` (:meth:`Job.served`): this module's methods, whoever
+  calls them;
+- ``budget``, ``workload`` and ``trail``: :mod:`nvpair.failover`, the inference loop (the only
+  route that spends a budget or is admitted as a workload);
+- ``stats``: :mod:`nvpair.delivery`, read from the body it relays; ``node`` and
+  ``dispatches`` there too, as each dispatch starts (for the access log).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from attrs import define, frozen
 from twisted.internet.defer import Deferred
@@ -20,20 +34,17 @@ from twisted.web.http_headers import Headers
 
 from nvpair.activity import NodeActivity
 from nvpair.attempt import Attempts, Outgoing
-from nvpair.budget import RetryBudget
+from nvpair.budget import Bounds, RetryBudget
 from nvpair.candidates import Candidates
-from nvpair.config import Config
 from nvpair.control import ControlState
 from nvpair.engines import RouteClass
 from nvpair.headers import SPENT, end_to_end
 from nvpair.http_facade import Admitted
 from nvpair.inferstats import Stats
-from nvpair.metrics import Metrics
 from nvpair.proxy_answers import write_error
 from nvpair.reasons import Reason
-from nvpair.recent import RecentWorkloads, Trail
 from nvpair.reservations import Reservation, Reservations
-from nvpair.scheduling import FleetScheduler
+from nvpair.seams import NO_LOG, AttemptLog, RequestCounter, Scheduling, WorkloadRecorder
 from nvpair.web import ProxiedRequest, UpstreamClient
 from nvpair.workload import Workload, Workloads
 
@@ -64,15 +75,20 @@ class Job:
     #: The reason of the proxy-generated answer, if the proxy answered.
     refused: Reason | None = None
     stats: Stats | None = None
-    #: Where this workload's attempts are recorded for the admin ``/status``; None when no
-    #: admin listener runs (or the route has no workload).
-    trail: Trail | None = None
+    #: Where this workload's attempts are recorded for the admin ``/status``; one shared log
+    #: that keeps nothing when no admin listener runs (or the route has no workload).
+    trail: AttemptLog = NO_LOG
     #: When the answer served began (the commit), on the process clock.
     committed_at: float | None = None
     #: The node last dispatched to: the one whose answer (or failure) the client got.
     node: str | None = None
     #: Dispatches made, on any route.
     dispatches: int = 0
+
+    def run(self, serving: Coroutine[Any, Any, None]) -> Deferred[None]:
+        """Run the route's server: the job's scope, which :meth:`cancel` cancels."""
+        self.deferred = Deferred.fromCoroutine(serving)
+        return self.deferred
 
     def cancelled(self) -> bool:
         """Whether the request itself was cancelled (the parent scope)."""
@@ -86,16 +102,42 @@ class Job:
             self.deferred.cancel()
 
     def refuse(
-        self, reason: Reason, *, retry_after: int | None = None, message: str | None = None
+        self,
+        reason: Reason,
+        *,
+        retry_after: int | None = None,
+        message: str | None = None,
+        cors: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
         """Answer with a proxy-generated error and remember why, for the terminal event.
 
         :param message: the answer's text, when it says more than the reason's own.
+        :param cors: browser permission headers the answer carries.
         """
         self.refused = reason
         write_error(
-            self.request, self.admitted.engine, reason, retry_after=retry_after, message=message
+            self.request,
+            self.admitted.engine,
+            reason,
+            retry_after=retry_after,
+            message=message,
+            cors=cors,
         )
+
+    def served(self, status: int, committed_at: float | None = None) -> None:
+        """The engines' answer is served with ``status``: one node's, relayed from
+        ``committed_at`` (its commit, on the process clock), or the fleet's."""
+        self.served_status = status
+        self.committed_at = committed_at
+
+    def reserve(self, reservations: Reservations, node: str) -> None:
+        """Claim ``node`` for this job, moving the claim it holds (if any) there."""
+        self.reservation = reservations.move(self.reservation, node)
+
+    def release(self, reservations: Reservations) -> None:
+        """Give back the claim this job holds, if any."""
+        reservations.release(self.reservation)
+        self.reservation = None
 
     def outgoing(self) -> Outgoing:
         """What each attempt sends: the client's request with its end-to-end headers.
@@ -138,7 +180,7 @@ class Services:
 
     clock: IReactorTime
     control: ControlState
-    config: Config
+    bounds: Bounds
     upstream: UpstreamClient
     candidates: Candidates
     attempts: Attempts
@@ -148,11 +190,9 @@ class Services:
     #: This node's cluster id while it is a member: what ``X-Nvpair-Node`` names for the
     #: answers its own engine gives a peer.
     own_id: Callable[[], str | None]
-    #: Standalone fleet mode's scheduling (load states, passive health); None in broker mode.
-    fleet: FleetScheduler | None = None
-    #: The last workloads and their attempts, for the admin ``/status``; None (nothing
-    #: recorded, nothing spent) when no admin listener runs.
-    recent: RecentWorkloads | None = None
-    #: What ``/metrics`` counts; None (nothing counted, nothing spent) without an admin
-    #: listener.
-    metrics: Metrics | None = None
+    #: Broker mode's or standalone fleet mode's way of ordering rounds and judging nodes.
+    scheduling: Scheduling
+    #: The last workloads and their attempts, for the admin ``/status``.
+    recorder: WorkloadRecorder
+    #: What ``/metrics`` counts.
+    counter: RequestCounter

@@ -2,7 +2,9 @@
 
 Standalone fleet mode has no scheduler, so each poll also asks every engine what it holds in
 memory and how busy it is: Ollama ``GET /api/ps``, LM Studio ``GET /api/v0/models``,
-llama.cpp ``GET /health`` and ``GET /slots``. This module turns those answers into one
+llama.cpp ``GET /health``, ``GET /slots`` and ``GET /v1/models`` (then, for a router,
+``/slots?model=`` of each loaded model: :mod:`nvpair.llamarouter`). This module turns those
+answers into one
 :class:`LoadState` value. Anything it cannot read — a failed request, a status it does not
 expect, a body that is not JSON, the wrong shape, deep nesting, a number that overflows —
 gives :data:`UNKNOWN`, never an exception: a node's load is a hint for the order, and a
@@ -19,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from attrs import frozen
+from attrs import evolve, frozen
 
-from nvpair import strictjson
+from nvpair import llamarouter, strictjson
 
 __all__ = [
     "LISTING_LAG",
@@ -48,6 +50,10 @@ class LoadState:
     :ivar slots: how many requests it runs at once, where it says (llama.cpp ``/slots``).
     :ivar busy: how many of those slots are generating for someone other than this proxy (the
         poller subtracts the proxy's own requests in flight to that engine).
+    :ivar loading_models: a llama.cpp router's models it is loading now: in memory soon, in
+        :attr:`warm` already, no slot free yet.
+    :ivar model_slots: a llama.cpp router's ``(model key, slots, busy)`` for each loaded
+        model whose own slots it reported; :attr:`busy` is their sum.
     """
 
     loading: bool = False
@@ -55,6 +61,8 @@ class LoadState:
     warm_all: bool = False
     slots: int | None = None
     busy: int = 0
+    loading_models: frozenset[str] = frozenset()
+    model_slots: tuple[tuple[str, int, int], ...] = ()
 
     def in_memory(self, model_key: str | None, listed: frozenset[str]) -> bool | None:
         """Whether the model is in memory: True, False, or None when the engine did not say.
@@ -71,12 +79,19 @@ class LoadState:
             return None
         return bool(self.warm) if model_key is None else model_key in self.warm
 
-    def free_slot(self, reserved: int) -> bool:
+    def free_slot(self, reserved: int, model_key: str | None = None) -> bool:
         """Whether a slot is free with ``reserved`` of this proxy's own requests on the node.
 
         Ollama and LM Studio do not say how many requests they run at once; both run one per
-        model by default, so one slot is assumed for them.
+        model by default, so one slot is assumed for them. A llama.cpp router's model has the
+        slots of its own server instance, and one it is still loading has none free.
         """
+        if model_key is not None:
+            if model_key in self.loading_models:
+                return False
+            for key, slots, busy in self.model_slots:
+                if key == model_key:
+                    return busy + reserved < slots
         capacity = self.slots if self.slots else 1
         return self.busy + reserved < capacity
 
@@ -97,7 +112,7 @@ class LoadState:
             return self
         else:
             warm = self.warm.union(dispatched)
-        return LoadState(self.loading, warm, self.warm_all, self.slots, self.busy)
+        return evolve(self, warm=warm)
 
 
 #: Nothing known: the engine did not answer, or not in a way this module reads.
@@ -136,6 +151,24 @@ class Answer:
 
 Reader = Callable[[Sequence[Answer | None], Callable[[str], str]], LoadState]
 
+#: The routes to ask once the first answers are in, each for one model: ``(model, path)``.
+FollowUp = Callable[[Sequence[Answer | None]], tuple[tuple[str, str], ...]]
+
+#: The first reading completed with the follow-up's answers, each beside its model.
+FollowUpReader = Callable[
+    [LoadState, Sequence[tuple[str, Answer | None]], Callable[[str], str]], LoadState
+]
+
+
+def _no_follow_up(answers: Sequence[Answer | None]) -> tuple[tuple[str, str], ...]:
+    return ()
+
+
+def _as_read(
+    state: LoadState, answers: Sequence[tuple[str, Answer | None]], key: Callable[[str], str]
+) -> LoadState:
+    return state
+
 
 @frozen
 class LoadProbe:
@@ -144,10 +177,15 @@ class LoadProbe:
     :ivar paths: the GET routes to ask, all at once.
     :ivar read: turns their answers (in ``paths`` order; None for one that failed in transit
         or past its bounds) and the engine's model-key function into a :class:`LoadState`.
+    :ivar follow_up: the routes those answers say to ask next, all at once (a llama.cpp
+        router: each loaded model's slots); none for most engines.
+    :ivar read_follow_up: adds their answers to the reading.
     """
 
     paths: tuple[str, ...]
     read: Reader
+    follow_up: FollowUp = _no_follow_up
+    read_follow_up: FollowUpReader = _as_read
 
 
 def _json(answer: Answer | None) -> object:
@@ -217,16 +255,30 @@ def read_lmstudio(answers: Sequence[Answer | None], key: Callable[[str], str]) -
 
 
 def read_llamacpp(answers: Sequence[Answer | None], key: Callable[[str], str]) -> LoadState:
-    """``GET /health`` and ``GET /slots``.
+    """``GET /health``, ``GET /slots`` and ``GET /v1/models``.
 
     ``/health`` answers 503 while the server loads its model (every other route does too), and
     200 once it serves. ``/slots`` is a list with one object per slot, ``is_processing`` true
     while it generates (builds before late 2024 said ``state``: 0 idle, 1 processing). A server
     started with ``--no-slots`` answers an error there: its slot count stays unknown.
+
+    A router (:mod:`nvpair.llamarouter`) says each model's state in ``/v1/models``: loaded is
+    in memory, loading is in memory with no slot free yet, anything else is not. Its
+    ``/slots`` answers 400 without ``?model=``, which is no error; with its model list
+    unreadable nothing is known.
     """
-    health, slots_answer = answers
+    health, slots_answer, listing = answers
     if health is not None and health.status == 503:
         return LoadState(loading=True)
+    statuses = llamarouter.router_statuses(_json(listing))
+    if statuses is not None:
+        loaded = {key(m) for m, status in statuses if status == llamarouter.LOADED}
+        loading = frozenset(key(m) for m, status in statuses if status == llamarouter.LOADING)
+        return LoadState(warm=loading.union(loaded), loading_models=loading)
+    if slots_answer is not None and slots_answer.status == 400:
+        # A router (a server with one model takes no ?model= and never answers 400 here)
+        # whose model list said nothing this time.
+        return UNKNOWN
     slots = _slots(_json(slots_answer))
     ready = health is not None and 200 <= health.status < 300
     if not ready and slots is None:
@@ -259,6 +311,33 @@ def _slots(document: object) -> tuple[int, int] | None:
     return len(document), busy
 
 
+def router_slot_reads(answers: Sequence[Answer | None]) -> tuple[tuple[str, str], ...]:
+    """A router's loaded models and the route of each one's slots; none for a server that is
+    not a router, or is loading as a whole."""
+    health, _, listing = answers
+    if health is not None and health.status == 503:
+        return ()
+    statuses = llamarouter.router_statuses(_json(listing))
+    return llamarouter.slot_reads(statuses) if statuses is not None else ()
+
+
+def read_router_slots(
+    state: LoadState, answers: Sequence[tuple[str, Answer | None]], key: Callable[[str], str]
+) -> LoadState:
+    """Each loaded model's own slots, where its ``/slots?model=`` answered a slot list (one
+    unloaded since answers 400: its slots stay unknown until the next poll says it is gone)."""
+    read: list[tuple[str, int, int]] = []
+    for model, answer in answers:
+        slots = _slots(_json(answer))
+        if slots is not None:
+            read.append((key(model), *slots))
+    if not read:
+        return state
+    return evolve(state, busy=sum(busy for _, _, busy in read), model_slots=tuple(read))
+
+
 OLLAMA_PROBE = LoadProbe(("/api/ps",), read_ollama)
 LMSTUDIO_PROBE = LoadProbe(("/api/v0/models",), read_lmstudio)
-LLAMACPP_PROBE = LoadProbe(("/health", "/slots"), read_llamacpp)
+LLAMACPP_PROBE = LoadProbe(
+    ("/health", "/slots", "/v1/models"), read_llamacpp, router_slot_reads, read_router_slots
+)

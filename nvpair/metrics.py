@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from nvpair.attempt import RESULTS, SERVED, Failed, Outcome
+from nvpair.attempt import RESULTS, SERVED, TRUNCATED, Failed, Outcome
 from nvpair.inferstats import Stats
 
 #: Seconds: from a fast local answer to a cold model load on a slow disk.
@@ -90,8 +90,14 @@ class Metrics:
         #: Requests ended by (key, engine, outcome), of those that came with a fleet key.
         self.keyed: dict[tuple[str, str, str], int] = {}
 
-    def attempt_ended(self, engine: str, node: str, outcome: Outcome) -> None:
-        result = RESULTS[outcome.why] if isinstance(outcome, Failed) else SERVED
+    def attempt_ended(self, engine: str, node: str, outcome: Outcome, cut: bool = False) -> None:
+        """A dispatch ended: failed, or served and its answer delivered (``cut``: truncated
+        by its engine). A served one is counted once its body has ended, so a cut stream
+        counts as truncated and never also as served."""
+        if isinstance(outcome, Failed):
+            result = RESULTS[outcome.why]
+        else:
+            result = TRUNCATED if cut else SERVED
         key = (engine, node, result)
         self.attempts[key] = self.attempts.get(key, 0) + 1
 

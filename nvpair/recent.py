@@ -17,7 +17,7 @@ from collections import deque
 
 from attrs import frozen
 
-from nvpair.attempt import RESULTS, SERVED, Failed, Outcome, Served
+from nvpair.attempt import RESULTS, SERVED, TRUNCATED, Failed, Outcome, Served
 from nvpair.workload import Workload
 
 #: How many workloads ``/status`` shows (docs/operations.md#recent-workloads).
@@ -28,7 +28,8 @@ RECENT = 200
 class AttemptRecord:
     """How one dispatch ended.
 
-    :ivar result: ``served`` or one of :data:`RESULTS`' values.
+    :ivar result: ``served``, ``truncated`` (served, then cut by its engine before the body's
+        end) or one of :data:`RESULTS`' values.
     :ivar status: the HTTP status the node answered, when it answered one (a retried status,
         the served answer's, the 2xx whose first byte never came); None otherwise.
     :ivar detail: the failure in a word or two (``header timeout``, an exception's class
@@ -55,7 +56,7 @@ class Trail:
 
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
-        self._ended: list[tuple[str, int | Failed]] = []
+        self._ended: list[tuple[str, int | Failed | _Truncated]] = []
 
     def attempt_ended(self, node: str, outcome: Outcome) -> None:
         """A dispatch to ``node`` ended: served (its answer is now the client's) or failed."""
@@ -65,14 +66,30 @@ class Trail:
             (node, outcome.response.code if isinstance(outcome, Served) else outcome)
         )
 
+    def truncated(self) -> None:
+        """The served attempt's answer was cut by its engine before the body's end."""
+        node, ended = self._ended[-1]
+        assert isinstance(ended, int)
+        self._ended[-1] = (node, _Truncated(ended))
+
     @property
     def attempts(self) -> list[AttemptRecord]:
-        return [
-            AttemptRecord(node, SERVED, ended)
-            if isinstance(ended, int)
-            else AttemptRecord(node, RESULTS[ended.why], ended.status, ended.detail)
-            for node, ended in self._ended
-        ]
+        return [_record(node, ended) for node, ended in self._ended]
+
+
+@frozen
+class _Truncated:
+    """A served attempt whose answer was cut: the status it was served with."""
+
+    status: int
+
+
+def _record(node: str, ended: int | Failed | _Truncated) -> AttemptRecord:
+    if isinstance(ended, int):
+        return AttemptRecord(node, SERVED, ended)
+    if isinstance(ended, _Truncated):
+        return AttemptRecord(node, TRUNCATED, ended.status)
+    return AttemptRecord(node, RESULTS[ended.why], ended.status, ended.detail)
 
 
 class RecentWorkloads:

@@ -43,10 +43,14 @@ class BodyEnd:
 
     :ivar complete: the upstream finished the body cleanly.
     :ivar reason: the failure when it did not (upstream died, client left).
+    :ivar cut: the engine's connection ended before the body's end (no final chunk, a reset,
+        fewer bytes than ``Content-Length``) while the client was still there: the answer
+        was truncated by its node, not by its reader.
     """
 
     complete: bool
     reason: Failure | None = None
+    cut: bool = False
 
 
 class _State(enum.Enum):
@@ -304,7 +308,8 @@ class BodyRelay(Protocol):
             # Paused by the client when the body ended, the deadline would otherwise fire
             # on a finished request.
             self._guard.disarm()
-        complete = _clean_end(reason) and not self._client_gone
+        clean = _clean_end(reason)
+        complete = clean and not self._client_gone
         request = self._request
         if not self._client_gone and request is not None:
             # The client may already be gone in ways notifyFinish has not reported yet; these
@@ -319,4 +324,5 @@ class BodyRelay(Protocol):
                     request.loseConnection()
             except (AttributeError, RuntimeError):
                 pass
-        self.done.callback(BodyEnd(complete, None if complete else reason))
+        cut = not clean and not self._client_gone
+        self.done.callback(BodyEnd(complete, None if complete else reason, cut))

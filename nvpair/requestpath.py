@@ -19,10 +19,9 @@ from twisted.python.failure import Failure
 from nvpair.access import FAN_OUT, AccessLog, Finished, bounded_path, millis
 from nvpair.activity import NodeActivity
 from nvpair.attempt import Attempts
-from nvpair.budget import RetryBudget
+from nvpair.budget import Bounds
 from nvpair.caller import forbids
 from nvpair.candidates import Candidates
-from nvpair.config import Config
 from nvpair.control import ControlState
 from nvpair.engines import RouteClass
 from nvpair.failover import serve_inference
@@ -30,12 +29,16 @@ from nvpair.fleetwide import serve_inventory, serve_preflight
 from nvpair.forwarding import serve_once_each, serve_peer
 from nvpair.http_facade import Admitted, RequestHandler
 from nvpair.job import Ending, Job, Services
-from nvpair.metrics import Metrics
 from nvpair.proxy_answers import forbidden_model_message
 from nvpair.reasons import Reason
-from nvpair.recent import RecentWorkloads
 from nvpair.reservations import Reservations
-from nvpair.scheduling import FleetScheduler
+from nvpair.seams import (
+    NOT_COUNTED,
+    NOT_RECORDED,
+    RequestCounter,
+    Scheduling,
+    WorkloadRecorder,
+)
 from nvpair.web import ProxiedRequest, UpstreamClient
 from nvpair.workload import State, Workloads
 
@@ -56,13 +59,14 @@ class RequestPath(RequestHandler):
 
     :param clock: timeouts, backoff and the job deadline.
     :param control: the live control state, read per round.
+    :param bounds: what bounds each request's effort.
     :param reservations: the process-wide reservation map.
+    :param scheduling: broker mode's or standalone fleet mode's (:mod:`nvpair.seams`).
     :param own_id: this node's cluster id, if it is a member (``X-Nvpair-Node`` of the
         answers its local engine gives).
-    :param fleet: standalone fleet mode's scheduling; None in broker mode.
-    :param metrics: what ``/metrics`` counts; None when no admin listener runs.
-    :param recent: where admitted workloads and their attempts are recorded for the admin
-        ``/status``; None when no admin listener runs.
+    :param recorder: where admitted workloads and their attempts are recorded for the admin
+        ``/status``; nowhere when no admin listener runs.
+    :param counter: what ``/metrics`` counts; nothing when no admin listener runs.
     :param servers: each route class's server (:data:`SERVERS`).
     :param access: the access log; None when it is off.
     """
@@ -72,35 +76,35 @@ class RequestPath(RequestHandler):
         clock: IReactorTime,
         control: ControlState,
         upstream: UpstreamClient,
-        config: Config,
+        bounds: Bounds,
         reservations: Reservations,
         workloads: Workloads,
         activity: NodeActivity,
+        scheduling: Scheduling,
         own_id: Callable[[], str | None] = lambda: None,
-        fleet: FleetScheduler | None = None,
-        recent: RecentWorkloads | None = None,
-        metrics: Metrics | None = None,
+        recorder: WorkloadRecorder = NOT_RECORDED,
+        counter: RequestCounter = NOT_COUNTED,
         servers: Mapping[RouteClass, Server] = SERVERS,
         access: AccessLog | None = None,
     ) -> None:
         self._servers = servers
-        candidates = Candidates(control, reservations, fleet)
+        candidates = Candidates(control, reservations, scheduling)
         self._services = Services(
             clock=clock,
             control=control,
-            config=config,
+            bounds=bounds,
             upstream=upstream,
             candidates=candidates,
             attempts=Attempts(
-                clock, control, upstream, config.response_header_timeout, candidates.base_url
+                clock, control, upstream, bounds.response_header_timeout, candidates.base_url
             ),
             reservations=reservations,
             workloads=workloads,
             activity=activity,
             own_id=own_id,
-            fleet=fleet,
-            recent=recent,
-            metrics=metrics,
+            scheduling=scheduling,
+            recorder=recorder,
+            counter=counter,
         )
         self._jobs: set[Job] = set()
         self._access = access
@@ -117,17 +121,12 @@ class RequestPath(RequestHandler):
 
     def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
         services = self._services
-        config = services.config
         now = services.clock.seconds()
-        budget = RetryBudget.start(
-            now, config.job_deadline, config.max_dispatch_attempts, config.retry_backoff
-        )
-        job = Job(admitted, request, now, budget)
+        job = Job(admitted, request, now, services.bounds.budget(now))
         server = self._servers[admitted.route]
         if forbids(admitted.caller, admitted.engine, admitted.route, admitted.model):
             server = serve_forbidden_model
-        d = Deferred.fromCoroutine(server(services, job))
-        job.deferred = d
+        d = job.run(server(services, job))
         self._jobs.add(job)
         # The requester leaving ends the job at once: whatever it is waiting on is cancelled,
         # and the cleanup below closes the upstream.
@@ -146,13 +145,11 @@ class RequestPath(RequestHandler):
             # answered 500 as any other (the facade does it) and counted as one.
             result = Failure(Unanswered(f"the {job.admitted.route.value} server ended unanswered"))
         self._jobs.discard(job)
-        services.reservations.release(job.reservation)
-        job.reservation = None
+        job.release(services.reservations)
         if job.workload is not None:
             state, error = terminal(job, result)
             job.workload.terminal(state, error, job.stats)
-        if services.metrics is not None:
-            counted(services.metrics, job, services.clock.seconds())
+        counted(services.counter, job, services.clock.seconds())
         if self._access is not None:
             self._access.write(finished(job, services.clock.seconds()))
         return result
@@ -197,10 +194,10 @@ def outcome(job: Job) -> str:
     return (job.refused or Reason.INTERNAL).value
 
 
-def counted(metrics: Metrics, job: Job, now: float) -> None:
+def counted(counter: RequestCounter, job: Job, now: float) -> None:
     """One ended request, counted (docs/operations.md#metrics)."""
     admitted, committed = job.admitted, job.committed_at
-    metrics.request_ended(
+    counter.request_ended(
         admitted.engine.id,
         admitted.route.value,
         outcome(job),
@@ -211,7 +208,7 @@ def counted(metrics: Metrics, job: Job, now: float) -> None:
     )
     key = _key_name(admitted)
     if key is not None:
-        metrics.key_request_ended(key, admitted.engine.id, outcome(job))
+        counter.key_request_ended(key, admitted.engine.id, outcome(job))
 
 
 def _key_name(admitted: Admitted) -> str | None:
@@ -248,8 +245,8 @@ def terminal(job: Job, result: object) -> tuple[State, str | None]:
         return State.FAILED, Reason.INTERNAL.value
     if job.served_status is not None:
         if 200 <= job.served_status < 300:
-            # A stream truncated by its node dying still completed: it started, and the
-            # proxy cannot tell a truncated stream from a whole one.
+            # A stream truncated by its node dying still completed: it started, and only its
+            # attempt's result says it was cut (docs/request-path.md#workload-lifecycle).
             return State.COMPLETED, None
         return State.FAILED, f"upstream status {job.served_status}"
     return State.FAILED, (job.refused or Reason.INTERNAL).value

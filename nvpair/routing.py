@@ -143,7 +143,7 @@ def tier(node: Node, model_key: str | None, load: LoadState, reserved: int) -> T
     """The node's tier for ``model_key`` with ``reserved`` of this proxy's requests on it."""
     if not load.in_memory(model_key, node.model_keys):
         return Tier.COLD
-    return Tier.WARM_FREE if load.free_slot(reserved) else Tier.WARM_BUSY
+    return Tier.WARM_FREE if load.free_slot(reserved, model_key) else Tier.WARM_BUSY
 
 
 def fleet_load(load: LoadState, reserved: int) -> int:

@@ -3,23 +3,28 @@
 In broker mode the scheduler ranks nodes; in fleet mode there is none, so the proxy ranks them
 itself from two things it learns on its own: each engine's load state, polled with the
 inventory (:mod:`nvpair.loadstate`, :mod:`nvpair.fleet`), and each node's passive health, from
-the outcome of its attempts (:mod:`nvpair.health`). :class:`FleetScheduler` holds both and
-answers the request path's questions: the order of a round (:meth:`FleetScheduler.plan`, the pure
-:func:`nvpair.routing.fleet_plan` on live values) and what an attempt's outcome says about its
-node. Between two polls it also remembers what it has dispatched itself: a model just sent to a
+the outcome of its attempts (:mod:`nvpair.health`). :class:`FleetScheduler` holds both and is
+the request path's :class:`~nvpair.seams.Scheduling` in this mode: the order of a round
+(:meth:`FleetScheduler.plan`, the pure :func:`nvpair.routing.fleet_plan` on live values), what
+an attempt's outcome says about its node, and how long to wait for an owner (``--owner-wait``).
+Between two polls it also remembers what it has dispatched itself: a model just sent to a
 node counts as in memory there (loading) until a poll asked after the dispatch says otherwise
-(docs/fleet-scheduling.md#dispatched-is-loading).
+(docs/fleet-scheduling.md#dispatched-is-loading). A node whose last liveness probe went
+unanswered (:mod:`nvpair.liveness`) goes last, as a held-back one does
+(docs/fleet-scheduling.md#hung-nodes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from attrs import evolve
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair.control import Node
 from nvpair.engines import ENGINES
 from nvpair.health import HealthPolicy, PassiveHealth
+from nvpair.liveness import LivenessProbes
 from nvpair.loadstate import UNKNOWN, LoadState, unseen
 from nvpair.routing import Plan, Standing, fleet_plan
 
@@ -31,6 +36,11 @@ class FleetScheduler:
     :param policy: passive health's options.
     :param own_in_flight: this proxy's dispatches in flight to (engine, node): subtracted from
         the busy slots an engine reports, which include them, so they are not counted twice.
+    :param liveness: what the liveness probes say (docs/fleet-scheduling.md#hung-nodes): a
+        node whose last probe went unanswered goes to the end of the order; None: no probes.
+    :param owner_wait: seconds a request waits for an owner once every owner is down
+        (``--owner-wait``): no broker's node-loss sweep ends it otherwise
+        (docs/fleet-scheduling.md#owner-wait).
     """
 
     def __init__(
@@ -38,8 +48,13 @@ class FleetScheduler:
         clock: IReactorTime,
         policy: HealthPolicy,
         own_in_flight: Callable[[str, str], int] = lambda engine, node: 0,
+        liveness: LivenessProbes | None = None,
+        *,
+        owner_wait: float = 0.0,
     ) -> None:
         self.health = PassiveHealth(clock, policy)
+        self.liveness = liveness
+        self.owner_wait = owner_wait
         self._clock = clock
         self._own = own_in_flight
         self._loads: dict[tuple[str, str], LoadState] = {}
@@ -67,6 +82,21 @@ class FleetScheduler:
             sent = self._sent[key] = {}
         sent[model_key] = self._clock.seconds()
 
+    def dispatching(self, engine: str, node: str, model_key: str | None) -> bool:
+        """An attempt to ``node`` starts: its model counts as in memory there from now, not
+        from the node's next poll, so a second request for it joins this load instead of
+        starting one on another cold node. Whether it is the node's trial after a hold-back
+        (docs/fleet-scheduling.md#passive-health)."""
+        trial = self.health.dispatching(engine, node)
+        self.dispatched(engine, node, model_key)
+        return trial
+
+    def succeeded(self, engine: str, node: str) -> None:
+        self.health.succeeded(engine, node)
+
+    def failed(self, engine: str, node: str, trial: bool, why: str) -> None:
+        self.health.failed(engine, node, trial, why)
+
     def record_load(
         self, engine: str, node: str, state: LoadState, asked_at: float | None = None
     ) -> None:
@@ -85,9 +115,15 @@ class FleetScheduler:
                 del self._sent[(engine, node)]
         if state.busy:
             # The engine counts this proxy's own requests among its busy slots; the order
-            # counts them as reservations already.
-            others = max(0, state.busy - self._own(engine, node))
-            state = LoadState(state.loading, state.warm, state.warm_all, state.slots, others)
+            # counts them as reservations already. A router's are on one of its models, which
+            # is not known here: taken off each, a model is never thought freer than it is,
+            # since the order adds all of them back as reservations.
+            own = self._own(engine, node)
+            state = evolve(
+                state,
+                busy=max(0, state.busy - own),
+                model_slots=tuple((m, n, max(0, busy - own)) for m, n, busy in state.model_slots),
+            )
         if state == UNKNOWN:
             self._loads.pop((engine, node), None)
         else:
@@ -104,12 +140,17 @@ class FleetScheduler:
 
     def owners_down(self, engine: str, model_key: str | None) -> list[str]:
         """The nodes out of discovery whose last list had ``model_key`` (None: any model), by
-        id: why nobody advertises it now (docs/fleet-scheduling.md#every-owner-down)."""
-        return sorted(
-            node
-            for (of, node), keys in self._away.items()
-            if of == engine and (model_key in keys if model_key is not None else keys)
-        )
+        id, a hung one marked so: why nobody advertises it now
+        (docs/fleet-scheduling.md#every-owner-down)."""
+        hung = self.liveness.hung if self.liveness is not None else None
+        return [
+            f"{node} (hung)" if hung is not None and hung(engine, node) else node
+            for node in sorted(
+                node
+                for (of, node), keys in self._away.items()
+                if of == engine and (model_key in keys if model_key is not None else keys)
+            )
+        ]
 
     def forget(self, engine: str, node: str) -> None:
         """A reload removed or moved the node: what was learned of it no longer applies."""
@@ -120,13 +161,17 @@ class FleetScheduler:
 
     def standing(self, engine: str, node: str) -> Standing:
         """The node's last reading, with what was dispatched to it since counted in memory,
-        and whether passive health holds it back."""
+        and whether it goes last: passive health holds it back, or its last liveness probe
+        went unanswered."""
         key = (engine, node)
         load = self._loads.get(key, UNKNOWN)
         sent = self._sent.get(key)
         if sent:
             load = load.assuming(sent.keys())
-        return Standing(load, self.health.held(engine, node))
+        held = self.health.held(engine, node)
+        if not held and self.liveness is not None:
+            held = self.liveness.of(engine, node).suspect
+        return Standing(load, held)
 
     def plan(
         self,

@@ -28,6 +28,7 @@ from nvpair.activity import NodeActivity
 from nvpair.admin_listener import AdminListener
 from nvpair.admission import this_machine
 from nvpair.broker import BrokerProtocol
+from nvpair.budget import Bounds
 from nvpair.cluster import ClusterWatch
 from nvpair.config import Config
 from nvpair.control import ControlState
@@ -36,14 +37,16 @@ from nvpair.fleet import FleetService
 from nvpair.fleetreload import FleetReloadService
 from nvpair.health import HealthPolicy
 from nvpair.langate import LanGate
+from nvpair.liveness import LivenessProbes
 from nvpair.logs import LogObserver, chosen_format
 from nvpair.metrics import Metrics
-from nvpair.outbox import BrokerOutbox, LogOutbox
+from nvpair.outboxes import BrokerOutbox, LogOutbox
 from nvpair.recent import RecentWorkloads
 from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
 from nvpair.rpc import BrokerMethods
 from nvpair.scheduling import FleetScheduler
+from nvpair.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
 from nvpair.twistedlines import TwistedLines, event_loop
 from nvpair.upstream import Upstream
 from nvpair.workload import Workloads
@@ -244,6 +247,18 @@ def _observer(reactor: object, config: Config, out: IO[str]) -> LogObserver:
     return LogObserver(out, config.log_level, text=text, readable=lines)
 
 
+def request_bounds(config: Config) -> Bounds:
+    """What bounds each request's effort, from the command line."""
+    return Bounds(
+        response_header_timeout=config.response_header_timeout,
+        dial_timeout=config.dial_timeout,
+        job_deadline=config.job_deadline,
+        max_dispatch_attempts=config.max_dispatch_attempts,
+        retry_backoff=config.retry_backoff,
+        client_write_timeout=config.client_write_timeout,
+    )
+
+
 def build(
     reactor: IReactorTCP,
     config: Config,
@@ -270,16 +285,21 @@ def build(
     outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
     workloads = Workloads(outbox.notify, lambda: int(clock.seconds() * 1000), wanted=outbox.wanted)
     activity = NodeActivity(clock, outbox.notify)
-    # Fleet mode has no scheduler: the proxy ranks nodes itself (docs/fleet-scheduling.md).
+    # Fleet mode has no scheduler: the proxy ranks nodes itself (docs/fleet-scheduling.md),
+    # and finds hung nodes itself (docs/fleet-scheduling.md#hung-nodes).
+    liveness = LivenessProbes(clock, upstream) if config.fleet is not None else None
     scheduler = (
         FleetScheduler(
             clock,
             HealthPolicy(config.fail_threshold, config.cooldown, config.cooldown_max),
             activity.in_flight,
+            liveness,
+            owner_wait=config.owner_wait,
         )
         if config.fleet is not None
         else None
     )
+    scheduling: Scheduling = PriorityScheduling(control) if scheduler is None else scheduler
     # Only an admin listener reads the last workloads: without one nothing records them.
     recent = RecentWorkloads() if config.admin_port is not None else None
     metrics = Metrics() if config.admin_port is not None else None
@@ -287,14 +307,14 @@ def build(
         clock,
         control,
         upstream,
-        config,
+        request_bounds(config),
         reservations,
         workloads,
         activity,
+        scheduling,
         own_id=lambda: cluster.membership.node_id if cluster.membership else None,
-        fleet=scheduler,
-        recent=recent,
-        metrics=metrics,
+        recorder=NOT_RECORDED if recent is None else recent,
+        counter=NOT_COUNTED if metrics is None else metrics,
         access=access_log,
     )
     facades = FacadeManager(
@@ -332,6 +352,8 @@ def build(
             config.dial_timeout,
             scheduler,
             cannot_serve=root.fail,
+            liveness=liveness,
+            credentials=upstream.set_credentials,
         )
         fleet.setServiceParent(root)
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):

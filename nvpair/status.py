@@ -58,7 +58,25 @@ def _load(state: LoadState) -> dict[str, object]:
         else (sorted(state.warm) if state.warm is not None else None),
         "slots": state.slots,
         "busySlots": state.busy,
+        # A llama.cpp router's: the models it is loading, and each loaded one's own slots.
+        "loadingModels": sorted(state.loading_models),
+        "modelSlots": {
+            model: {"slots": slots, "busySlots": busy} for model, slots, busy in state.model_slots
+        },
     }
+
+
+def shown_url(url: str | None) -> str | None:
+    """``url`` without a user name or password, if it holds any: the status is read by anyone
+    on the machine, and a broker may hand over such a URL. Never fails, whatever the text."""
+    if url is None or "@" not in url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    end = next((i for i, c in enumerate(rest) if c in "/?#"), len(rest))
+    authority = rest[:end]
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[end:]}"
 
 
 def _counts(
@@ -87,7 +105,7 @@ def broker_nodes(
             {
                 "id": node.id,
                 "local": node.local,
-                "url": node.url,
+                "url": shown_url(node.url),
                 "models": list(node.models),
                 "listed": listed,
                 "pending": entry.pending if entry is not None else 0,
@@ -98,25 +116,41 @@ def broker_nodes(
     return out
 
 
-def fleet_state(report: PairReport, held: bool) -> str:
+def fleet_state(report: PairReport, held: bool, hung: bool = False) -> str:
     """The one word an operator reads first: ``up``, ``down``, ``loading``, ``held-back``,
-    ``pending`` (not polled yet). Held back outranks what the poll says: the node is being
-    passed over now."""
+    ``hung``, ``pending`` (not polled yet). Hung outranks the rest: its poll, still waiting,
+    has not said so yet, or says it timed out. Held back outranks what the poll says: the node
+    is being passed over now."""
+    if hung:
+        return "hung"
     if held:
         return "held-back"
     return report.state.value
 
 
 #: The states of :func:`fleet_state` in which a node counts as up (``nvpair_node_up``): its
-#: engine answers, a model load included. Down, held back and not yet polled are not.
+#: engine answers, a model load included. Down, held back, hung and not yet polled are not.
 UP_STATES = frozenset({"up", "loading"})
+
+
+def _hung(fleet: FleetView, engine: str, node: str) -> tuple[str, float] | None:
+    """Why the node is hung and since when; None while it is not."""
+    probes = fleet.scheduler.liveness
+    if probes is None:
+        return None
+    why, since = probes.why(engine, node), probes.of(engine, node).hung_since
+    return None if why is None or since is None else (why, since)
 
 
 def fleet_nodes_up(fleet: FleetView, now: float) -> dict[tuple[str, str], bool]:
     """(engine, node) -> whether it is up, for every configured node (``nvpair_node_up``)."""
     health = fleet.scheduler.health
     return {
-        (engine, report.node): fleet_state(report, health.of(engine, report.node).held(now))
+        (engine, report.node): fleet_state(
+            report,
+            health.of(engine, report.node).held(now),
+            _hung(fleet, engine, report.node) is not None,
+        )
         in UP_STATES
         for engine, reports in fleet.reports().items()
         for report in reports
@@ -137,10 +171,13 @@ def fleet_nodes(
     for report in reports:
         health = passive.of(engine, report.node)
         held = health.held(now)
-        state = fleet_state(report, held)
+        hung = _hung(fleet, engine, report.node)
+        state = fleet_state(report, held, hung is not None)
         last_failure = passive.last_failure(engine, report.node)
-        if held:
-            why: str | None = f"{health.failures} failed attempts in a row (last: {last_failure})"
+        if hung is not None:
+            why: str | None = hung[0]
+        elif held:
+            why = f"{health.failures} failed attempts in a row (last: {last_failure})"
         elif report.state in (PollState.DOWN, PollState.LOADING):
             why = report.last_error
         else:
@@ -148,10 +185,10 @@ def fleet_nodes(
         out.append(
             {
                 "id": report.node,
-                "url": report.url,
+                "url": shown_url(report.url),
                 "state": state,
                 "why": why,
-                "since": _when(report.since),
+                "since": _when(hung[1] if hung is not None else report.since),
                 "lastPoll": _when(report.last_poll),
                 "lastError": report.last_error,
                 "models": list(report.models),

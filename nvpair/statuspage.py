@@ -38,7 +38,7 @@ td.empty { color: var(--idle); text-align: center; }
 .badge { display: inline-block; padding: 0 .45rem; border-radius: .6rem; color: #fff;
   font-size: 12px; font-weight: 600; background: var(--idle); }
 .node-up, .work-completed, .result-served, .node-listed { background: var(--ok); }
-.node-down, .work-failed { background: var(--bad); }
+.node-down, .node-hung, .work-failed { background: var(--bad); }
 .node-loading, .work-queued { background: var(--warn); }
 .node-held-back { background: var(--hold); }
 .work-running { background: var(--run); }
@@ -56,6 +56,7 @@ ul.models li.warm { border-color: var(--ok); box-shadow: inset 0 0 0 1px var(--o
 .attempt.result-status, .attempt.result-transport, .attempt.result-first_body_timeout {
   border-color: var(--bad); }
 .attempt.result-node_left { border-color: var(--hold); }
+.attempt.result-truncated { color: #fff; background: var(--warn); border-color: var(--warn); }
 .arrow { color: var(--idle); }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 """
@@ -64,11 +65,11 @@ SCRIPT = """
 "use strict";
 (() => {
   const REFRESH_MS = 1000;
-  const NODE_STATES = new Set(["up", "down", "loading", "held-back", "pending",
+  const NODE_STATES = new Set(["up", "down", "loading", "held-back", "hung", "pending",
     "listed", "unlisted"]);
   const WORK_STATES = new Set(["queued", "running", "completed", "failed", "cancelled"]);
-  const RESULTS = new Set(["served", "status", "transport", "first_body_timeout",
-    "node_left"]);
+  const RESULTS = new Set(["served", "truncated", "status", "transport",
+    "first_body_timeout", "node_left"]);
   let refreshes = 0;
 
   // Every value from /status enters the page through here or dataset/title: as text.
@@ -103,6 +104,13 @@ SCRIPT = """
         parts.push(load.busySlots + " of " + load.slots + " slots busy");
       } else if (load.busySlots) {
         parts.push(load.busySlots + " busy");
+      }
+      // A llama.cpp router: each model has slots of its own, and may be loading.
+      for (const [model, own] of Object.entries(load.modelSlots || {})) {
+        parts.push(model + ": " + own.busySlots + " of " + own.slots + " slots busy");
+      }
+      if ((load.loadingModels || []).length) {
+        parts.push("loading " + load.loadingModels.join(", "));
       }
     } else if (typeof node.pending === "number") {
       parts.push("pending " + node.pending + ", gpu pressure " + node.gpuPressure);
@@ -195,6 +203,7 @@ SCRIPT = """
     let said = result.replaceAll("_", " ");
     if (result === "status") said = String(attempt.status);
     else if (result === "served" && attempt.status) said = "served " + attempt.status;
+    else if (result === "truncated" && attempt.status) said = "truncated " + attempt.status;
     chip.append(el("span", "said", said));
     if (attempt.detail) chip.title = attempt.detail;
     return chip;

@@ -212,7 +212,7 @@ class Options(ActionOptions):
         parsed = None
         if fleet is not None:
             try:
-                parsed = load_fleet(Path(fleet))
+                parsed = load_fleet(Path(fleet), self._environ)
             except FleetFileError as bad:
                 raise usage.UsageError(f"--fleet: {bad}") from None
         state_dir = self._parse("state-dir", _nonempty)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from attrs import frozen
 from twisted.internet import defer
@@ -249,11 +249,20 @@ class Upstream:
         self._endpoints = _Endpoints(reactor, dial_timeout, tls)
         self._factory = ConnectionFactory()
         self._targets: dict[str, Target] = {}
+        self._credentials: Mapping[str, bytes] = {}
         self._pool = self._new_pool()
         self._peer_pool = self._new_pool()
 
     def _new_pool(self) -> Pool:
         return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT, self._redial)
+
+    def set_credentials(self, by_url: Mapping[str, bytes]) -> None:
+        """From now on, every request to a base URL of ``by_url`` carries its ``Authorization``
+        value in place of any the caller's headers hold (fleet mode's node credentials,
+        docs/fleet-scheduling.md#node-credentials). Every request to a node passes here —
+        inference, other routes, inventories, preflights, polls — so none goes without it,
+        and none sends one node's credential to another."""
+        self._credentials = dict(by_url)
 
     def trust_changed(self) -> None:
         """Membership or a pin changed: no peer connection made before now is used again.
@@ -297,13 +306,19 @@ class Upstream:
             if target is None:
                 target = self._target(base_url)
             path = target.request_target(uri)
+            authorization = self._credentials.get(base_url)
             if body is None or (not body and method in _BODILESS):
                 # No body at all (rather than an empty one) keeps a GET free of
                 # "Content-Length: 0".
                 length = 0 if method in _BODY_EXPECTED else None
-                data = request_head(method, path, target.host_header, headers, length)
+                data = request_head(
+                    method, path, target.host_header, headers, length, authorization
+                )
             else:
-                data = request_head(method, path, target.host_header, headers, len(body)) + body
+                data = request_head(
+                    method, path, target.host_header, headers, len(body), authorization
+                )
+                data += body
             pool = self._peer_pool if target.tls else self._pool
             connection = pool.take(target.key)
             endpoint = None if connection is not None else self._endpoints.endpoint(target.key)

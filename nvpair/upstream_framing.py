@@ -49,7 +49,12 @@ class BadResponse(Exception):
 
 
 def request_head(
-    method: bytes, target: bytes, host: bytes, headers: Headers, length: int | None
+    method: bytes,
+    target: bytes,
+    host: bytes,
+    headers: Headers,
+    length: int | None,
+    authorization: bytes | None = None,
 ) -> bytes:
     """The request line and header section of one request, as bytes ready to send.
 
@@ -59,6 +64,8 @@ def request_head(
     must be a token, the target visible ASCII, names tokens, and no value may hold CR, LF or
     NUL (Twisted's ``Headers`` replaces CR and LF but keeps NUL).
 
+    :param authorization: the server's own credential: sent as ``Authorization`` in place of
+        any the headers carry (docs/fleet-scheduling.md#node-credentials).
     :raises ValueError: for anything that would not be a well-formed head.
     """
     if _TOKEN.fullmatch(method) is None:
@@ -71,12 +78,15 @@ def request_head(
         kind = _NAMES.get(name)
         if kind is None:
             kind = _name_kind(name)
-        if kind is _Name.SKIP:
-            continue
-        if kind is _Name.HOST:
-            hosts += len(values)
+        if kind is not _Name.SEND:
+            if kind is _Name.SKIP or (kind is _Name.AUTH and authorization is not None):
+                continue
+            if kind is _Name.HOST:
+                hosts += len(values)
         for value in values:
             fields += (name, b": ", value, b"\r\n")
+    if authorization is not None:
+        fields += (b"Authorization", b": ", authorization, b"\r\n")
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
     if not hosts:
         parts += (b"Host: ", host, b"\r\n")
@@ -99,6 +109,8 @@ class _Name(enum.Enum):
     SEND = "send"
     HOST = "host"
     SKIP = "skip"
+    #: Sent unless the server has a credential of its own.
+    AUTH = "auth"
 
 
 #: Verdicts on header names seen before (names repeat: Headers canonicalizes them).
@@ -109,7 +121,12 @@ def _name_kind(name: bytes) -> _Name:
     if _TOKEN.fullmatch(name) is None:
         raise ValueError(f"invalid header name {name!r}")
     lowered = name.lower()
-    kind = _Name.SKIP if lowered in _FRAMING else _Name.HOST if lowered == b"host" else _Name.SEND
+    if lowered in _FRAMING:
+        kind = _Name.SKIP
+    elif lowered == b"host":
+        kind = _Name.HOST
+    else:
+        kind = _Name.AUTH if lowered == b"authorization" else _Name.SEND
     if len(_NAMES) >= 1024:
         _NAMES.clear()
     _NAMES[name] = kind

@@ -31,6 +31,8 @@ from nvpair.recent import RecentWorkloads
 from nvpair.requestpath import SERVERS, RequestPath, Server
 from nvpair.reservations import Reservations
 from nvpair.scheduling import FleetScheduler
+from nvpair.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
+from nvpair.service import request_bounds
 from nvpair.workload import Workloads
 
 
@@ -339,12 +341,14 @@ def harness(
     recent: RecentWorkloads | None = None,
     metrics: Metrics | None = None,
     servers: Mapping[RouteClass, Server] = SERVERS,
+    scheduling: Scheduling | None = None,
     **overrides: Any,
 ) -> Harness:
     """A request path on a Clock; with ``fleet``, in standalone fleet mode with that passive
     health policy; with ``recent`` and ``metrics``, recording workloads and counting requests
-    there as an admin listener's process does; ``servers`` in place of the route classes' own
-    (``overrides`` are :class:`~nvpair.config.Config` fields)."""
+    there as an admin listener's process does; ``servers`` in place of the route classes' own;
+    ``scheduling`` in place of the mode's (``overrides`` are :class:`~nvpair.config.Config`
+    fields)."""
     clock = Clock()
     control = ControlState()
     upstream = ScriptedUpstream()
@@ -366,18 +370,24 @@ def harness(
 
     workloads = Workloads(emit, lambda: int(clock.seconds() * 1000), run_id="0123456789abcdef")
     activity = NodeActivity(clock, emit)
-    scheduler = None if fleet is None else FleetScheduler(clock, fleet, activity.in_flight)
+    scheduler = (
+        None
+        if fleet is None
+        else FleetScheduler(clock, fleet, activity.in_flight, owner_wait=config.owner_wait)
+    )
+    if scheduling is None:
+        scheduling = PriorityScheduling(control) if scheduler is None else scheduler
     path = RequestPath(
         clock,
         control,
         upstream,
-        config,
+        request_bounds(config),
         reservations,
         workloads,
         activity,
-        fleet=scheduler,
-        recent=recent,
-        metrics=metrics,
+        scheduling,
+        recorder=NOT_RECORDED if recent is None else recent,
+        counter=NOT_COUNTED if metrics is None else metrics,
         servers=servers,
     )
     return Harness(clock, control, upstream, reservations, path, events, scheduler)

@@ -13,6 +13,8 @@ from nvpair.config import Config
 from nvpair.control import ControlState, Node
 from nvpair.requestpath import RequestPath
 from nvpair.reservations import Reservations
+from nvpair.seams import PriorityScheduling
+from nvpair.service import request_bounds
 from nvpair.upstream import Upstream
 from nvpair.workload import Emit, Workloads
 
@@ -34,9 +36,10 @@ def one_node_path(tmp_path: Path, url: str, emit: Emit = _nowhere) -> tuple[Requ
         reactor,
         control,
         upstream,
-        Config(state_dir=tmp_path),
+        request_bounds(Config(state_dir=tmp_path)),
         Reservations(),
         Workloads(emit, lambda: 0),
         NodeActivity(reactor, _nowhere),
+        PriorityScheduling(control),
     )
     return path, upstream

@@ -13,18 +13,10 @@ from twisted.logger import ILogObserver, Logger, LogLevel
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nvpair.broker import (
-    MAX_LINE,
-    NO_CODE,
-    Address,
-    BrokerProtocol,
-    Handler,
-    MethodTable,
-    RpcError,
-    invalid_params,
-    parse_line,
-    resolve_address,
-)
+from nvpair.broker import BrokerProtocol
+from nvpair.broker_addressing import Address, Handler, MethodTable, resolve_address
+from nvpair.broker_envelope import NO_CODE, RpcError, invalid_params
+from nvpair.broker_framing import MAX_LINE, parse_line
 
 
 class Table(MethodTable):

@@ -34,7 +34,9 @@ from hypothesis import strategies as st
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
 
-from nvpair.broker import FACADE_SCOPED, MAX_LINE, RpcError, resolve_address
+from nvpair.broker_addressing import FACADE_SCOPED, resolve_address
+from nvpair.broker_envelope import RpcError
+from nvpair.broker_framing import MAX_LINE
 from nvpair.control import PriorityEntry
 from nvpair.engines import ENGINES
 from nvpair.logs import LogObserver, debug_enabled

@@ -18,7 +18,9 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from nvpair.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
-from nvpair.facade_server import LINGER_SECONDS, FacadeChannel, FacadeSite
+from nvpair.facade_channel import FacadeChannel
+from nvpair.facade_reader import LINGER_SECONDS
+from nvpair.facade_server import FacadeSite
 from nvpair.http_facade import Admitted, Facade, RequestHandler
 
 LOOPBACK = IPv4Address("TCP", "127.0.0.1", 40000)

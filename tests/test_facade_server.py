@@ -24,17 +24,12 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair.engines import LLAMACPP
-from nvpair.facade_server import (
-    FRAMING_TOO_LARGE,
-    HELD_BYTES,
-    LINGER_BYTES,
-    LINGER_SECONDS,
-    MAX_HEAD_BYTES,
-    FacadeChannel,
-    FacadeRequest,
-    FacadeSite,
-    Phase,
-)
+from nvpair.facade_channel import HELD_BYTES, FacadeChannel
+from nvpair.facade_head import FRAMING_TOO_LARGE, MAX_HEAD_BYTES
+from nvpair.facade_reader import LINGER_BYTES, LINGER_SECONDS
+from nvpair.facade_request import FacadeRequest
+from nvpair.facade_server import FacadeSite
+from nvpair.facade_types import Phase
 from nvpair.headers import SPENT
 from nvpair.http_facade import Admitted, Facade, RequestHandler
 from tests.httpwire import read_stream, talk

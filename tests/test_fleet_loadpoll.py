@@ -12,8 +12,10 @@ from collections.abc import Iterator
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IResponse
 
 from nvpair.control import ControlState
 from nvpair.fleet import MAX_INVENTORY_BODY, FleetService
@@ -61,9 +63,19 @@ class LoadPolling:
     def sent(self, node: str, path: str) -> list[object]:
         return list(self.agent.sent.get(f"http://{node}{path}", []))
 
+    def pending(self, node: str, path: str) -> list[Deferred[IResponse]]:
+        """The requests for ``path`` not answered yet: llama.cpp's model list is asked twice
+        a poll, for the inventory and for a router's model states."""
+        sent = self.agent.sent.get(f"http://{node}{path}", [])
+        return [request.deferred for request in sent if not request.deferred.called]
+
     def answer(self, node: str, path: str, body: bytes, code: int = 200) -> FakeResponse:
-        response = FakeResponse(code, body)
-        self.agent.sent[f"http://{node}{path}"][-1].deferred.callback(response)
+        """Every request for ``path`` still out gets this answer; the last one's is returned."""
+        pending = self.pending(node, path)
+        assert pending, f"nothing asked of {node}{path}"
+        for deferred in pending:
+            response = FakeResponse(code, body)
+            deferred.callback(response)
         return response
 
     def load(self, node: str) -> LoadState:
@@ -170,13 +182,18 @@ def test_stopping_cancels_the_load_polls_too(polling: LoadPolling) -> None:
 LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
-@pytest.fixture
-def llama() -> Iterator[LoadPolling]:
-    harness = LoadPolling("llamacpp")
+def started(engine: str) -> Iterator[LoadPolling]:
+    """A fixture's body: a started :class:`LoadPolling` of ``engine``, stopped after."""
+    harness = LoadPolling(engine)
     harness.service.startService()
     yield harness
     if harness.service.running:
         harness.service.stopService()
+
+
+@pytest.fixture
+def llama() -> Iterator[LoadPolling]:
+    yield from started("llamacpp")
 
 
 def models(*names: str) -> bytes:
@@ -217,7 +234,8 @@ def test_a_node_that_comes_back_loading_rejoins_as_loading(llama: LoadPolling) -
     serve_round(llama, "a", ready=True)
     llama.clock.advance(INTERVAL)
     for path in ("/v1/models", "/health", "/slots"):
-        llama.agent.sent[f"http://a{path}"][-1].deferred.errback(ConnectionRefusedError())
+        for deferred in llama.pending("a", path):
+            deferred.errback(ConnectionRefusedError())
     assert llama.nodes() == {}
     llama.clock.advance(INTERVAL)
     serve_round(llama, "a", ready=False)

@@ -48,7 +48,7 @@ from zope.interface import provider
 
 from nvpair.engines import ENGINES, OLLAMA, Engine
 from nvpair.facade_manager import FacadeManager
-from nvpair.facade_server import LINGER_SECONDS
+from nvpair.facade_reader import LINGER_SECONDS
 from nvpair.http_facade import Admitted, RequestHandler
 from tests.httpwire import WireResponse, read_stream
 

@@ -96,32 +96,35 @@ def slot(index: int, processing: bool) -> dict[str, object]:
 HEALTHY = ok({"status": "ok"})
 LOADING = ok({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}, 503)
 
+#: A server started with ``-m`` lists its one model without a ``status``.
+LISTED = ok({"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "llamacpp"}]})
+
 
 def test_llamacpp_health_and_slots() -> None:
-    state = read("llamacpp", HEALTHY, ok([slot(0, True), slot(1, False), slot(2, True)]))
-    assert LLAMACPP.load_probe.paths == ("/health", "/slots")
+    state = read("llamacpp", HEALTHY, ok([slot(0, True), slot(1, False), slot(2, True)]), LISTED)
+    assert LLAMACPP.load_probe.paths == ("/health", "/slots", "/v1/models")
     assert (state.loading, state.warm_all, state.slots, state.busy) == (False, True, 3, 2)
     assert state.in_memory("tiny", frozenset({"tiny"})) is True
     assert state.free_slot(0) and not state.free_slot(1)
 
 
 def test_llamacpp_loading_is_a_503_from_health() -> None:
-    state = read("llamacpp", LOADING, LOADING)
+    state = read("llamacpp", LOADING, LOADING, LOADING)
     assert state.loading and state.in_memory("tiny", frozenset({"tiny"})) is False
 
 
 def test_llamacpp_legacy_slot_state() -> None:
     """Builds before late 2024 said ``state`` 0 (idle) or 1 (processing)."""
     slots = ok([{"id": 0, "state": 1}, {"id": 1, "state": 0}])
-    assert read("llamacpp", HEALTHY, slots) == LoadState(warm_all=True, slots=2, busy=1)
+    assert read("llamacpp", HEALTHY, slots, LISTED) == LoadState(warm_all=True, slots=2, busy=1)
 
 
 def test_llamacpp_without_slots_still_serves_its_model() -> None:
     """``--no-slots``: the slot count is unknown, the model is in memory."""
     disabled = ok({"error": {"code": 501, "message": "This server does not support slots"}}, 501)
-    assert read("llamacpp", HEALTHY, disabled) == LoadState(warm_all=True)
-    assert read("llamacpp", None, ok([slot(0, False)])) == LoadState(warm_all=True, slots=1)
-    assert read("llamacpp", None, None) == UNKNOWN
+    assert read("llamacpp", HEALTHY, disabled, LISTED) == LoadState(warm_all=True)
+    assert read("llamacpp", None, ok([slot(0, False)]), None) == LoadState(warm_all=True, slots=1)
+    assert read("llamacpp", None, None, None) == UNKNOWN
 
 
 # -- hostile and broken answers -------------------------------------------------------------------
@@ -156,15 +159,15 @@ def test_hostile_bodies_are_unknown(engine_id: str, body: bytes) -> None:
 
 @pytest.mark.parametrize("body", HOSTILE, ids=range(len(HOSTILE)))
 def test_hostile_slots_leave_the_slot_count_unknown(body: bytes) -> None:
-    assert read("llamacpp", HEALTHY, Answer(200, body)) == LoadState(warm_all=True)
-    assert read("llamacpp", None, Answer(200, body)) == UNKNOWN
+    assert read("llamacpp", HEALTHY, Answer(200, body), LISTED) == LoadState(warm_all=True)
+    assert read("llamacpp", None, Answer(200, body), None) == UNKNOWN
 
 
 @pytest.mark.parametrize("status", [404, 500, 502, 301])
 def test_a_status_that_is_not_2xx_says_nothing(status: int) -> None:
     assert read("ollama", ok({"models": [PS_ENTRY]}, status)) == UNKNOWN
     assert read("lmstudio", ok({"data": [v0("m", "loaded")]}, status)) == UNKNOWN
-    assert read("llamacpp", ok({"status": "ok"}, status), None) == UNKNOWN
+    assert read("llamacpp", ok({"status": "ok"}, status), None, None) == UNKNOWN
 
 
 def test_unknown_says_nothing_about_memory_and_assumes_one_slot() -> None:
@@ -182,7 +185,20 @@ def bodies() -> st.SearchStrategy[bytes]:
         {},
         optional={
             "models": st.lists(st.dictionaries(st.sampled_from(["name", "x"]), json_values)),
-            "data": st.lists(st.dictionaries(st.sampled_from(["id", "state"]), json_values)),
+            "data": st.lists(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "id": st.sampled_from(["a", "b", "\ud800", "a/b c.gguf"]) | json_values,
+                        "state": json_values,
+                        # A llama.cpp router's per-model status.
+                        "status": st.fixed_dictionaries(
+                            {"value": st.sampled_from(["loaded", "loading", "sleeping"])}
+                        )
+                        | json_values,
+                    },
+                )
+            ),
         },
     )
     return st.binary() | (json_values | shaped).map(lambda v: json.dumps(v).encode())
@@ -190,8 +206,8 @@ def bodies() -> st.SearchStrategy[bytes]:
 
 @given(
     engine_id=st.sampled_from(sorted(ENGINES)),
-    statuses=st.lists(st.integers(100, 599), min_size=2, max_size=2),
-    payloads=st.lists(st.none() | bodies(), min_size=2, max_size=2),
+    statuses=st.lists(st.integers(100, 599), min_size=3, max_size=3),
+    payloads=st.lists(st.none() | bodies(), min_size=3, max_size=3),
 )
 def test_any_answer_gives_a_state_never_an_exception(
     engine_id: str, statuses: Sequence[int], payloads: Sequence[bytes | None]
@@ -201,9 +217,18 @@ def test_any_answer_gives_a_state_never_an_exception(
         None if body is None else Answer(status, body)
         for status, body in zip(statuses, payloads, strict=True)
     ][: len(engine.load_probe.paths)]
-    state = engine.load_probe.read(answers, engine.model_key)
+    probe = engine.load_probe
+    state = probe.read(answers, engine.model_key)
     assert isinstance(state, LoadState)
     assert state.busy >= 0 and (state.slots is None or state.busy <= state.slots)
+    # A follow-up (a llama.cpp router's slots per loaded model) never fails either, whatever
+    # its answers: here, the first answers over again.
+    more = probe.follow_up(answers)
+    assert all(path.startswith("/") for _, path in more)
+    followed = probe.read_follow_up(
+        state, [(model, answers[i % len(answers)]) for i, (model, _) in enumerate(more)], str
+    )
+    assert all(0 <= busy <= slots for _, slots, busy in followed.model_slots)
 
 
 # -- dispatched is loading (docs/fleet-scheduling.md#dispatched-is-loading) -----------------------

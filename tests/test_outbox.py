@@ -13,7 +13,7 @@ import pytest
 from twisted.logger import Logger, LogLevel, LogPublisher
 
 from nvpair.logs import LogObserver
-from nvpair.outbox import LogOutbox, event_record
+from nvpair.outboxes import LogOutbox, event_record
 from nvpair.workload import State, Workloads
 
 
@@ -23,7 +23,7 @@ def debug_log() -> Iterator[tuple[LogOutbox, io.StringIO]]:
     out = io.StringIO()
     observer = LogObserver(out, LogLevel.debug)
     outbox = LogOutbox()
-    outbox.log = Logger(namespace="nvpair.outbox.LogOutbox", observer=LogPublisher(observer))
+    outbox.log = Logger(namespace="nvpair.outboxes.LogOutbox", observer=LogPublisher(observer))
     try:
         yield outbox, out
     finally:
@@ -100,7 +100,7 @@ def test_nothing_is_built_above_debug(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError(f"{method} built above debug")
 
     # Not only left unwritten by the observer's level: never made into a record at all.
-    monkeypatch.setattr("nvpair.outbox.event_record", built)
+    monkeypatch.setattr("nvpair.outboxes.event_record", built)
     assert not outbox.wanted()
     outbox.notify("workload:submitted", {"workloadInfo": {"id": "1"}})
     assert out.getvalue() == ""

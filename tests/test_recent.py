@@ -11,11 +11,12 @@ from typing import Any
 from nvpair.attempt import Failed, Fault, Served
 from nvpair.control import ControlState
 from nvpair.inferstats import Stats
+from nvpair.metrics import Metrics
 from nvpair.recent import RECENT, AttemptRecord, RecentWorkloads
 from nvpair.relay import BodyRelay
 from nvpair.status import recent_document, recent_workload, status_document
 from nvpair.workload import State, Workloads
-from tests.fakes import Response, harness, node
+from tests.fakes import ClientRequest, Harness, Response, harness, node
 
 A, B = node("a", "m"), node("b", "m")
 
@@ -177,6 +178,44 @@ def test_a_failover_is_recorded_attempt_by_attempt() -> None:
     done = only(ring)
     assert (done["state"], done["error"]) == ("completed", None)
     assert (done["ttftMs"], done["tokensPerSecond"]) == (250, 42.5)
+
+
+def streaming() -> tuple[RecentWorkloads, Metrics, Harness, ClientRequest, Response]:
+    """A request on ``a`` recorded and counted, committed with the first bytes of a stream."""
+    ring, metrics = RecentWorkloads(), Metrics()
+    h = harness(recent=ring, metrics=metrics)
+    h.nodes(A)
+    request, _ = h.serve()
+    served = h.upstream.calls[0].answer(Response(200))
+    served.send(b'{"response":"he')
+    assert [a["result"] for a in only(ring)["attempts"]] == ["served"]
+    return ring, metrics, h, request, served
+
+
+def test_a_stream_its_node_cuts_is_a_truncated_attempt_of_a_completed_workload() -> None:
+    """The engine's connection ends before the body's end: the workload still ``completed``
+    (the terminal event does not change), the attempt ``truncated`` with its status, and
+    ``nvpair_attempts_total`` counts it truncated, never served."""
+    ring, metrics, h, request, served = streaming()
+    assert metrics.attempts == {}
+    served.die()
+    entry = only(ring)
+    assert (entry["state"], entry["error"]) == ("completed", None)
+    assert entry["attempts"] == [
+        {"node": "a", "result": "truncated", "status": 200, "detail": None}
+    ]
+    assert metrics.attempts == {("lmstudio", "a", "truncated"): 1}
+    ends = [(m, i) for m, i in h.workload_events() if m.endswith(("completed", "errored"))]
+    assert [(m, i["state"]) for m, i in ends] == [("workload:completed", "completed")]
+    assert not request.finished
+
+
+def test_a_stream_whose_reader_leaves_is_served_not_truncated() -> None:
+    """A client that goes mid-stream cuts the answer itself: the attempt stays served."""
+    ring, metrics, _, request, _ = streaming()
+    request.disconnect()
+    assert [a["result"] for a in only(ring)["attempts"]] == ["served"]
+    assert metrics.attempts == {("lmstudio", "a", "served"): 1}
 
 
 def test_the_final_attempt_failing_reads_as_the_proxys_reason() -> None:

@@ -15,7 +15,8 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
-from nvpair.broker import BrokerProtocol, RpcError
+from nvpair.broker import BrokerProtocol
+from nvpair.broker_envelope import RpcError
 from nvpair.control import ControlState
 from nvpair.engines import LMSTUDIO, OLLAMA
 from nvpair.facade_manager import FacadeManager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from twisted.internet.task import Clock
 
 from nvpair.control import ControlState, Node, PriorityEntry
@@ -13,7 +14,14 @@ from nvpair.fleetpairs import PairReport, PollState
 from nvpair.health import HealthPolicy
 from nvpair.loadstate import LoadState
 from nvpair.scheduling import FleetScheduler
-from nvpair.status import FacadeView, FleetView, fleet_nodes_up, readiness, status_document
+from nvpair.status import (
+    FacadeView,
+    FleetView,
+    fleet_nodes_up,
+    readiness,
+    shown_url,
+    status_document,
+)
 
 OLLAMA = {"ollama": FacadeView(11435, ("127.0.0.2:11434",), False)}
 
@@ -61,6 +69,23 @@ def test_before_any_priority_every_node_counts_as_listed() -> None:
     assert doc["nodes"]["ollama"][0]["listed"] is True  # type: ignore[index]
 
 
+def test_a_url_is_shown_without_its_user_name_and_password() -> None:
+    """A broker may hand over a URL with credentials: /status shows it without them."""
+    control = ControlState()
+    secret = Node("a", False, "http://admin:s3cret@10.0.0.2:8080/v1?k=@", (), frozenset())
+    control.set_discovery("ollama", [secret])
+    doc = status_document(OLLAMA, control, {}, flight, 0, None, 0.0)
+    assert doc["nodes"]["ollama"][0]["url"] == "http://***@10.0.0.2:8080/v1?k=@"  # type: ignore[index]
+    assert "s3cret" not in json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://h:1/p@q", "http://[::1", "x@y", "http://h:1", "https://[::1]:8/"]
+)
+def test_a_url_without_credentials_is_shown_as_it_is(url: str) -> None:
+    assert shown_url(url) == url
+
+
 REFUSED = "ConnectionRefusedError"
 
 
@@ -100,7 +125,14 @@ def test_fleet_status_shows_every_configured_node_with_its_state_and_why() -> No
     assert doc["mode"] == "fleet"
     a, b, c, d = doc["nodes"]["ollama"]  # type: ignore[index]
     assert (a["id"], a["state"], a["why"]) == ("a", "up", None)
-    assert a["load"] == {"loading": False, "inMemory": ["llama3"], "slots": None, "busySlots": 0}
+    assert a["load"] == {
+        "loading": False,
+        "inMemory": ["llama3"],
+        "slots": None,
+        "busySlots": 0,
+        "loadingModels": [],
+        "modelSlots": {},
+    }
     assert a["reservations"] == 1 and a["inFlight"] == 2
     assert a["lastPoll"] == "2023-11-14T22:13:20.000+00:00"
     assert (b["state"], b["url"], b["why"], b["lastError"]) == (

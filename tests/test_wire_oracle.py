@@ -42,7 +42,11 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
 from nvpair.engines import LLAMACPP
-from nvpair.facade_server import LINGER_SECONDS, FacadeChannel, FacadeSite, Phase, origin_form
+from nvpair.facade_channel import FacadeChannel
+from nvpair.facade_head import origin_form
+from nvpair.facade_reader import LINGER_SECONDS
+from nvpair.facade_server import FacadeSite
+from nvpair.facade_types import Phase
 from nvpair.headers import HOP_BY_HOP, end_to_end
 from nvpair.http_facade import Admitted, Facade, RequestHandler
 from nvpair.upstream_conn import UpstreamConnection

@@ -7,6 +7,7 @@ from collections import Counter
 from bench.routecost import ENGINE, admitted, fleet, per_request_us, route
 from nvpair.candidates import Candidates
 from nvpair.reservations import Reservations
+from nvpair.seams import PriorityScheduling
 
 
 def test_every_model_lives_on_two_nodes() -> None:
@@ -23,7 +24,7 @@ def test_a_two_node_fleet_holds_every_model_on_both() -> None:
 
 def test_every_request_is_routed_to_an_owner() -> None:
     control = fleet(nodes=16, models=200)
-    candidates = Candidates(control, Reservations())
+    candidates = Candidates(control, Reservations(), PriorityScheduling(control))
     for i in (0, 17, 199):
         url = route(candidates, admitted(f"model-{i}"))
         owners = {n.url for n in control.discovery(ENGINE).nodes if f"model-{i}" in n.models}

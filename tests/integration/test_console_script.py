@@ -110,13 +110,21 @@ def test_usage_error_is_one_line_naming_the_option(
             "nodes[0].engines.llama: unknown engine 'llama'; expected one of ollama, lmstudio, "
             "llamacpp",
         ),
+        (
+            '[facades.llamacpp]\n[[nodes]]\nid = "a"\n'
+            '[nodes.engines]\nllamacpp = "http://127.0.0.1:8081"\n'
+            '[nodes.credentials]\nllamacpp = "env:NVPAIR_TEST_NO_SUCH_KEY"\n',
+            "nodes[0].credentials.llamacpp: environment variable NVPAIR_TEST_NO_SUCH_KEY is not "
+            "set",
+        ),
     ],
 )
 def test_a_fleet_file_mistake_is_one_line_saying_what_it_is(
     tmp_path: Path, runner: str, text: str, why: str
 ) -> None:
-    """Issue 20 item 2: two facades on one port, a port out of range, an engine misnamed: each
-    a usage error (exit 2), one line that says which and what, nothing started."""
+    """Issue 20 item 2: two facades on one port, a port out of range, an engine misnamed (and
+    issue 22 item 2: a node credential's variable not set): each a usage error (exit 2), one
+    line that says which and what, nothing started."""
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(text)
     result = run([*RUNNERS[runner], "--fleet", str(fleet)], tmp_path)

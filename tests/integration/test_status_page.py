@@ -196,8 +196,11 @@ function read() {
 """
 
 
-def keep_artifact(shot: Path) -> Path:
-    """The screenshot stays in pytest's tmp dir, and is copied to ``$NVPAIR_ARTIFACTS``."""
+def keep_screenshot(png: bytes, shot: Path) -> Path:
+    """A screenshot (a PNG) written to ``shot``, in pytest's tmp dir, and copied to
+    ``$NVPAIR_ARTIFACTS``."""
+    assert png.startswith(b"\x89PNG"), png[:8]
+    shot.write_bytes(png)
     where = os.environ.get("NVPAIR_ARTIFACTS")
     kept = shot
     if where:
@@ -251,10 +254,7 @@ async def test_the_status_page_shows_the_fleet_and_a_failover_live(
             return seen, browser.screenshot()
 
         seen, png = await deferToThread(after)
-        shot = tmp_path / "status-page.png"
-        shot.write_bytes(png)
-        keep_artifact(shot)
-        assert png.startswith(b"\x89PNG"), png[:8]
+        keep_screenshot(png, tmp_path / "status-page.png")
         (row,) = seen["rows"]
         assert row["state"] == "completed", seen
         assert [(a["node"], a["result"], a["status"]) for a in row["attempts"]] == [

@@ -13,6 +13,7 @@ skipping the real engine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import treq
 from twisted.internet import reactor, task
+from twisted.web.http_headers import Headers
 
 from tests.integration.conftest import running_proxy
 from tests.integration.harness import ProxyProcess, free_port
@@ -69,7 +72,7 @@ class LlamaServer(NamedTuple):
 @contextlib.contextmanager
 def llama_server_process(
     binary: Path,
-    model: Path,
+    model: Path | None,
     *extra: str,
     alias: str = "tiny",
     slots: int = 2,
@@ -79,6 +82,8 @@ def llama_server_process(
     yields it once ``/health`` answers 200, terminates it afterwards (or kills it, when it does
     not stop: a test may have left it stopped with ``SIGSTOP``).
 
+    :param model: None for a router (its models named in ``extra``: ``--models-dir``).
+
     :param extra: more command-line arguments.
     :param alias: ``--alias``, the model id it lists and answers to.
     :param slots: ``-np``, how many requests it runs at once.
@@ -87,10 +92,7 @@ def llama_server_process(
     server = subprocess.Popen(
         [
             str(binary),
-            "-m",
-            str(model),
-            "--alias",
-            alias,
+            *(["-m", str(model), "--alias", alias] if model is not None else []),
             "--host",
             "127.0.0.1",
             "--port",
@@ -140,6 +142,20 @@ def running_llama_server(
         yield server.url
 
 
+async def post_chat(port: int, model: str = "tiny", timeout: float = 30) -> tuple[Any, bytes]:
+    """A short non-streaming chat completion for ``model`` through the proxy on ``port``;
+    the response and its body."""
+    response = await treq.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json.dumps(
+            {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        ).encode(),
+        headers=Headers({b"Content-Type": [b"application/json"]}),
+        timeout=timeout,
+    )
+    return response, await response.content()
+
+
 async def sleep(seconds: float) -> None:
     await task.deferLater(reactor, seconds, lambda: None)
 
@@ -151,6 +167,8 @@ async def fleet_proxy(
     *args: str,
     interval: str = "100ms",
     settle: float = 1.0,
+    credentials: Mapping[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[tuple[ProxyProcess, int]]:
     """``twistd -n nvpair-proxy --fleet`` with the llama.cpp facade on a free port over
     ``nodes`` (node id to llama-server URL), once every node has joined discovery and
@@ -158,14 +176,18 @@ async def fleet_proxy(
 
     :param args: more proxy options.
     :param interval: the fleet file's ``inventory-interval``.
+    :param credentials: node id to its ``[nodes.credentials]`` value (``env:NAME``).
+    :param env: the proxy's environment, besides the test's own.
     """
     port = free_port()
     fleet = tmp_path / "fleet.toml"
     lines = [f'inventory-interval = "{interval}"', "[facades.llamacpp]", f"port = {port}"]
     for node, url in nodes.items():
         lines += ["[[nodes]]", f'id = "{node}"', "[nodes.engines]", f'llamacpp = "{url}"']
+        if credentials and node in credentials:
+            lines += ["[nodes.credentials]", f'llamacpp = "{credentials[node]}"']
     fleet.write_text("\n".join(lines) + "\n")
-    async with running_proxy(tmp_path, "--fleet", str(fleet), *args) as proxy:
+    async with running_proxy(tmp_path, "--fleet", str(fleet), *args, env=env) as proxy:
         for node in nodes:
 
             def joined(record: dict[str, Any], node: str = node) -> bool:

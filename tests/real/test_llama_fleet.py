@@ -27,12 +27,11 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_twisted
 import treq
-from twisted.web.http_headers import Headers
 
 from nvpair.loadstate import LLAMACPP_PROBE, Answer, LoadState
 from tests.integration.harness import ProxyProcess, log_problems
 from tests.real.servers import fleet_proxy as servers_fleet_proxy
-from tests.real.servers import llama_server_binary, running_llama_server, sleep
+from tests.real.servers import llama_server_binary, post_chat, running_llama_server, sleep
 from tests.real.tiny_gguf import write_tiny_gguf
 
 #: The fleet file's ``inventory-interval``.
@@ -167,15 +166,7 @@ async def load_state(url: str) -> LoadState:
 async def answered_by(port: int) -> str | None:
     """A chat completion for ``tiny`` through the proxy; the ``X-Nvpair-Node`` that answered."""
     began = time.monotonic()
-    response = await treq.post(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        json.dumps(
-            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        ).encode(),
-        headers=Headers({b"Content-Type": [b"application/json"]}),
-        timeout=30,
-    )
-    body = await response.content()
+    response, body = await post_chat(port)
     node = response.headers.getRawHeaders(b"x-nvpair-node")
     assert response.code == 200, (response.code, node, body[:300])
     # Answered at once: not queued behind a busy slot until a header timeout sent it elsewhere.

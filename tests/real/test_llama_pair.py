@@ -31,6 +31,7 @@ from tests.real.servers import (
     fleet_proxy,
     llama_server_binary,
     llama_server_process,
+    post_chat,
     sleep,
 )
 from tests.real.tiny_gguf import write_tiny_gguf
@@ -68,15 +69,7 @@ def header(response: Any, name: bytes) -> str | None:
 
 async def chat(port: int, model: str) -> tuple[Any, dict[str, Any]]:
     """A short non-streaming chat completion through the proxy: the response and its body."""
-    response = await treq.post(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        json.dumps(
-            {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        ).encode(),
-        headers=Headers({b"Content-Type": [b"application/json"]}),
-        timeout=30,
-    )
-    body = await response.content()
+    response, body = await post_chat(port, model)
     assert response.code == 200, (response.code, body[:300])
     return response, json.loads(body)
 
@@ -153,6 +146,13 @@ async def test_openai_stream_and_the_proxy_stats_are_the_engine_report(
         assert log_problems(proxy) == []
 
 
+def placed(proxy: ProxyProcess) -> list[str]:
+    """Every node a dispatch went to so far, in order."""
+    return [
+        info["scheduledOn"] for info in events(proxy, "workload:submitted") if "scheduledOn" in info
+    ]
+
+
 def request_waiting_at(port: int) -> bool:
     """Whether a connection to loopback ``port`` holds request bytes its server has not read
     (``/proc/net/tcp``: state 01, established, with a receive queue)."""
@@ -175,9 +175,10 @@ async def test_an_engine_killed_before_its_first_byte_leaves_the_answer_to_the_o
     from ``node-a``, and the client never sees the failure."""
     with llama_server_process(pair.binary, pair.model, alias="tiny-a") as doomed:
         nodes = {"doomed": doomed.url, "node-a": pair.a.url}
-        # One poll only: while the doomed server is stopped no poll of it is outstanding, so
-        # the only request bytes waiting at it are the chat's, and it stays in discovery (the
-        # proxy learns of its death from the request alone).
+        # One poll only: while the doomed server is stopped no poll of it is outstanding, and
+        # it stays in discovery (the proxy learns of its death from the request alone; it is
+        # killed long before its liveness probes could find it hung). Those probes may leave
+        # bytes waiting at it too, so the chat is known to be there once it was dispatched.
         quiet = fleet_proxy(tmp_path, nodes, "--log-level", "debug", interval="1h")
         async with quiet as (proxy, port):
             os.kill(doomed.process.pid, signal.SIGSTOP)
@@ -186,7 +187,7 @@ async def test_an_engine_killed_before_its_first_byte_leaves_the_answer_to_the_o
                     chat(port, "tiny-a")
                 )
                 deadline = time.monotonic() + 20
-                while not request_waiting_at(doomed.port):
+                while not (request_waiting_at(doomed.port) and "doomed" in placed(proxy)):
                     assert time.monotonic() < deadline, "the request never reached doomed"
                     assert not answer.called, "answered before reaching doomed"
                     await sleep(0.02)
@@ -195,12 +196,7 @@ async def test_an_engine_killed_before_its_first_byte_leaves_the_answer_to_the_o
             response, body = await answer
             assert header(response, b"x-nvpair-node") == "node-a"
             assert body["model"] == "tiny-a" and body["choices"]
-            placed = [
-                info["scheduledOn"]
-                for info in events(proxy, "workload:submitted")
-                if "scheduledOn" in info
-            ]
-            assert placed == ["doomed", "node-a"]
+            assert placed(proxy) == ["doomed", "node-a"]
             assert doomed.process.wait(timeout=10) == -signal.SIGKILL
             assert log_problems(proxy) == []
 

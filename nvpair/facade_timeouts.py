@@ -1,0 +1,122 @@
+# -*- test-case-name: tests.test_facade_head -*-
+"""A facade connection's time bounds: the request head's, the idle one, the linger after a
+refusal, and the abort of a close the client does not read (docs/request-path.md#the-facade).
+
+Each is one timer armed and disarmed by its connection as its requests come and go; what a
+bound's end means is the connection's (:class:`Bounded`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+
+class Bounded(Protocol):
+    """The connection the bounds are kept for."""
+
+    def close(self) -> None:
+        """Close once what was written has gone out."""
+
+    def abort(self) -> None:
+        """Drop the connection at once."""
+
+    def idle_expired(self) -> None:
+        """The idle bound has passed since it was armed: close, unless something happened."""
+
+
+def _cancel(timer: IDelayedCall) -> None:
+    if timer.active():
+        timer.cancel()
+
+
+class Timeouts:
+    """The timers of one connection, each armed at most once at a time.
+
+    :param head_timeout: seconds a request head may take from its first byte (0: no bound).
+    :param idle_timeout: seconds a connection may wait for its next request (0: no bound).
+    """
+
+    # One per connection: no per-instance dictionary (docs/performance.md#held-streams).
+    __slots__ = (
+        "_abort",
+        "_clock",
+        "_connection",
+        "_head",
+        "_head_timeout",
+        "_idle",
+        "_idle_timeout",
+        "_linger",
+    )
+
+    def __init__(
+        self,
+        connection: Bounded,
+        clock: IReactorTime,
+        head_timeout: float,
+        idle_timeout: float,
+    ) -> None:
+        self._connection = connection
+        self._clock = clock
+        self._head_timeout = head_timeout
+        self._idle_timeout = idle_timeout
+        self._head: IDelayedCall | None = None
+        self._idle: IDelayedCall | None = None
+        self._linger: IDelayedCall | None = None
+        self._abort: IDelayedCall | None = None
+
+    def arm_head(self) -> None:
+        """A request head begins (or may begin now): it has ``head_timeout`` to be complete."""
+        timeout = self._head_timeout
+        if timeout > 0 and self._head is None:
+            self._head = self._clock.callLater(timeout, self._head_too_slow)
+
+    def disarm_head(self) -> None:
+        if self._head is not None:
+            _cancel(self._head)
+            self._head = None
+
+    def arm_idle(self) -> None:
+        """Nothing is in flight: the connection may wait ``idle_timeout`` for its next byte."""
+        timeout = self._idle_timeout
+        if timeout > 0 and self._idle is None:
+            self._idle = self._clock.callLater(timeout, self._idle_passed)
+
+    def idle_in(self, seconds: float) -> None:
+        """Ask again in ``seconds``: something happened since the idle bound was armed."""
+        self._idle = self._clock.callLater(seconds, self._idle_passed)
+
+    def disarm_idle(self) -> None:
+        idle = self._idle
+        if idle is not None:
+            self._idle = None
+            _cancel(idle)
+
+    def linger(self, seconds: float) -> None:
+        """Close in ``seconds`` at the latest (a refused body being read and dropped)."""
+        self._linger = self._clock.callLater(seconds, self._connection.close)
+
+    def abort_in(self, seconds: float) -> None:
+        """Abort in ``seconds`` unless the connection is gone by then (a close under way)."""
+        if self._abort is None:
+            self._abort = self._clock.callLater(seconds, self._abort_now)
+
+    def cancel(self) -> None:
+        """The connection is gone: no bound is kept for it any more."""
+        for timer in (self._head, self._idle, self._linger, self._abort):
+            if timer is not None:
+                _cancel(timer)
+        self._head = self._idle = self._linger = self._abort = None
+
+    def _head_too_slow(self) -> None:
+        self._head = None
+        self._abort_now()
+
+    def _idle_passed(self) -> None:
+        self._idle = None
+        self._connection.idle_expired()
+
+    def _abort_now(self) -> None:
+        self._abort = None
+        self._connection.abort()
