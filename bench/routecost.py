@@ -1,8 +1,8 @@
 """Per-request routing cost against fleet size, measured in-process.
 
 A fleet file with hundreds of simulated nodes is heavy, and the routing is pure, so this calls
-nvpair's own :class:`~nvpair.candidates.Candidates` directly on a synthetic
-:class:`~nvpair.control.ControlState`: 10,000 models spread over N nodes (each model on two of
+nvpair's own :class:`~nvpair.dispatch.candidates.Candidates` directly on a synthetic
+:class:`~nvpair.control.state.ControlState`: 10,000 models spread over N nodes (each model on two of
 them, so every request has a failover), and per request what the failover loop asks of it for an
 inference round: the plan (owners, order, the node to reserve), then the live re-check and the
 address of the node it dials first.
@@ -15,12 +15,12 @@ import random
 import time
 from collections.abc import Sequence
 
-from nvpair.candidates import Candidates
-from nvpair.control import ControlState, Node
-from nvpair.engines import LLAMACPP, RouteClass
-from nvpair.http_facade import Admitted
-from nvpair.reservations import Reservations
-from nvpair.seams import PriorityScheduling
+from nvpair.control.reservations import Reservations
+from nvpair.control.state import ControlState, Node
+from nvpair.dispatch.candidates import Candidates
+from nvpair.dispatch.seams import PriorityScheduling
+from nvpair.engines.table import LLAMACPP, RouteClass
+from nvpair.facades.facade import Admitted
 
 ENGINE = LLAMACPP.id
 

@@ -16,7 +16,7 @@ from twisted.internet.error import ReactorAlreadyInstalledError
 from twisted.python import usage
 
 from nvpair import examples
-from nvpair.lanconfig import AccessError, new_key
+from nvpair.fleet.lanconfig import AccessError, new_key
 
 #: The program's name in its own messages (usage errors, the terminal hint).
 PROG = "nvpair-proxy"

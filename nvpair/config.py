@@ -14,9 +14,9 @@ from typing import Any
 from attrs import field, frozen
 from twisted.logger import LogLevel
 
-from nvpair.durations import parse_duration
-from nvpair.fleetfile import Fleet
-from nvpair.logs import parse_level, parse_log_format
+from nvpair.common.durations import parse_duration
+from nvpair.common.logs import parse_level, parse_log_format
+from nvpair.fleet.file import Fleet
 
 #: Every option's default, as the text a user would type.
 DEFAULTS: Mapping[str, str] = {

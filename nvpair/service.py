@@ -11,45 +11,41 @@ import sys
 from collections.abc import Callable
 from typing import IO
 
-from twisted.application.service import IServiceCollection, MultiService, Service
+from twisted.application.service import IServiceCollection, MultiService
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IReactorCore, IReactorTCP, IReactorThreads, IReactorTime
-from twisted.internet.protocol import Factory
-from twisted.internet.stdio import StandardIO
 from twisted.logger import ILogObserver, Logger
 from twisted.python.components import Componentized
-from twisted.python.failure import Failure
 from twisted.web.iweb import IPolicyForHTTPS
 
-from nvpair.access import AccessLog
-from nvpair.activity import NodeActivity
-from nvpair.admin_listener import AdminListener
-from nvpair.admission import this_machine
-from nvpair.broker import BrokerProtocol
-from nvpair.budget import Bounds
-from nvpair.cluster import ClusterWatch
+from nvpair.broker.link import BrokerProtocol
+from nvpair.broker.methods import BrokerMethods
+from nvpair.broker.outboxes import BrokerOutbox, LogOutbox
+from nvpair.common.logs import LogObserver, chosen_format
+from nvpair.common.twistedlines import TwistedLines, event_loop
 from nvpair.config import Config
-from nvpair.control import ControlState
-from nvpair.facade_manager import FacadeManager
-from nvpair.fleet import FleetService
-from nvpair.fleetreload import FleetReloadService
-from nvpair.health import HealthPolicy
-from nvpair.langate import LanGate
-from nvpair.liveness import LivenessProbes
-from nvpair.logs import LogObserver, chosen_format
-from nvpair.metrics import Metrics
-from nvpair.outboxes import BrokerOutbox, LogOutbox
-from nvpair.recent import RecentWorkloads
-from nvpair.requestpath import RequestPath
-from nvpair.reservations import Reservations
-from nvpair.rpc import BrokerMethods
-from nvpair.scheduling import FleetScheduler
-from nvpair.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
-from nvpair.twistedlines import TwistedLines, event_loop
-from nvpair.upstream import Upstream
-from nvpair.workload import Workloads
+from nvpair.control.reservations import Reservations
+from nvpair.control.state import ControlState
+from nvpair.control_services import BrokerLinkService, FleetReloadService
+from nvpair.dispatch.activity import NodeActivity
+from nvpair.dispatch.budget import Bounds
+from nvpair.dispatch.requestpath import RequestPath
+from nvpair.dispatch.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
+from nvpair.dispatch.workload import Workloads
+from nvpair.engines.admission import this_machine
+from nvpair.facades.access import AccessLog
+from nvpair.facades.manager import FacadeManager
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.langate import LanGate
+from nvpair.fleet.liveness import LivenessProbes
+from nvpair.fleet.polls import FleetService
+from nvpair.fleet.scheduling import FleetScheduler
+from nvpair.observe.listener import AdminListener
+from nvpair.observe.metrics import Metrics
+from nvpair.observe.recent import RecentWorkloads
+from nvpair.wire.cluster import ClusterWatch
+from nvpair.wire.upstream import Upstream
 
 
 def raise_fd_limit(
@@ -70,41 +66,6 @@ def raise_fd_limit(
     except (OSError, ValueError):
         return soft
     return hard
-
-
-class BrokerLinkService(Service):
-    """Opens the broker link when the process starts: stdio, or a client endpoint string."""
-
-    log = Logger()
-
-    def __init__(self, reactor: IReactorCore, endpoint: str, protocol: BrokerProtocol) -> None:
-        self._reactor = reactor
-        self._endpoint = endpoint
-        self._protocol = protocol
-        self._stdio: StandardIO | None = None
-
-    def startService(self) -> None:
-        super().startService()
-        if self._endpoint == "stdio":
-            # Created here, not at import: stdout carries protocol frames and nothing else.
-            self._stdio = StandardIO(self._protocol, reactor=self._reactor)
-            return
-        endpoint = clientFromString(self._reactor, self._endpoint)
-        d = endpoint.connect(Factory.forProtocol(lambda: self._protocol))
-
-        def failed(failure: Failure) -> None:
-            self.log.error(
-                "cannot reach the broker at {endpoint}: {why}",
-                endpoint=self._endpoint,
-                why=failure.getErrorMessage(),
-            )
-            self._protocol.connectionLost(failure)
-
-        d.addErrback(failed)
-
-    def stopService(self) -> Deferred[None] | None:
-        super().stopService()
-        return None
 
 
 class ProxyService(MultiService):
@@ -232,7 +193,7 @@ def _peer_tls(
     node without one dials no peer and never loads pyOpenSSL (docs/performance.md#memory)."""
     if config.cluster_dir is None:
         return None
-    from nvpair.tls import PinnedPeers
+    from nvpair.wire.tls import PinnedPeers
 
     return PinnedPeers(lambda: cluster.membership, control.node_for_address)
 
@@ -367,8 +328,8 @@ def build(
     if config.admin_port is not None:
         # Imported only when asked for: klein and werkzeug are 6 MB of a resident set that
         # every held stream adds to (bench/README.md, held streams).
-        from nvpair.admin import Admin, QuietSite
-        from nvpair.status import FleetView
+        from nvpair.observe.admin import Admin, QuietSite
+        from nvpair.observe.status import FleetView
 
         admin = Admin(
             control,

@@ -22,11 +22,11 @@ from twisted.python import usage
 
 from nvpair.cli_actions import PROG as PROG
 from nvpair.cli_actions import ActionOptions
+from nvpair.common.durations import parse_duration
+from nvpair.common.logs import parse_level, parse_log_format
 from nvpair.config import DEFAULTS, Config, parse_count
-from nvpair.durations import parse_duration
-from nvpair.fleetfile import FleetFileError, load_fleet
-from nvpair.logs import parse_level, parse_log_format
-from nvpair.ports import ascii_digits, bind_host, valid_port
+from nvpair.facades.ports import ascii_digits, bind_host, valid_port
+from nvpair.fleet.file import FleetFileError, load_fleet
 
 #: option name -> environment variable consulted when the flag is not given.
 ENVIRONMENT = {
@@ -325,7 +325,8 @@ def makeService(options: Options) -> IService:
     leave_tls_unloaded(options.config)
     from twisted.internet import reactor
 
-    from nvpair import heap, service
+    from nvpair import service
+    from nvpair.common import heap
 
     assert options.config is not None
     terminal_hint(options.config, sys.stdin, sys.stderr)

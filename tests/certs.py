@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from nvpair.cluster import fingerprint
+from nvpair.wire.cluster import fingerprint
 
 
 @frozen

@@ -20,20 +20,20 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
-from nvpair.activity import NodeActivity
 from nvpair.config import Config
-from nvpair.control import ControlState, Node
-from nvpair.engines import ENGINES, RouteClass
-from nvpair.health import HealthPolicy
-from nvpair.http_facade import Admitted
-from nvpair.metrics import Metrics
-from nvpair.recent import RecentWorkloads
-from nvpair.requestpath import SERVERS, RequestPath, Server
-from nvpair.reservations import Reservations
-from nvpair.scheduling import FleetScheduler
-from nvpair.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
+from nvpair.control.reservations import Reservations
+from nvpair.control.state import ControlState, Node
+from nvpair.dispatch.activity import NodeActivity
+from nvpair.dispatch.requestpath import SERVERS, RequestPath, Server
+from nvpair.dispatch.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
+from nvpair.dispatch.workload import Workloads
+from nvpair.engines.table import ENGINES, RouteClass
+from nvpair.facades.facade import Admitted
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.scheduling import FleetScheduler
+from nvpair.observe.metrics import Metrics
+from nvpair.observe.recent import RecentWorkloads
 from nvpair.service import request_bounds
-from nvpair.workload import Workloads
 
 
 class ClientTransport:
@@ -239,7 +239,7 @@ class ScriptedUpstream:
     def __init__(self) -> None:
         self.calls: list[Call] = []
         #: What a cancelled request fails with. Agent used ResponseNeverReceived once
-        #: connected and ConnectingCancelledError while connecting; nvpair.upstream gives
+        #: connected and ConnectingCancelledError while connecting; nvpair.wire.upstream gives
         #: ConnectingCancelledError, then plain CancelledError. The request path must judge a
         #: cancel by who cancelled, never by this (test_dispatch.py covers each).
         self.cancel_error: Exception = ResponseNeverReceived([Failure(CancelledError())])

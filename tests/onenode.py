@@ -8,15 +8,15 @@ from typing import Any
 
 from twisted.internet import reactor as _reactor
 
-from nvpair.activity import NodeActivity
 from nvpair.config import Config
-from nvpair.control import ControlState, Node
-from nvpair.requestpath import RequestPath
-from nvpair.reservations import Reservations
-from nvpair.seams import PriorityScheduling
+from nvpair.control.reservations import Reservations
+from nvpair.control.state import ControlState, Node
+from nvpair.dispatch.activity import NodeActivity
+from nvpair.dispatch.requestpath import RequestPath
+from nvpair.dispatch.seams import PriorityScheduling
+from nvpair.dispatch.workload import Emit, Workloads
 from nvpair.service import request_bounds
-from nvpair.upstream import Upstream
-from nvpair.workload import Emit, Workloads
+from nvpair.wire.upstream import Upstream
 
 #: The global reactor, untyped: its listen*/connect* generics reject our factories.
 reactor: Any = _reactor

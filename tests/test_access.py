@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from nvpair.access import MAX_PATH, Finished, refused
-from nvpair.engines import RouteClass
-from nvpair.reasons import Reason
+from nvpair.common.reasons import Reason
+from nvpair.engines.table import RouteClass
+from nvpair.facades.access import MAX_PATH, Finished, refused
 
 
 def test_only_what_is_known_is_a_field() -> None:

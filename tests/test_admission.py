@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 
-from nvpair.admission import BadBody, is_loopback, model_from_body
-from nvpair.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.engines.admission import BadBody, is_loopback, model_from_body
+from nvpair.engines.table import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
 
 INF, OTHER = RouteClass.INFERENCE, RouteClass.OTHER
 

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_bodies -*-
-"""Bounded upstream body reading (:mod:`nvpair.bodies`): every read ends, and one that ends
+"""Bounded upstream body reading (:mod:`nvpair.wire.bodies`): every read ends, and one that ends
 early (a bound, a cancel) closes the upstream connection.
 
 Clock-driven unit tests on a scripted response, then real loopback exchanges against a
@@ -40,7 +40,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
-from nvpair.bodies import (
+from nvpair.wire.bodies import (
     BodyTimeout,
     BodyTooLarge,
     HeadersTimeout,

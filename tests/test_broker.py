@@ -13,10 +13,10 @@ from twisted.logger import ILogObserver, Logger, LogLevel
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nvpair.broker import BrokerProtocol
-from nvpair.broker_addressing import Address, Handler, MethodTable, resolve_address
-from nvpair.broker_envelope import NO_CODE, RpcError, invalid_params
-from nvpair.broker_framing import MAX_LINE, parse_line
+from nvpair.broker.addressing import Address, Handler, MethodTable, resolve_address
+from nvpair.broker.envelope import NO_CODE, RpcError, invalid_params
+from nvpair.broker.framing import MAX_LINE, parse_line
+from nvpair.broker.link import BrokerProtocol
 
 
 class Table(MethodTable):

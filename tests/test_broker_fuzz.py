@@ -34,14 +34,14 @@ from hypothesis import strategies as st
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
 
-from nvpair.broker_addressing import FACADE_SCOPED, resolve_address
-from nvpair.broker_envelope import RpcError
-from nvpair.broker_framing import MAX_LINE
-from nvpair.control import PriorityEntry
-from nvpair.engines import ENGINES
-from nvpair.logs import LogObserver, debug_enabled
-from nvpair.rpc import MAX_GENERATION
-from nvpair.status import FacadeView, status_document
+from nvpair.broker.addressing import FACADE_SCOPED, resolve_address
+from nvpair.broker.envelope import RpcError
+from nvpair.broker.framing import MAX_LINE
+from nvpair.broker.methods import MAX_GENERATION
+from nvpair.common.logs import LogObserver, debug_enabled
+from nvpair.control.state import PriorityEntry
+from nvpair.engines.table import ENGINES
+from nvpair.observe.status import FacadeView, status_document
 from tests.test_rpc import TAKEN_PORT, Stack, build_stack
 
 EXAMPLES = int(os.environ.get("NVPAIR_FUZZ_EXAMPLES", "250"))

@@ -7,7 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.budget import BACKOFF_CAP, RetryBudget
+from nvpair.dispatch.budget import BACKOFF_CAP, RetryBudget
 
 budgets = st.builds(
     RetryBudget.start,

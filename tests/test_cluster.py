@@ -18,14 +18,14 @@ from twisted.internet.task import Clock
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.test.iosim import connectedServerAndClient
 
-from nvpair.cluster import (
+from nvpair.wire.cluster import (
     ClusterDirError,
     ClusterWatch,
     Membership,
     load_membership,
 )
-from nvpair.sniffing import SniffingFactory
-from nvpair.tls import PinnedPeers
+from nvpair.wire.sniffing import SniffingFactory
+from nvpair.wire.tls import PinnedPeers
 from tests.certs import NodeIdentity, make_identity, write_cluster_dir
 
 ALICE, BOB, MALLORY = make_identity("alice"), make_identity("bob"), make_identity("mallory")

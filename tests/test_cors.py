@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.cors import (
+from nvpair.engines.cors import (
     ALLOW_CREDENTIALS,
     ALLOW_HEADERS,
     ALLOW_METHODS,

@@ -16,8 +16,8 @@ from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
 
-from nvpair.control import PriorityEntry
-from nvpair.headers import SPENT
+from nvpair.control.state import PriorityEntry
+from nvpair.wire.headers import SPENT
 from tests.fakes import Harness, Response, harness, node
 
 A, B, C = node("a", "m"), node("b", "m"), node("c", "m")
@@ -408,7 +408,7 @@ def test_requester_leaving_while_connecting_is_not_a_transport_failure() -> None
 
 
 #: What an upstream client may fail a cancelled request with: Agent's two, and the plain
-#: CancelledError of nvpair.upstream once connected.
+#: CancelledError of nvpair.wire.upstream once connected.
 CANCEL_ERRORS = [
     pytest.param(ResponseNeverReceived([Failure(CancelledError())]), id="agent-connected"),
     pytest.param(ConnectingCancelledError(HostnameEndpoint), id="dialling"),

@@ -13,10 +13,10 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
-from nvpair.control import Node
-from nvpair.relay import BodyRelay, WriteDeadline
-from nvpair.tls import PinnedPeers
-from nvpair.upstream import Upstream
+from nvpair.control.state import Node
+from nvpair.dispatch.relay import BodyRelay, WriteDeadline
+from nvpair.wire.tls import PinnedPeers
+from nvpair.wire.upstream import Upstream
 from tests.fakes import Response, harness, node
 
 A, B = node("a", "m"), node("b", "m")

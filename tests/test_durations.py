@@ -1,4 +1,4 @@
-"""Tests for nvpair.durations: Go's duration form (docs/README.md#command-line)."""
+"""Tests for nvpair.common.durations: Go's duration form (docs/README.md#command-line)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.durations import format_duration, parse_duration
+from nvpair.common.durations import format_duration, parse_duration
 
 MAX_NS = 2**63 - 1
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from nvpair.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
-from nvpair.reasons import Reason
+from nvpair.common.reasons import Reason
+from nvpair.engines.table import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
 
 
 @pytest.mark.parametrize(

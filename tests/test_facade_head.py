@@ -17,11 +17,11 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from nvpair.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
-from nvpair.facade_channel import FacadeChannel
-from nvpair.facade_reader import LINGER_SECONDS
-from nvpair.facade_server import FacadeSite
-from nvpair.http_facade import Admitted, Facade, RequestHandler
+from nvpair.engines.table import LLAMACPP, LMSTUDIO, OLLAMA, Engine
+from nvpair.facades.facade import Admitted, Facade, RequestHandler
+from nvpair.wire.facade_channel import FacadeChannel
+from nvpair.wire.facade_reader import LINGER_SECONDS
+from nvpair.wire.facade_server import FacadeSite
 
 LOOPBACK = IPv4Address("TCP", "127.0.0.1", 40000)
 

@@ -10,9 +10,9 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import StringTransport
 
-from nvpair.engines import LLAMACPP, OLLAMA, Engine
-from nvpair.facade_server import FacadeSite
-from nvpair.http_facade import Admitted, Facade, RequestHandler
+from nvpair.engines.table import LLAMACPP, OLLAMA, Engine
+from nvpair.facades.facade import Admitted, Facade, RequestHandler
+from nvpair.wire.facade_server import FacadeSite
 
 
 class Broken(RequestHandler):

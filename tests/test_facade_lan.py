@@ -10,15 +10,15 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 
-from nvpair.budget import RetryBudget
-from nvpair.caller import KEYLESS, Caller
-from nvpair.engines import LLAMACPP, OLLAMA, Engine, RouteClass
-from nvpair.facade_server import FacadeSite
-from nvpair.http_facade import Admitted, Facade
-from nvpair.job import Job
-from nvpair.lanconfig import Access, Key, digest_of
-from nvpair.langate import LanGate
-from nvpair.lanpolicy import caller_of
+from nvpair.dispatch.budget import RetryBudget
+from nvpair.dispatch.job import Job
+from nvpair.engines.caller import KEYLESS, Caller
+from nvpair.engines.table import LLAMACPP, OLLAMA, Engine, RouteClass
+from nvpair.facades.facade import Admitted, Facade
+from nvpair.fleet.lanconfig import Access, Key, digest_of
+from nvpair.fleet.langate import LanGate
+from nvpair.fleet.lanpolicy import caller_of
+from nvpair.wire.facade_server import FacadeSite
 from tests.test_facade_http import Broken, split
 
 LAPTOP = Key("laptop", digest_of(b"nvp_laptop"))

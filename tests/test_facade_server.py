@@ -23,15 +23,15 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nvpair.engines import LLAMACPP
-from nvpair.facade_channel import HELD_BYTES, FacadeChannel
-from nvpair.facade_head import FRAMING_TOO_LARGE, MAX_HEAD_BYTES
-from nvpair.facade_reader import LINGER_BYTES, LINGER_SECONDS
-from nvpair.facade_request import FacadeRequest
-from nvpair.facade_server import FacadeSite
-from nvpair.facade_types import Phase
-from nvpair.headers import SPENT
-from nvpair.http_facade import Admitted, Facade, RequestHandler
+from nvpair.engines.table import LLAMACPP
+from nvpair.facades.facade import Admitted, Facade, RequestHandler
+from nvpair.wire.facade_channel import HELD_BYTES, FacadeChannel
+from nvpair.wire.facade_head import FRAMING_TOO_LARGE, MAX_HEAD_BYTES
+from nvpair.wire.facade_reader import LINGER_BYTES, LINGER_SECONDS
+from nvpair.wire.facade_request import FacadeRequest
+from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.facade_types import Phase
+from nvpair.wire.headers import SPENT
 from tests.httpwire import read_stream, talk
 
 LOOPBACK = IPv4Address("TCP", "127.0.0.1", 40000)

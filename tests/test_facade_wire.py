@@ -29,11 +29,11 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from nvpair.cluster import Membership, load_membership
-from nvpair.engines import LLAMACPP
-from nvpair.facade_server import FacadeSite
-from nvpair.http_facade import Admitted, Facade, RequestHandler
-from nvpair.sniffing import SniffingFactory
+from nvpair.engines.table import LLAMACPP
+from nvpair.facades.facade import Admitted, Facade, RequestHandler
+from nvpair.wire.cluster import Membership, load_membership
+from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.sniffing import SniffingFactory
 from tests import httpwire
 from tests.certs import NodeIdentity, make_identity, write_cluster_dir
 from tests.httpwire import Raw, WireResponse, read_stream

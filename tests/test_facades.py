@@ -12,9 +12,9 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactor, MemoryReactorClock
 from twisted.python.usage import UsageError
 
-from nvpair.facade_manager import FacadeError, FacadeManager
-from nvpair.http_facade import RequestHandler
-from nvpair.ports import parse_alias
+from nvpair.facades.facade import RequestHandler
+from nvpair.facades.manager import FacadeError, FacadeManager
+from nvpair.facades.ports import parse_alias
 
 
 class Outbox:
@@ -231,7 +231,7 @@ def test_the_backlog_is_an_option(tmp_path: Path) -> None:
     ],
 )
 def test_aliases_are_few_distinct_and_a_list(aliases: object) -> None:
-    from nvpair.ports import parse_aliases
+    from nvpair.facades.ports import parse_aliases
 
     with pytest.raises(ValueError):
         parse_aliases(aliases)

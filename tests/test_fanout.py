@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_fanout -*-
-"""Asking every node at once (:mod:`nvpair.fanout`; docs/inventories.md#fan-out): each
+"""Asking every node at once (:mod:`nvpair.wire.fanout`; docs/inventories.md#fan-out): each
 ask bounded by ``--dial-timeout`` plus 30 s, and every ask that ends early
 (the client left, a node timed out, an answer too large) closes its upstream connection in
 whichever phase it was: dialling, awaiting headers or reading the body.
@@ -17,8 +17,8 @@ from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
-from nvpair.fanout import GRACE, MAX_BODY, NodeReply, ask_all
-from nvpair.upstream import Upstream
+from nvpair.wire.fanout import GRACE, MAX_BODY, NodeReply, ask_all
+from nvpair.wire.upstream import Upstream
 from tests.test_bodies import FakeResponse, Sent, StallingUpstream, result_of, stalling_upstreams
 
 # -- scripted upstreams -------------------------------------------------------------------------

@@ -17,12 +17,13 @@ from twisted.internet.task import Clock
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IResponse
 
-from nvpair.control import ControlState
-from nvpair.fleet import MAX_INVENTORY_BODY, FleetService
-from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode
-from nvpair.health import HealthPolicy
-from nvpair.loadstate import UNKNOWN, LoadState
-from nvpair.scheduling import FleetScheduler
+from nvpair.control.state import ControlState
+from nvpair.engines.loadstate import UNKNOWN, LoadState
+from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.nodepoll import MAX_INVENTORY_BODY
+from nvpair.fleet.polls import FleetService
+from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.sim import SimEngine
 from tests.test_bodies import FakeResponse
 from tests.test_fleet_poll import (

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.control import Node
-from nvpair.loadstate import UNKNOWN, LoadState
-from nvpair.routing import Plan, Standing, Tier, fleet_plan, tier
+from nvpair.control.routing import Plan, Standing, Tier, fleet_plan, tier
+from nvpair.control.state import Node
+from nvpair.engines.loadstate import UNKNOWN, LoadState
 
 M = "m"
 

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_fleet_poll -*-
-"""Standalone fleet polling (:class:`nvpair.fleet.FleetService`;
+"""Standalone fleet polling (:class:`nvpair.fleet.polls.FleetService`;
 docs/inventories.md#polled-inventories): every node's poll is bounded as a whole (dial
 timeout + 30 s, and in bytes), a poll that hits a bound closes its connection and counts as
 failed, and one node's poll never holds up another's schedule.
@@ -21,11 +21,12 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 from zope.interface import implementer
 
-from nvpair.control import ControlState, Discovery
-from nvpair.fleet import MAX_INVENTORY_BODY, POLL_GRACE, FleetService
-from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode
+from nvpair.control.state import ControlState, Discovery
+from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
+from nvpair.fleet.nodepoll import MAX_INVENTORY_BODY, POLL_GRACE
+from nvpair.fleet.polls import FleetService
 from nvpair.sim import SimEngine
-from nvpair.web import UpstreamClient
+from nvpair.wire.web import UpstreamClient
 from tests.test_bodies import FakeResponse, Sent, StallingUpstream, stalling_upstreams
 
 DIAL = 10.0
@@ -38,7 +39,7 @@ def tags(*names: str) -> bytes:
 
 
 class AgentClient:
-    """An :class:`~nvpair.web.UpstreamClient` over an Agent, as the fleet sees its client."""
+    """An :class:`~nvpair.wire.web.UpstreamClient` over an Agent, as the fleet sees its client."""
 
     def __init__(self, agent: IAgent) -> None:
         self.agent = agent
@@ -370,7 +371,7 @@ async def test_real_stop_closes_a_poll_in_flight(
 @pytest_twisted.ensureDeferred
 async def test_real_polls_travel_through_the_shared_upstream_client(sim: SimEngine) -> None:
     """Polls go through the client the process shares (and shuts down with everything else)."""
-    from nvpair.upstream import Upstream
+    from nvpair.wire.upstream import Upstream
 
     control = ControlState()
     upstream = Upstream(reactor, DIAL)

@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_fleet_reports -*-
 """Every configured node is visible, and the fleet file is re-read live (issue 13 items 4
 and 6; docs/fleet-scheduling.md): :meth:`FleetService.reports` and the state-change log lines,
-:meth:`FleetService.reload` and :func:`nvpair.fleetfile.restart_needed`."""
+:meth:`FleetService.reload` and :func:`nvpair.fleet.file.restart_needed`."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from twisted.logger import LogLevel, capturedLogs
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
 
-from nvpair.control import ControlState
-from nvpair.fleet import FleetService
-from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode, restart_needed
-from nvpair.fleetpairs import PollState
-from nvpair.health import HealthPolicy
-from nvpair.loadstate import UNKNOWN, LoadState
-from nvpair.scheduling import FleetScheduler
+from nvpair.control.state import ControlState
+from nvpair.engines.loadstate import UNKNOWN, LoadState
+from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode, restart_needed
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.pairs import PollState
+from nvpair.fleet.polls import FleetService
+from nvpair.fleet.scheduling import FleetScheduler
 from tests.test_bodies import FakeResponse
 from tests.test_fleet_poll import (
     BOUND,

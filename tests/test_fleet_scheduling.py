@@ -11,10 +11,10 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.logger import capturedLogs
 
-from nvpair.control import PriorityEntry
-from nvpair.health import HealthPolicy
-from nvpair.loadstate import LoadState
-from nvpair.scheduling import FleetScheduler
+from nvpair.control.state import PriorityEntry
+from nvpair.engines.loadstate import LoadState
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.scheduling import FleetScheduler
 from tests.fakes import Harness, Response, harness, node
 
 A, B = node("a", "m"), node("b", "m")

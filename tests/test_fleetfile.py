@@ -1,4 +1,4 @@
-"""The fleet file's worst cases (nvpair/fleetfile.py): each is a FleetFileError naming what
+"""The fleet file's worst cases (nvpair/fleet/file.py): each is a FleetFileError naming what
 is wrong, which the process reports in one line at start and on SIGHUP keeps its fleet for;
 never another exception."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvpair.fleetfile import FleetFileError, base_url_hint, load_fleet, unserved
+from nvpair.fleet.file import FleetFileError, base_url_hint, load_fleet, unserved
 
 HEAD = '[facades.ollama]\nport = 11434\n[[nodes]]\nid = "a"\n[nodes.engines]\n'
 
@@ -126,3 +126,50 @@ def test_a_node_engine_no_facade_serves_is_named_with_why(tmp_path: Path) -> Non
         ("a", "lmstudio", "the fleet file has no [facades.lmstudio] table"),
         ("b", "llamacpp", "its facade was added to the fleet file and starts with a restart"),
     ]
+
+
+def test_a_models_table_is_read_in_the_files_order(tmp_path: Path) -> None:
+    """docs/model-names.md#aliases."""
+    path = tmp_path / "f.toml"
+    path.write_text(
+        HEAD
+        + 'ollama = "http://a:1"\n[models]\n"llama3" = ["llama3.1:8b", "M-Q4_K_M"]\nb = ["x"]\n'
+    )
+    assert load_fleet(path).models.table == (
+        ("llama3", ("llama3.1:8b", "M-Q4_K_M")),
+        ("b", ("x",)),
+    )
+    path.write_text(HEAD + 'ollama = "http://a:1"\n')
+    assert load_fleet(path).models.table == ()
+
+
+@pytest.mark.parametrize(
+    ("table", "why"),
+    [
+        ('[models]\n"" = ["x"]\n', 'models."": an alias must not be empty'),
+        ('[models]\n"qwen" = []\n', 'models."qwen": must be a non-empty array of model names'),
+        (
+            '[models]\nqwen = ["/m/qwen.gguf"]\n',
+            "models.\"qwen\": 'qwen' is also a model name the table lists (the file name of "
+            "'/m/qwen.gguf'): a name is either an alias or a model's own",
+        ),
+    ],
+)
+def test_an_unusable_models_table_is_refused_naming_the_alias(
+    tmp_path: Path, table: str, why: str
+) -> None:
+    """docs/model-names.md#conflicts: a usage error at start, the running fleet kept at SIGHUP
+    (both are what a FleetFileError does)."""
+    assert refusal(tmp_path / "f.toml", HEAD + 'ollama = "http://a:1"\n' + table) == why
+
+
+def test_the_examples_commented_models_table_is_a_usable_one(tmp_path: Path) -> None:
+    """What nvpair-proxy --example-fleet shows for [models] works once uncommented."""
+    text = (Path(__file__).parent.parent / "nvpair" / "examples" / "fleet.example.toml").read_text()
+    start = text.index("# [models]")
+    uncommented = "\n".join(line.removeprefix("# ") for line in text[start:].splitlines())
+    path = tmp_path / "f.toml"
+    path.write_text(text[:start] + uncommented + "\n")
+    assert load_fleet(path).models.table == (
+        ("llama3", ("llama3.1:8b", "Meta-Llama-3.1-8B-Instruct-Q4_K_M")),
+    )

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
-from nvpair.health import HEALTHY, HealthPolicy, NodeHealth, PassiveHealth
+from nvpair.fleet.health import HEALTHY, HealthPolicy, NodeHealth, PassiveHealth
 
 POLICY = HealthPolicy(threshold=3, cooldown=5.0, cooldown_max=120.0)
 

@@ -1,4 +1,4 @@
-"""The collector's settings for a long-running process (nvpair/heap.py).
+"""The collector's settings for a long-running process (nvpair/common/heap.py).
 
 Each check runs in a fresh interpreter: freezing and thresholds are process-wide, and the test
 process's own collector must stay as pytest set it.
@@ -28,7 +28,7 @@ def test_settle_freezes_the_startup_and_collects_the_young_less_often() -> None:
     out = _run(
         """
         import gc
-        from nvpair import heap
+        from nvpair.common import heap
         before = gc.get_threshold()
         heap.settle()
         after = gc.get_threshold()
@@ -46,7 +46,7 @@ def test_a_cycle_made_after_settling_is_still_collected_without_being_asked() ->
     out = _run(
         """
         import gc, weakref
-        from nvpair import heap
+        from nvpair.common import heap
         heap.settle()
 
         class Node:
@@ -81,7 +81,8 @@ def test_the_process_settles_once_the_reactor_runs(tmp_path: Path) -> None:
         from twisted.internet import reactor
         calls = []
         reactor.callWhenRunning = lambda f, *a, **k: calls.append(f)
-        from nvpair import heap, tap
+        from nvpair.common import heap
+        from nvpair import tap
         options = tap.Options()
         options.parseOptions(["--fleet", {str(fleet)!r}, "--state-dir", {str(tmp_path)!r}])
         options.returns_status = True

@@ -46,10 +46,10 @@ from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from zope.interface import provider
 
-from nvpair.engines import ENGINES, OLLAMA, Engine
-from nvpair.facade_manager import FacadeManager
-from nvpair.facade_reader import LINGER_SECONDS
-from nvpair.http_facade import Admitted, RequestHandler
+from nvpair.engines.table import ENGINES, OLLAMA, Engine
+from nvpair.facades.facade import Admitted, RequestHandler
+from nvpair.facades.manager import FacadeManager
+from nvpair.wire.facade_reader import LINGER_SECONDS
 from tests.httpwire import WireResponse, read_stream
 
 EXAMPLES = int(os.environ.get("NVPAIR_FUZZ_EXAMPLES", "300"))

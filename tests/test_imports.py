@@ -9,6 +9,8 @@ always initialised before its submodules, whoever imports first.
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -16,18 +18,20 @@ import nvpair
 
 ROOT = Path(nvpair.__file__).parent
 
-#: The facade server's side of the seam: HTTP/1.1 on the wire, and nothing about engines.
-WIRE = (
-    "nvpair.facade_server",
-    "nvpair.facade_channel",
-    "nvpair.facade_head",
-    "nvpair.facade_reader",
-    "nvpair.facade_request",
-    "nvpair.facade_timeouts",
-    "nvpair.facade_types",
-)
+
+def _names() -> list[str]:
+    """Every module's dotted name (a package's by its own name)."""
+    names = []
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+#: HTTP/1.1 on the wire (the :mod:`nvpair.wire` package), and nothing about engines.
+WIRE = tuple(sorted(name for name in _names() if name.startswith("nvpair.wire.")))
 ENGINE_AWARE = frozenset(
-    {"nvpair.engines", "nvpair.http_facade", "nvpair.proxy_answers", "nvpair.admission"}
+    name for name in _names() if name.startswith(("nvpair.engines", "nvpair.facades"))
 )
 
 
@@ -135,30 +139,19 @@ def test_the_checks_see_type_checking_imports_and_find_cycles(tmp_path: Path) ->
     module = tmp_path / "b.py"
     module.write_text(
         "from typing import TYPE_CHECKING\n"
-        "from nvpair import engines\n"
+        "from nvpair.engines import table\n"
         "if TYPE_CHECKING:\n"
-        "    from nvpair.http_facade import Facade\n"
+        "    from nvpair.facades.facade import Facade\n"
         "def later() -> None:\n"
         "    import nvpair.cli\n"
     )
-    known = {"nvpair.b", "nvpair.engines", "nvpair.http_facade", "nvpair.cli", "nvpair"}
-    assert imported("nvpair.b", module, known) == {"nvpair.engines", "nvpair.http_facade"}
+    known = {"nvpair.b", "nvpair.engines.table", "nvpair.facades.facade", "nvpair.cli", "nvpair"}
+    assert imported("nvpair.b", module, known) == {"nvpair.engines.table", "nvpair.facades.facade"}
     assert cycle_through({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
 #: The HTTP/1.1 server and client: they talk to Twisted's transports through its interfaces.
-WIRE_MODULES = (
-    *WIRE,
-    "nvpair.outlet",
-    "nvpair.sniffing",
-    "nvpair.tls",
-    "nvpair.upstream",
-    "nvpair.upstream_conn",
-    "nvpair.upstream_framing",
-    "nvpair.upstream_pool",
-    "nvpair.upstream_response",
-    "nvpair.upstream_types",
-)
+WIRE_MODULES = WIRE
 
 
 def private_reads(path: Path) -> list[str]:
@@ -189,3 +182,114 @@ def test_the_private_read_check_sees_one(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("def f(transport):\n    return transport._tempDataLen + self._ok\n")
     assert private_reads(probe) == ["probe.py:2 transport._tempDataLen"]
+
+
+#: What each package may import besides itself (docs/architecture.md#layers). Modules directly
+#: in ``nvpair`` are the process (options, wiring, start and stop): they may import anything,
+#: and no package imports them.
+LAYERS: dict[str, frozenset[str]] = {
+    "common": frozenset(),
+    "engines": frozenset({"common"}),
+    "control": frozenset({"common", "engines"}),
+    "wire": frozenset({"common"}),
+    "facades": frozenset({"common", "engines", "control", "wire"}),
+    "dispatch": frozenset({"common", "engines", "control", "wire", "facades"}),
+    "fleet": frozenset({"common", "engines", "control", "wire", "facades", "dispatch"}),
+    "broker": frozenset({"common", "engines", "control", "wire", "facades", "dispatch"}),
+    "observe": frozenset(
+        {"common", "engines", "control", "wire", "facades", "dispatch", "fleet", "broker"}
+    ),
+    "sim": frozenset(),
+    "examples": frozenset(),
+}
+
+
+def package_of(module: str) -> str | None:
+    """The package a module belongs to, or None for the process's own modules."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+def layer_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that runs against the declared layering."""
+    found = []
+    for module, imports in sorted(graph.items()):
+        own = package_of(module)
+        for target in sorted(imports):
+            theirs = package_of(target)
+            if theirs == own or (own is None and module != "nvpair"):
+                continue
+            if theirs is None or own is None or theirs not in LAYERS[own]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_imports_run_one_way_between_packages() -> None:
+    assert layer_breaches(import_graph()) == []
+
+
+def test_every_module_lives_in_a_declared_package_or_is_the_process() -> None:
+    process = {name for name in module_names() if package_of(name) is None}
+    assert process == {
+        "nvpair",
+        "nvpair.cli",
+        "nvpair.cli_actions",
+        "nvpair.config",
+        "nvpair.control_services",
+        "nvpair.demo",
+        "nvpair.service",
+        "nvpair.tap",
+        "nvpair.uvloopreactor",
+    }
+    assert {name.split(".")[1] for name in module_names() if package_of(name)} == set(LAYERS)
+
+
+def test_each_package_says_what_it_may_import() -> None:
+    """The docstring a newcomer reads names exactly the packages the test allows."""
+    for package, allowed in LAYERS.items():
+        doc = importlib.import_module(f"nvpair.{package}").__doc__ or ""
+        named = set(re.findall(r":mod:`nvpair\.(\w+)`", doc)) - {package}
+        assert named >= allowed, package
+        assert doc.strip(), package
+
+
+def test_the_layer_check_sees_a_breach() -> None:
+    graph = {
+        "nvpair.wire.server": {"nvpair.engines.table"},
+        "nvpair.dispatch.job": {"nvpair.config", "nvpair.wire.web"},
+        "nvpair.service": {"nvpair.dispatch.job"},
+    }
+    assert layer_breaches(graph) == [
+        "nvpair.dispatch.job -> nvpair.config",
+        "nvpair.wire.server -> nvpair.engines.table",
+    ]
+
+
+#: A module's length past which it holds more than one job (docs/architecture.md). The
+#: simulated engines are test tooling, each one engine's whole behaviour.
+MAX_MODULE_LINES = 400
+
+
+def oversized(names: dict[str, Path]) -> list[str]:
+    """Each module outside ``nvpair.sim`` longer than :data:`MAX_MODULE_LINES`, with its length."""
+    found = []
+    for name, path in sorted(names.items()):
+        if name == "nvpair.sim" or name.startswith("nvpair.sim."):
+            continue
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+    return found
+
+
+def test_no_module_outside_the_simulated_engines_is_over_400_lines() -> None:
+    assert oversized(module_names()) == []
+
+
+def test_the_size_check_sees_a_long_module(tmp_path: Path) -> None:
+    long, short, sim = tmp_path / "long.py", tmp_path / "short.py", tmp_path / "engine.py"
+    long.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    short.write_text("x = 1\n" * MAX_MODULE_LINES)
+    sim.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    names = {"nvpair.long": long, "nvpair.short": short, "nvpair.sim.engine": sim}
+    assert oversized(names) == [f"nvpair.long: {MAX_MODULE_LINES + 1} lines"]

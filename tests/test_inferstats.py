@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvpair.inferstats import _LINE_CARRY, _TAIL_PIECES, TAIL_BYTES, Stats, StatsReader
+from nvpair.engines.inferstats import _LINE_CARRY, _TAIL_PIECES, TAIL_BYTES, Stats, StatsReader
 
 
 def read(body: bytes, *, first: float = 1.25, end: float = 2.25, admitted: float = 1.0) -> Stats:

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.test.iosim import ConnectionCompleter, FakeTransport, IOPump, connect
 
 from nvpair.config import Config
-from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode
+from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
 from nvpair.service import ProxyService, build
 from nvpair.sim import SimEngine
 from nvpair.sim.engine import Faults

@@ -1,5 +1,5 @@
 """A job's fields each have one owner, the only module that sets them (the table in
-:mod:`nvpair.job`'s docstring)."""
+:mod:`nvpair.dispatch.job`'s docstring)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 
 import nvpair
-from nvpair.job import Job
+from nvpair.dispatch.job import Job
 
 ROOT = Path(nvpair.__file__).parent
 

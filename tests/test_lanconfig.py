@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nvpair.fleetfile import FleetFileError, load_fleet
-from nvpair.lanconfig import (
+from nvpair.fleet.file import FleetFileError, load_fleet
+from nvpair.fleet.lanconfig import (
     SECRET_PREFIX,
     Access,
     AccessError,

@@ -8,12 +8,12 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 
-from nvpair.caller import KEYLESS
-from nvpair.facade_server import Refusal
-from nvpair.lanconfig import Access, Key, LanTls, digest_of
-from nvpair.langate import LOOPBACK_ONLY, NOT_LISTED, UNAUTHORIZED, LanGate
-from nvpair.lanpolicy import caller_of
-from nvpair.reasons import Reason
+from nvpair.common.reasons import Reason
+from nvpair.engines.caller import KEYLESS
+from nvpair.fleet.lanconfig import Access, Key, LanTls, digest_of
+from nvpair.fleet.langate import LOOPBACK_ONLY, NOT_LISTED, UNAUTHORIZED, LanGate
+from nvpair.fleet.lanpolicy import caller_of
+from nvpair.wire.facade_server import Refusal
 from tests.certs import issue, make_ca
 
 LAN = (ipaddress.ip_network("192.168.1.0/24"),)
@@ -100,8 +100,8 @@ import sys, ipaddress
 sys.modules["OpenSSL"] = None  # as tap.leave_tls_unloaded leaves a process without TLS
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
-from nvpair.lanconfig import Access, LanTls
-from nvpair.langate import LanGate
+from nvpair.fleet.lanconfig import Access, LanTls
+from nvpair.fleet.langate import LanGate
 said = []
 globalLogPublisher.addObserver(lambda event: said.append(event.get("log_format", "")))
 gate = LanGate(Clock(), None)

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.caller import KEYLESS, Caller, forbids, may_use
-from nvpair.engines import ENGINES, RouteClass
-from nvpair.lanconfig import Access, Key, digest_of
-from nvpair.lanpolicy import (
+from nvpair.engines.caller import KEYLESS, Caller, forbids, may_use
+from nvpair.engines.table import ENGINES, RouteClass
+from nvpair.fleet.lanconfig import Access, Key, digest_of
+from nvpair.fleet.lanpolicy import (
     Verdict,
     bearer,
     caller_of,

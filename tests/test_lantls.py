@@ -18,9 +18,9 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThread
 
-from nvpair.cluster import Membership, load_membership
-from nvpair.lantls import lan_context
-from nvpair.sniffing import SniffingFactory
+from nvpair.wire.cluster import Membership, load_membership
+from nvpair.wire.lantls import lan_context
+from nvpair.wire.sniffing import SniffingFactory
 from tests.certs import NodeIdentity, issue, make_ca, make_identity, write_cluster_dir
 
 CA = make_ca()

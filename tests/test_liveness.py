@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_liveness -*-
-"""Hung nodes (:mod:`nvpair.liveness`; docs/fleet-scheduling.md#hung-nodes): the verdict as a
+"""Hung nodes (:mod:`nvpair.fleet.liveness`; docs/fleet-scheduling.md#hung-nodes): the verdict as a
 pure value, the probes on a Clock (every 2 s, bounded at 2 s, the engine's cheapest route), and
 what the fleet does with a hung node — out of discovery, last in the order before that, named
 when nobody serves its model, shown ``hung`` in ``/status`` and not up in ``nvpair_node_up`` —
@@ -16,14 +16,21 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
 
-from nvpair.control import ControlState
-from nvpair.engines import ENGINES
-from nvpair.fleet import FleetService
-from nvpair.fleetfile import FacadeSpec, Fleet, FleetNode
-from nvpair.health import HealthPolicy
-from nvpair.liveness import ALIVE, PROBE_BOUND, PROBE_INTERVAL, Liveness, LivenessProbes, Probe
-from nvpair.scheduling import FleetScheduler
-from nvpair.status import FleetView, fleet_nodes, fleet_nodes_up
+from nvpair.control.state import ControlState
+from nvpair.engines.table import ENGINES
+from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.liveness import (
+    ALIVE,
+    PROBE_BOUND,
+    PROBE_INTERVAL,
+    Liveness,
+    LivenessProbes,
+    Probe,
+)
+from nvpair.fleet.polls import FleetService
+from nvpair.fleet.scheduling import FleetScheduler
+from nvpair.observe.status import FleetView, fleet_nodes, fleet_nodes_up
 from tests.fakes import Call, Response, ScriptedUpstream
 
 # -- the verdict, pure ------------------------------------------------------------------------

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import pytest
 from twisted.internet.task import Clock
 
-from nvpair.control import Node
-from nvpair.engines import LLAMACPP
-from nvpair.llamarouter import MAX_SLOT_READS, router_statuses, slot_reads, slots_path
-from nvpair.loadstate import UNKNOWN, Answer, LoadState
-from nvpair.routing import Standing, Tier, fleet_plan, tier
-from nvpair.scheduling import FleetScheduler
+from nvpair.control.routing import Standing, Tier, fleet_plan, tier
+from nvpair.control.state import Node
+from nvpair.engines.llamarouter import MAX_SLOT_READS, router_statuses, slot_reads, slots_path
+from nvpair.engines.loadstate import UNKNOWN, Answer, LoadState
+from nvpair.engines.table import LLAMACPP
+from nvpair.fleet.scheduling import FleetScheduler
 from tests.test_fleet_loadpoll import POLICY, LoadPolling, started
 from tests.test_fleet_poll import BOUND, INTERVAL
 

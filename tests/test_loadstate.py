@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA
-from nvpair.loadstate import LISTING_LAG, UNKNOWN, Answer, LoadState, unseen
+from nvpair.engines.loadstate import LISTING_LAG, UNKNOWN, Answer, LoadState, unseen
+from nvpair.engines.table import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA
 
 
 def ok(document: object, status: int = 200) -> Answer:

@@ -9,7 +9,7 @@ import re
 import pytest
 from twisted.logger import Logger, LogLevel, LogPublisher
 
-from nvpair.logs import LogObserver, chosen_format, parse_level, parse_log_format
+from nvpair.common.logs import LogObserver, chosen_format, parse_level, parse_log_format
 
 
 def logger_into(observer: LogObserver) -> Logger:

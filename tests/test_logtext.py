@@ -8,7 +8,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.logtext import field_value, message, named_fields, text_line
+from nvpair.common.logtext import field_value, message, named_fields, text_line
 
 LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (debug|info |warn |error) ")
 

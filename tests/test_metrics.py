@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_metrics -*-
-"""The admin ``/metrics`` families (:mod:`nvpair.metrics`): counted on the request path as
+"""The admin ``/metrics`` families (:mod:`nvpair.observe.metrics`): counted on the request path as
 plain arithmetic, read and written by prometheus-client only when scraped."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nvpair.attempt import Failed, Fault, Served
-from nvpair.exposition import LiveState, MetricsCollector
-from nvpair.inferstats import Stats
-from nvpair.metrics import LATENCY_BUCKETS, Metrics
+from nvpair.dispatch.attempt import Failed, Fault, Served
+from nvpair.engines.inferstats import Stats
+from nvpair.observe.exposition import LiveState, MetricsCollector
+from nvpair.observe.metrics import LATENCY_BUCKETS, Metrics
 
 Labels = tuple[tuple[str, str], ...]
 

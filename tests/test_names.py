@@ -1,4 +1,4 @@
-"""Tests for nvpair.names: Ollama model names (docs/candidate-order.md#owners)."""
+"""Tests for nvpair.engines.names: Ollama model names (docs/candidate-order.md#owners)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.names import OllamaName, ollama_display, ollama_key, parse_ollama_name
+from nvpair.engines.names import OllamaName, ollama_display, ollama_key, parse_ollama_name
 
 LLAMA3_KEY = "registry.ollama.ai/library/llama3:latest"
 

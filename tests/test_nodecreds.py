@@ -14,13 +14,13 @@ from twisted.internet import task
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
-from nvpair.bodies import read_body
-from nvpair.control import ControlState
-from nvpair.fleet import FleetService
-from nvpair.fleetfile import FleetFileError, load_fleet
-from nvpair.nodecreds import Credential, read_credential
-from nvpair.upstream import Upstream
-from nvpair.upstream_framing import request_head
+from nvpair.control.state import ControlState
+from nvpair.fleet.credentials import Credential, read_credential
+from nvpair.fleet.file import FleetFileError, load_fleet
+from nvpair.fleet.polls import FleetService
+from nvpair.wire.bodies import read_body
+from nvpair.wire.upstream import Upstream
+from nvpair.wire.upstream_framing import request_head
 from tests.rawengine import Engine, listening, reactor
 from tests.test_fleet_poll import Facades
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from twisted.logger import Logger, LogLevel, LogPublisher
 
-from nvpair.logs import LogObserver
-from nvpair.outboxes import LogOutbox, event_record
-from nvpair.workload import State, Workloads
+from nvpair.broker.outboxes import LogOutbox, event_record
+from nvpair.common.logs import LogObserver
+from nvpair.dispatch.workload import State, Workloads
 
 
 @pytest.fixture
@@ -23,7 +23,9 @@ def debug_log() -> Iterator[tuple[LogOutbox, io.StringIO]]:
     out = io.StringIO()
     observer = LogObserver(out, LogLevel.debug)
     outbox = LogOutbox()
-    outbox.log = Logger(namespace="nvpair.outboxes.LogOutbox", observer=LogPublisher(observer))
+    outbox.log = Logger(
+        namespace="nvpair.broker.outboxes.LogOutbox", observer=LogPublisher(observer)
+    )
     try:
         yield outbox, out
     finally:
@@ -100,7 +102,7 @@ def test_nothing_is_built_above_debug(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError(f"{method} built above debug")
 
     # Not only left unwritten by the observer's level: never made into a record at all.
-    monkeypatch.setattr("nvpair.outboxes.event_record", built)
+    monkeypatch.setattr("nvpair.broker.outboxes.event_record", built)
     assert not outbox.wanted()
     outbox.notify("workload:submitted", {"workloadInfo": {"id": "1"}})
     assert out.getvalue() == ""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nvpair.engines import RouteClass
-from nvpair.outcome import Verdict, classify
+from nvpair.dispatch.outcome import Verdict, classify
+from nvpair.engines.table import RouteClass
 
 INF, OTHER = RouteClass.INFERENCE, RouteClass.OTHER
 

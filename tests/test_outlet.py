@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_outlet -*-
-"""Writes go out at once (:mod:`nvpair.outlet`): over a real loopback TCP connection a write
+"""Writes go out at once (:mod:`nvpair.wire.outlet`): over a real loopback TCP connection a write
 with nothing queued ahead is sent without the reactor's help, anything the kernel does not take
 is queued behind, in order, and the connection's producer is paused and resumed as Twisted would
 pause and resume a push producer — all through public interfaces."""
@@ -19,7 +19,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from nvpair.outlet import HIGH_WATER, Outlet
+from nvpair.wire.outlet import HIGH_WATER, Outlet
 
 BIG = bytes(range(256)) * (32 * 1024)  # 8 MiB: far more than loopback buffers hold
 

@@ -1,4 +1,5 @@
-"""Tests for nvpair.ports: persisted per-engine ports (docs/ports.md#persisted-port-files)."""
+"""Tests for nvpair.facades.ports: persisted per-engine ports
+(docs/ports.md#persisted-port-files)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nvpair.ports import (
+from nvpair.facades.ports import (
     PortAbsent,
     PortCorrupt,
     PortFound,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from nvpair.proxy_answers import reason_phrase
-from nvpair.reasons import Reason
+from nvpair.common.reasons import Reason
+from nvpair.facades.answers import reason_phrase
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_recent -*-
-"""The last workloads for ``/status`` (:mod:`nvpair.recent`, ``recent`` in :mod:`nvpair.status`;
-docs/operations.md#recent-workloads): the bounded ring, how attempts
+"""The last workloads for ``/status`` (:mod:`nvpair.observe.recent`, ``recent`` in
+:mod:`nvpair.observe.status`; docs/operations.md#recent-workloads): the bounded ring, how attempts
 and outcomes read in the document, and the request path feeding it — all without a reactor."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nvpair.attempt import Failed, Fault, Served
-from nvpair.control import ControlState
-from nvpair.inferstats import Stats
-from nvpair.metrics import Metrics
-from nvpair.recent import RECENT, AttemptRecord, RecentWorkloads
-from nvpair.relay import BodyRelay
-from nvpair.status import recent_document, recent_workload, status_document
-from nvpair.workload import State, Workloads
+from nvpair.control.state import ControlState
+from nvpair.dispatch.attempt import Failed, Fault, Served
+from nvpair.dispatch.relay import BodyRelay
+from nvpair.dispatch.workload import State, Workloads
+from nvpair.engines.inferstats import Stats
+from nvpair.observe.metrics import Metrics
+from nvpair.observe.recent import RECENT, AttemptRecord, RecentWorkloads
+from nvpair.observe.status import recent_document, recent_workload, status_document
 from tests.fakes import ClientRequest, Harness, Response, harness, node
 
 A, B = node("a", "m"), node("b", "m")
@@ -263,7 +263,7 @@ def test_a_request_never_admitted_is_not_a_workload() -> None:
 def test_a_keyed_workload_names_its_key_in_recent_and_in_its_events() -> None:
     """Where [access] is in force each entry and event carries ``key``: the name, or null for
     a keyless caller; elsewhere neither carries one (docs/lan.md#keys)."""
-    from nvpair.caller import KEYLESS, Caller
+    from nvpair.engines.caller import KEYLESS, Caller
 
     events: list[Any] = []
     issued = Workloads(lambda m, p: events.append(p["workloadInfo"]), lambda: 0, run_id="0" * 16)

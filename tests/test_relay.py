@@ -10,7 +10,7 @@ from twisted.internet.error import ConnectionLost
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 
-from nvpair.relay import BodyEnd, BodyRelay, First
+from nvpair.dispatch.relay import BodyEnd, BodyRelay, First
 from tests import fakes
 from tests.fakes import UpstreamConnection as Upstream
 

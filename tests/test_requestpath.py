@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from nvpair.engines import RouteClass
-from nvpair.job import Job, Services
-from nvpair.metrics import Metrics
-from nvpair.requestpath import SERVERS, Unanswered
+from nvpair.dispatch.job import Job, Services
+from nvpair.dispatch.requestpath import SERVERS, Unanswered
+from nvpair.engines.table import RouteClass
+from nvpair.observe.metrics import Metrics
 from tests.fakes import harness
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from nvpair.reservations import Reservation, Reservations
+from nvpair.control.reservations import Reservation, Reservations
 
 
 def test_take_and_release() -> None:

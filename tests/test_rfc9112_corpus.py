@@ -29,7 +29,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThread
 
-from nvpair.facade_manager import FacadeManager
+from nvpair.facades.manager import FacadeManager
 from tests.httpwire import Malformed, WireResponse, read_stream
 from tests.integration.harness import free_port
 from tests.onenode import one_node_path

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nvpair.control import Discovery, Node, Priority, PriorityEntry
-from nvpair.routing import default_order, owners, plan
+from nvpair.control.routing import default_order, owners, plan
+from nvpair.control.state import Discovery, Node, Priority, PriorityEntry
 
 
 def node(node_id: str, *models: str, local: bool = False) -> Node:
@@ -88,7 +88,7 @@ def test_pin_stays_first_while_the_rest_is_load_ordered() -> None:
 
 def test_fanout_order_is_pin_priority_default_without_load() -> None:
     """Inventories and preflights ask nodes in candidate order, unaffected by load."""
-    from nvpair.routing import order
+    from nvpair.control.routing import order
 
     priority = Priority(1, (PriorityEntry("c", 9, 0), PriorityEntry("b", 0, 0)))
     assert ids(order([A, B, C, LOCAL], None, priority)) == ["c", "b", "z", "a"]
@@ -97,7 +97,7 @@ def test_fanout_order_is_pin_priority_default_without_load() -> None:
 
 
 def test_a_first_snapshot_of_generation_zero_is_applied() -> None:
-    from nvpair.control import ControlState, PriorityEntry
+    from nvpair.control.state import ControlState, PriorityEntry
 
     control = ControlState()
     assert control.set_priority(0, [PriorityEntry("b", 0, 0)])
@@ -106,8 +106,8 @@ def test_a_first_snapshot_of_generation_zero_is_applied() -> None:
 
 
 def test_a_first_snapshot_of_generation_zero_supersedes_earlier_reservations() -> None:
-    from nvpair.control import ControlState, PriorityEntry
-    from nvpair.reservations import Reservations
+    from nvpair.control.reservations import Reservations
+    from nvpair.control.state import ControlState, PriorityEntry
 
     control, reservations = ControlState(), Reservations()
     control.on_priority(lambda p: reservations.new_snapshot(p.generation))
@@ -119,7 +119,7 @@ def test_a_first_snapshot_of_generation_zero_supersedes_earlier_reservations() -
 
 
 def test_the_snapshot_index_agrees_with_a_scan() -> None:
-    from nvpair.control import Discovery, Node
+    from nvpair.control.state import Discovery, Node
 
     held = [
         Node(f"n{i}", False, f"http://n{i}", (), frozenset({f"m{i % 3}", f"m{(i + 1) % 3}"}))

@@ -15,14 +15,14 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
-from nvpair.broker import BrokerProtocol
-from nvpair.broker_envelope import RpcError
-from nvpair.control import ControlState
-from nvpair.engines import LMSTUDIO, OLLAMA
-from nvpair.facade_manager import FacadeManager
-from nvpair.http_facade import RequestHandler
-from nvpair.logs import LogObserver
-from nvpair.rpc import MAX_GENERATION, BrokerMethods, parse_nodes, parse_priority
+from nvpair.broker.envelope import RpcError
+from nvpair.broker.link import BrokerProtocol
+from nvpair.broker.methods import MAX_GENERATION, BrokerMethods, parse_nodes, parse_priority
+from nvpair.common.logs import LogObserver
+from nvpair.control.state import ControlState
+from nvpair.engines.table import LMSTUDIO, OLLAMA
+from nvpair.facades.facade import RequestHandler
+from nvpair.facades.manager import FacadeManager
 
 #: A port the stack's reactor refuses to bind, so bind failures (-32001) are reachable.
 TAKEN_PORT = 9999
@@ -387,8 +387,8 @@ def test_a_facade_refusal_becomes_the_documented_error(
     tag: str, code: int, data: dict[str, object]
 ) -> None:
     """The facade manager speaks in domain terms; the broker edge alone knows JSON-RPC."""
-    from nvpair.facade_manager import FacadeError
-    from nvpair.rpc import rpc_error
+    from nvpair.broker.methods import rpc_error
+    from nvpair.facades.manager import FacadeError
 
     error = rpc_error(FacadeError(tag, "ollama", 11434, "why"))
     assert (error.code, error.data) == (code, data)

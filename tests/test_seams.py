@@ -1,6 +1,6 @@
 """The request path's seams (docs/request-path.md#seams): it orders rounds, waits for owners
-and reports attempts through the :class:`~nvpair.seams.Scheduling` it is given, whichever it
-is, and reports to null observers when no admin listener runs."""
+and reports attempts through the :class:`~nvpair.dispatch.seams.Scheduling` it is given, whichever
+it is, and reports to null observers when no admin listener runs."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any
 
 import attrs
 
-from nvpair.attempt import Failed, Fault
-from nvpair.budget import Bounds
 from nvpair.config import Config
-from nvpair.control import Node, PriorityEntry
-from nvpair.routing import Plan
-from nvpair.seams import NO_LOG, NOT_RECORDED, PriorityScheduling
+from nvpair.control.routing import Plan
+from nvpair.control.state import Node, PriorityEntry
+from nvpair.dispatch.attempt import Failed, Fault
+from nvpair.dispatch.budget import Bounds
+from nvpair.dispatch.seams import NO_LOG, NOT_RECORDED, PriorityScheduling
+from nvpair.dispatch.workload import Workloads
 from nvpair.service import request_bounds
-from nvpair.workload import Workloads
 from tests.fakes import Response, harness, node
 
 A, B, C = node("a", "m"), node("b", "m"), node("c", "m")

@@ -24,9 +24,9 @@ from bench.soak.plan import (
     node_models,
 )
 from bench.soak.probe import LogSummary, Sockets, classify_sockets, summarize_log
-from nvpair.control import ControlState
-from nvpair.fleetfile import load_fleet
-from nvpair.status import status_document
+from nvpair.control.state import ControlState
+from nvpair.fleet.file import load_fleet
+from nvpair.observe.status import status_document
 from tests.test_status import OLLAMA, Fleetish, flight
 
 

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_status -*-
-"""The admin documents as pure values (:mod:`nvpair.status`): ``/status`` in both modes and
+"""The admin documents as pure values (:mod:`nvpair.observe.status`): ``/status`` in both modes and
 ``/readyz``."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import json
 import pytest
 from twisted.internet.task import Clock
 
-from nvpair.control import ControlState, Node, PriorityEntry
-from nvpair.fleetpairs import PairReport, PollState
-from nvpair.health import HealthPolicy
-from nvpair.loadstate import LoadState
-from nvpair.scheduling import FleetScheduler
-from nvpair.status import (
+from nvpair.control.state import ControlState, Node, PriorityEntry
+from nvpair.engines.loadstate import LoadState
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.pairs import PairReport, PollState
+from nvpair.fleet.scheduling import FleetScheduler
+from nvpair.observe.status import (
     FacadeView,
     FleetView,
     fleet_nodes_up,

@@ -1,7 +1,8 @@
 # -*- test-case-name: tests.test_statuspage -*-
-"""The status page as a document (:mod:`nvpair.statuspage`, docs/operations.md#the-status-page):
-self-contained, data only ever inserted as text, and a policy that allows exactly its own
-inline style and script. How it renders is tests/integration/test_status_page.py's."""
+"""The status page as a document (:mod:`nvpair.observe.statuspage`,
+docs/operations.md#the-status-page): self-contained, data only ever inserted as text, and a policy
+that allows exactly its own inline style and script. How it renders is
+tests/integration/test_status_page.py's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import base64
 import hashlib
 import re
 
-from nvpair.statuspage import CONTENT_SECURITY_POLICY, PAGE
+from nvpair.observe.statuspage import CONTENT_SECURITY_POLICY, PAGE
 
 TEXT = PAGE.decode()
 

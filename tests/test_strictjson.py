@@ -1,4 +1,4 @@
-"""Strict JSON (:mod:`nvpair.strictjson`): JSON text reads as it does in :func:`json.loads`,
+"""Strict JSON (:mod:`nvpair.common.strictjson`): JSON text reads as it does in :func:`json.loads`,
 and Python's extensions to JSON are refused, each as a ValueError."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.strictjson import NestedTooDeeply, loads
+from nvpair.common.strictjson import NestedTooDeeply, loads
 
 #: Any JSON value whose text :func:`json.dumps` writes as JSON (finite floats only).
 VALUES = st.recursive(

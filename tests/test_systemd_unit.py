@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nvpair.ports import ascii_digits
+from nvpair.facades.ports import ascii_digits
 from nvpair.tap import USAGE_STATUS
 
 ROOT = Path(__file__).resolve().parents[1]

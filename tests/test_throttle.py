@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.internet.task import Clock
 
-from nvpair.throttle import FAILURES, WINDOW, FailedKeys
+from nvpair.fleet.throttle import FAILURES, WINDOW, FailedKeys
 
 
 def test_ten_failures_within_the_window_close_the_address_until_the_oldest_is_out() -> None:

@@ -23,8 +23,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 from zope.interface import implementer
 
-from nvpair.cluster import Membership, load_membership
-from nvpair.tls import PinnedPeers, server_context
+from nvpair.wire.cluster import Membership, load_membership
+from nvpair.wire.tls import PinnedPeers, server_context
 from tests.certs import make_identity, write_cluster_dir
 
 #: The global reactor, untyped: its listen*/connect* generics reject a Site.
@@ -80,7 +80,7 @@ def membership(directory: Path, me: Any, peers: list[Any]) -> Membership:
 
 @pytest_twisted.ensureDeferred
 async def test_removing_a_pin_closes_the_pooled_connection_to_that_peer(tmp_path: Path) -> None:
-    from nvpair.upstream import Upstream
+    from nvpair.wire.upstream import Upstream
 
     me, peer = make_identity("me"), make_identity("peer")
     peer_side = membership(tmp_path / "peer", peer, [me])
@@ -117,7 +117,7 @@ async def test_removing_a_pin_closes_the_pooled_connection_to_that_peer(tmp_path
 
 @pytest_twisted.ensureDeferred
 async def test_a_connection_busy_when_trust_changes_is_not_reused(tmp_path: Path) -> None:
-    from nvpair.upstream import Upstream
+    from nvpair.wire.upstream import Upstream
 
     me, peer = make_identity("me"), make_identity("peer")
     peer_side = membership(tmp_path / "peer", peer, [me])

@@ -9,7 +9,7 @@ from twisted.application import app
 from twisted.internet import asyncioreactor, base, protocol, tcp
 from twisted.logger import LogLevel, formatEvent
 
-from nvpair.twistedlines import TwistedLines, event_loop
+from nvpair.common.twistedlines import TwistedLines, event_loop
 
 LINES = TwistedLines("1.2.3", "epoll")
 

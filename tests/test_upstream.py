@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_upstream -*-
-"""The shared upstream client (:mod:`nvpair.upstream`): what goes on the wire, dialling and
+"""The shared upstream client (:mod:`nvpair.wire.upstream`): what goes on the wire, dialling and
 pooling, and every kind of answer an engine can give, over real loopback sockets.
 
 Pool timing (idle timeout, dial-time callbacks, cancelling a dial) runs on a
@@ -38,11 +38,11 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
-from nvpair.bodies import BodyTimeout, discard_body, read_body
-from nvpair.logs import LogObserver
-from nvpair.upstream import Upstream, parse_target
-from nvpair.upstream_conn import UpstreamConnection
-from nvpair.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
+from nvpair.common.logs import LogObserver
+from nvpair.wire.bodies import BodyTimeout, discard_body, read_body
+from nvpair.wire.upstream import Upstream, parse_target
+from nvpair.wire.upstream_conn import UpstreamConnection
+from nvpair.wire.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
 from tests.rawengine import OK, Engine, Peer, listening, stale_after_first
 from tests.test_bodies import failure_of, result_of
 
@@ -240,7 +240,7 @@ def test_a_resend_is_logged_at_debug_only(level: LogLevel) -> None:
             pooled_then_lost(MemoryReactorClock())
     finally:
         observer.set_level(LogLevel.info)  # the debug gate is process-wide
-    said = [e for e in events if e.get("log_namespace") == "nvpair.upstream"]
+    said = [e for e in events if e.get("log_namespace") == "nvpair.wire.upstream"]
     assert [e["log_level"] for e in said] == ([LogLevel.debug] if level is LogLevel.debug else [])
 
 

@@ -1,11 +1,11 @@
 # -*- test-case-name: tests.test_upstream_conn -*-
-"""One upstream connection (:mod:`nvpair.upstream_conn`, with its framing and response
+"""One upstream connection (:mod:`nvpair.wire.upstream_conn`, with its framing and response
 modules), in memory: the request bytes, the response's head and body, and when the connection
 may carry another exchange.
 
 Each test drives an :class:`UpstreamConnection` over a ``StringTransport`` byte by byte, so
 what happens at a segment boundary is exact. The same behaviours over real sockets, through
-:class:`nvpair.upstream.Upstream`, are in ``tests/test_upstream.py``.
+:class:`nvpair.wire.upstream.Upstream`, are in ``tests/test_upstream.py``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
-from nvpair.upstream_conn import UpstreamConnection
-from nvpair.upstream_framing import MAX_HEAD, BadResponse, answer_head, request_head
-from nvpair.upstream_types import Key, Phase
+from nvpair.wire.upstream_conn import UpstreamConnection
+from nvpair.wire.upstream_framing import MAX_HEAD, BadResponse, answer_head, request_head
+from nvpair.wire.upstream_types import Key, Phase
 from tests.test_bodies import failure_of, result_of
 
 # -- request heads (pure) -----------------------------------------------------------------------

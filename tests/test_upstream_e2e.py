@@ -18,12 +18,12 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.task import Clock, deferLater
 
-from nvpair.control import ControlState
-from nvpair.engines import LLAMACPP
-from nvpair.facade_server import FacadeSite
-from nvpair.fleet import FleetService
-from nvpair.http_facade import Facade
-from nvpair.upstream import Upstream
+from nvpair.control.state import ControlState
+from nvpair.engines.table import LLAMACPP
+from nvpair.facades.facade import Facade
+from nvpair.fleet.polls import FleetService
+from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.upstream import Upstream
 from tests.httpwire import Raw
 from tests.onenode import one_node_path
 from tests.rawengine import Answer, Engine, Peer, listening, reactor, stale_after_first

@@ -1,6 +1,6 @@
 """The upstream client's modules import one way: each may use only those below it, so the
 pure framing rules never reach for a connection and the connection never for the pool that
-keeps it (docs/README.md#module-map)."""
+keeps it (docs/README.md#package-map)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,18 @@ import nvpair
 
 #: Lowest first: a module may import the ones before it, never one after it.
 LAYERS = [
-    "nvpair.upstream_types",
-    "nvpair.upstream_framing",
-    "nvpair.upstream_response",
-    "nvpair.upstream_conn",
-    "nvpair.upstream_pool",
-    "nvpair.upstream",
+    "nvpair.wire.upstream_types",
+    "nvpair.wire.upstream_framing",
+    "nvpair.wire.upstream_response",
+    "nvpair.wire.upstream_reading",
+    "nvpair.wire.upstream_conn",
+    "nvpair.wire.upstream_pool",
+    "nvpair.wire.upstream",
 ]
 
 
 def imported(module: str) -> set[str]:
-    path = Path(nvpair.__file__).parent / (module.split(".")[-1] + ".py")
+    path = Path(nvpair.__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module is not None:
@@ -37,3 +38,8 @@ def imported(module: str) -> set[str]:
 def test_an_upstream_module_imports_only_the_ones_below_it(module: str) -> None:
     below = set(LAYERS[: LAYERS.index(module)])
     assert imported(module) <= below
+
+
+def test_each_layer_is_read_from_its_file() -> None:
+    """The check reads the modules' imports, not nothing."""
+    assert "nvpair.wire.upstream_types" in imported("nvpair.wire.upstream_conn")

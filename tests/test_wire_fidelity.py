@@ -17,9 +17,9 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from nvpair.engines import LLAMACPP
-from nvpair.facade_server import FacadeSite
-from nvpair.http_facade import Facade
+from nvpair.engines.table import LLAMACPP
+from nvpair.facades.facade import Facade
+from nvpair.wire.facade_server import FacadeSite
 from tests.httpwire import Raw
 from tests.onenode import one_node_path
 

@@ -41,18 +41,18 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
-from nvpair.engines import LLAMACPP
-from nvpair.facade_channel import FacadeChannel
-from nvpair.facade_head import origin_form
-from nvpair.facade_reader import LINGER_SECONDS
-from nvpair.facade_server import FacadeSite
-from nvpair.facade_types import Phase
-from nvpair.headers import HOP_BY_HOP, end_to_end
-from nvpair.http_facade import Admitted, Facade, RequestHandler
-from nvpair.upstream_conn import UpstreamConnection
-from nvpair.upstream_pool import IDLE_TIMEOUT, Pool
-from nvpair.upstream_types import Key, Resent
-from nvpair.web import ProxiedRequest
+from nvpair.engines.table import LLAMACPP
+from nvpair.facades.facade import Admitted, Facade, RequestHandler
+from nvpair.wire.facade_channel import FacadeChannel
+from nvpair.wire.facade_head import origin_form
+from nvpair.wire.facade_reader import LINGER_SECONDS
+from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.facade_types import Phase
+from nvpair.wire.headers import HOP_BY_HOP, end_to_end
+from nvpair.wire.upstream_conn import UpstreamConnection
+from nvpair.wire.upstream_pool import IDLE_TIMEOUT, Pool
+from nvpair.wire.upstream_types import Key, Resent
+from nvpair.wire.web import ProxiedRequest
 from tests.httpwire import read_stream
 
 EXAMPLES = int(os.environ.get("NVPAIR_FUZZ_EXAMPLES", "300"))

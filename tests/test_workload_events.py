@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from nvpair.activity import NodeActivity
+from nvpair.dispatch.activity import NodeActivity
 from tests.fakes import Harness, Response, harness, node
 
 A, B = node("a", "m"), node("b", "m")
@@ -231,7 +231,7 @@ def test_a_bug_mid_request_still_ends_with_one_terminal_event(
 
     # Not the upstream client: an exception while an attempt starts is that node's transport
     # failure (docs/robustness.md); a bug in the path itself is what this test is about.
-    monkeypatch.setattr("nvpair.delivery.deliver", broken)
+    monkeypatch.setattr("nvpair.dispatch.delivery.deliver", broken)
     _, d = h.serve()
     h.upstream.calls[0].answer(Response(200, b"ok"))
     failures: list[object] = []
@@ -243,7 +243,7 @@ def test_a_bug_mid_request_still_ends_with_one_terminal_event(
 
 def test_no_event_is_built_when_nobody_consumes_it() -> None:
     """Fleet mode below debug level: the workload's events are counted, never built."""
-    from nvpair.workload import Workloads
+    from nvpair.dispatch.workload import Workloads
 
     sent: list[str] = []
 

@@ -13,15 +13,17 @@ ROOT = "<module> (twistd:6);run (twisted/internet/base.py:90)"
 COLLAPSED = "\n".join(
     [
         f"{ROOT};doRead (twisted/internet/tcp.py:10) 6",
-        f"{ROOT};handle (nvpair/requestpath.py:70);plan (nvpair/candidates.py:30) 3",
-        "<module> (twistd:6);handle (nvpair/requestpath.py:70) 1",
+        f"{ROOT};handle (nvpair/dispatch/requestpath.py:70);"
+        "plan (nvpair/dispatch/candidates.py:30) 3",
+        "<module> (twistd:6);handle (nvpair/dispatch/requestpath.py:70) 1",
         "not a stack line",
     ]
 )
 
 
 def test_frames_are_labelled_by_file_and_function() -> None:
-    assert frame_label("plan (nvpair/candidates.py:30)") == "nvpair/candidates.py:plan"
+    label = frame_label("plan (nvpair/dispatch/candidates.py:30)")
+    assert label == "nvpair/dispatch/candidates.py:plan"
     long = "write (/work/main/.venv/lib/python3.11/site-packages/twisted/web/http.py:1)"
     assert frame_label(long) == "twisted/web/http.py:write"
     assert frame_label("odd") == "odd"
@@ -36,8 +38,8 @@ def test_summary_shares_own_and_inclusive_time() -> None:
     text = summarize(COLLAPSED)
     assert "10 samples." in text
     assert " 60.0 % `twisted/internet/tcp.py:doRead`" in text
-    assert " 40.0 % `nvpair/requestpath.py:handle`" in text  # 3 + 1 of 10
-    assert " 30.0 % `nvpair/candidates.py:plan`" in text
+    assert " 40.0 % `nvpair/dispatch/requestpath.py:handle`" in text  # 3 + 1 of 10
+    assert " 30.0 % `nvpair/dispatch/candidates.py:plan`" in text
     assert summarize("") == "(no samples)"
 
 

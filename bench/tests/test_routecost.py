@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 from bench.routecost import ENGINE, admitted, fleet, per_request_us, route
-from nvpair.candidates import Candidates
-from nvpair.reservations import Reservations
-from nvpair.seams import PriorityScheduling
+from nvpair.control.reservations import Reservations
+from nvpair.dispatch.candidates import Candidates
+from nvpair.dispatch.seams import PriorityScheduling
 
 
 def test_every_model_lives_on_two_nodes() -> None:

@@ -213,7 +213,9 @@ async def test_log_level_changes_live_and_canary_never_logged(tmp_path: Path) ->
 
         # The access line of each request: written, with its path and nothing of its query.
         def access_lines() -> list[dict[str, Any]]:
-            return [r for r in proxy.logs if r.get("namespace", "").startswith("nvpair.access")]
+            return [
+                r for r in proxy.logs if r.get("namespace", "").startswith("nvpair.facades.access")
+            ]
 
         await proxy.wait_for_log(lambda _: len(access_lines()) == 2)
         access = access_lines()

@@ -19,7 +19,7 @@ import pytest_twisted
 import treq
 
 from nvpair import examples
-from nvpair.fleetfile import load_fleet
+from nvpair.fleet.file import load_fleet
 from tests.integration.conftest import running_proxy, sims
 from tests.integration.harness import NVPAIR_PROXY, TWISTD, free_port, write_fleet
 from tests.integration.test_fleet import eventually
@@ -389,7 +389,7 @@ def test_new_key_prints_a_secret_and_its_block(tmp_path: Path, runner: str) -> N
     block whose digest is the secret's; exit 0, no file read or written, nothing started."""
     import hashlib
 
-    from nvpair.lanconfig import parse_keys
+    from nvpair.fleet.lanconfig import parse_keys
 
     result = run([*RUNNERS[runner], "--new-key", "laptop"], tmp_path)
     assert (result.returncode, result.stderr) == (0, "")

@@ -19,7 +19,7 @@ from twisted.internet import reactor, task
 from twisted.internet.threads import deferToThread
 from twisted.web.http_headers import Headers
 
-from nvpair.lanconfig import new_key
+from nvpair.fleet.lanconfig import new_key
 from tests.certs import issue, make_ca
 from tests.integration.conftest import running_proxy, sims
 from tests.integration.harness import ProxyProcess, free_port
@@ -175,7 +175,9 @@ async def test_the_openai_sdk_on_the_lan_with_its_api_key(tmp_path: Path) -> Non
                     in await metrics(admin)
                 )
                 lines = [
-                    r for r in proxy.logs if r.get("namespace", "").startswith("nvpair.access")
+                    r
+                    for r in proxy.logs
+                    if r.get("namespace", "").startswith("nvpair.facades.access")
                 ]
                 assert {(r.get("path"), r.get("status"), r.get("key")) for r in lines} >= {
                     ("/v1/chat/completions", 200, "laptop"),
@@ -351,3 +353,56 @@ async def test_curl_over_tls_the_throttle_and_a_reload(tmp_path: Path) -> None:
                 # Without [access] TLS from a non-member is closed, as before.
                 done = await in_namespace(lan, ["curl", "-s", "--max-time", "5", *by_name, tags])
                 assert done.returncode != 0
+
+
+_NAMES = """
+import json, sys, openai
+base, key = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+out = {"listed": [m.id for m in client.models.list()]}
+reply = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "hi"}])
+out["chat"] = reply.choices[0].message.content
+try:
+    client.chat.completions.create(
+        model="llama3", messages=[{"role": "user", "content": "hi"}]
+    )
+except openai.APIStatusError as error:
+    out["refused"] = error.status_code
+print(json.dumps(out))
+"""
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_keys_patterns_judge_file_names_and_aliases_by_their_own_name(
+    tmp_path: Path,
+) -> None:
+    """The names the fleet knows models by besides the node's (a GGUF file name, a
+    ``[models]`` alias, docs/model-names.md) are listed to a key and served to it by their own
+    name: the key sees, and may use, exactly the names its patterns match. A loopback caller
+    that presents a key is held to it, so the openai SDK on this machine shows it."""
+    qwen_path, llama_path = "/models/qwen2.5-7b-q4.gguf", "/models/Llama-3.1-8B-Q4.gguf"
+    phone, _ = new_key("phone")
+    keys_file(tmp_path / "keys.toml", ("phone", phone, ["qwen*"]))
+    port = free_port()
+    async with sims(("llamacpp", [qwen_path, llama_path], "node-a")) as (sim,):
+        access = (
+            '[models]\n"qwen" = ["qwen2.5-7b-q4"]\n"llama3" = ["Llama-3.1-8B-Q4"]\n'
+            '[access]\nnetworks = ["192.0.2.0/24"]\nkeys = "keys.toml"\n'
+        )
+        fleet = fleet_file(tmp_path / "fleet.toml", "llamacpp", port, {"node-a": sim.url}, access)
+        async with running_proxy(tmp_path / "state", "--fleet", str(fleet)):
+            await listed(port, "/v1/models", "data", "id", "llama3")
+            done = await deferToThread(
+                subprocess.run,
+                [sys.executable, "-c", _NAMES, f"http://127.0.0.1:{port}/v1", phone],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            out = json.loads(done.stdout)
+            assert sorted(out["listed"]) == ["qwen", "qwen2.5-7b-q4", "qwen2.5-7b-q4.gguf"]
+            assert out["chat"] and out["refused"] == 403
+            # The node was sent its own name for the model the alias stands for.
+            bodies = [json.loads(r.body) for r in sim.requests if r.method == "POST"]
+            assert [b["model"] for b in bodies] == [qwen_path]

@@ -171,7 +171,7 @@ async def test_requests_refused_before_admission_are_access_lines(tmp_path: Path
             for exchange in exchanges:
                 await talk(reactor, port, _raw(exchange))
             await proxy.wait_for_log(lambda r: r.get("outcome") == "bad-json")
-    access = [r for r in proxy.logs if r.get("namespace", "").startswith("nvpair.access")]
+    access = [r for r in proxy.logs if r.get("namespace", "").startswith("nvpair.facades.access")]
     seen = [
         (r.get("method"), r.get("path"), r["status"], r["outcome"], r.get("route"), r["msg"])
         for r in access

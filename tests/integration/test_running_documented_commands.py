@@ -37,7 +37,7 @@ import pytest
 from attrs import frozen
 
 from nvpair.demo import ADMIN_PORT, CHECKS, FACADES
-from nvpair.fleetfile import load_fleet
+from nvpair.fleet.file import load_fleet
 from tests.documented_commands import COMMANDS, ROOT, RunHere
 from tests.integration.harness import free_port
 

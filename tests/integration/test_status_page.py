@@ -293,7 +293,7 @@ async def test_the_status_page_names_the_fleet_key_a_request_came_with(
     keyless one names none. A loopback caller that shows a valid key counts as that key."""
     from twisted.web.http_headers import Headers
 
-    from nvpair.lanconfig import new_key
+    from nvpair.fleet.lanconfig import new_key
 
     (sim,) = started(SimEngine(reactor, "ollama", models=["llama3:latest"], node="a"))
     secret, block = new_key("laptop")

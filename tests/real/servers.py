@@ -74,7 +74,7 @@ def llama_server_process(
     binary: Path,
     model: Path | None,
     *extra: str,
-    alias: str = "tiny",
+    alias: str | None = "tiny",
     slots: int = 2,
     ready_within: float = 60,
 ) -> Iterator[LlamaServer]:
@@ -85,14 +85,16 @@ def llama_server_process(
     :param model: None for a router (its models named in ``extra``: ``--models-dir``).
 
     :param extra: more command-line arguments.
-    :param alias: ``--alias``, the model id it lists and answers to.
+    :param alias: ``--alias``, the model id it lists and answers to; None: none, so the id
+        is the model's path as given to ``-m``.
     :param slots: ``-np``, how many requests it runs at once.
     """
     port = free_port()
     server = subprocess.Popen(
         [
             str(binary),
-            *(["-m", str(model), "--alias", alias] if model is not None else []),
+            *(["-m", str(model)] if model is not None else []),
+            *(["--alias", alias] if model is not None and alias is not None else []),
             "--host",
             "127.0.0.1",
             "--port",
@@ -109,6 +111,7 @@ def llama_server_process(
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
+    alias = str(model) if alias is None else alias  # the id a server without --alias lists
     try:
         deadline = time.monotonic() + ready_within
         while time.monotonic() < deadline:

@@ -28,7 +28,7 @@ import pytest
 import pytest_twisted
 import treq
 
-from nvpair.loadstate import LLAMACPP_PROBE, Answer, LoadState
+from nvpair.engines.loadstate import LLAMACPP_PROBE, Answer, LoadState
 from tests.integration.harness import ProxyProcess, log_problems
 from tests.real.servers import fleet_proxy as servers_fleet_proxy
 from tests.real.servers import llama_server_binary, post_chat, running_llama_server, sleep
@@ -155,7 +155,8 @@ async def until_busy(url: str, busy: int, timeout: float = 20) -> list[dict[str,
 
 
 async def load_state(url: str) -> LoadState:
-    """What :mod:`nvpair.loadstate` reads from the server's real ``/health`` and ``/slots``."""
+    """What :mod:`nvpair.engines.loadstate` reads from the server's real ``/health`` and
+    ``/slots``."""
     answers = []
     for path in LLAMACPP_PROBE.paths:
         response = await treq.get(url + path, timeout=10)

@@ -24,7 +24,7 @@ import treq
 from twisted.internet.threads import deferToThread
 from twisted.web.http_headers import Headers
 
-from nvpair.loadstate import LISTING_LAG
+from nvpair.engines.loadstate import LISTING_LAG
 from tests.integration.browser import Browser, BrowserUnavailable, chromium
 from tests.integration.harness import free_port, log_problems
 from tests.integration.test_status_page import READ_PAGE

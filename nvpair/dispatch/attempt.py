@@ -1,0 +1,324 @@
+"""One dispatch to one node: dial, headers, the first-body gate, and the commit/cancel claim.
+
+An attempt ends in exactly one of two ways: it is **served** (the response becomes the
+client's answer — a committed 2xx, an answer that is not retried, or the final attempt's own
+status) or it **failed** in a way the loop may retry. The attempt never decides about the
+request as a whole: the requester leaving cancels it from outside and propagates as
+``CancelledError``, while the discovery watcher's cancellation is this attempt's own business
+and comes back as a failure (docs/request-path.md).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from attrs import define, field, frozen
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
+
+from nvpair.control.state import ControlState, Discovery, Node
+from nvpair.dispatch.outcome import Verdict, classify
+from nvpair.dispatch.relay import BodyRelay, First
+from nvpair.engines.table import RouteClass
+from nvpair.wire.bodies import discard_body
+from nvpair.wire.web import UpstreamClient
+
+
+class Claim(enum.Enum):
+    """An attempt's single state; commit and cancel each claim it by compare-and-swap."""
+
+    RUNNING = "running"
+    COMMITTED = "committed"
+    ABANDONED = "abandoned"
+
+
+@define(eq=False)
+class AttemptState:
+    """One attempt's run: the claim commit and the discovery watcher race for, what it is
+    waiting on now, and whether its header budget ran out.
+
+    A pair of signals could not say which came first; one state, claimed once, can. The loser's
+    claim returns False and it does nothing.
+    """
+
+    claim: Claim = Claim.RUNNING
+    #: What the attempt awaits now (the response head, then the first body byte): what the
+    #: watcher or the header timer cancels.
+    waiting: Deferred[IResponse] | Deferred[First] | None = None
+    #: The header budget ran out (a cancelled request fails with whatever the client makes of
+    #: a cancel, so the reason is recorded here rather than read off the error).
+    expired: bool = False
+    timers: list[IDelayedCall] = field(factory=list)
+
+    def claim_commit(self) -> bool:
+        if self.claim is not Claim.RUNNING:
+            return False
+        self.claim = Claim.COMMITTED
+        return True
+
+    def abandoned(self) -> bool:
+        """Whether the watcher won (read through a method: it changes behind an await)."""
+        return self.claim is Claim.ABANDONED
+
+    def claim_abandon(self) -> bool:
+        if self.claim is not Claim.RUNNING:
+            return False
+        self.claim = Claim.ABANDONED
+        if self.waiting is not None:
+            self.waiting.cancel()
+        return True
+
+    def expire(self) -> None:
+        self.expired = True
+        if self.waiting is not None:
+            self.waiting.cancel()
+
+    def stop_timers(self) -> None:
+        for timer in self.timers:
+            if timer.active():
+                timer.cancel()
+        self.timers.clear()
+
+
+class Fault(enum.Enum):
+    """Why a retryable attempt failed."""
+
+    STATUS = "status"
+    TRANSPORT = "transport"
+    FIRST_BODY_TIMEOUT = "first-body-timeout"
+    NODE_LEFT = "node-left"
+
+
+#: An attempt's result as operators read it: ``/metrics``' ``result`` label and ``/status``'s
+#: ``recent`` attempts (docs/operations.md#metrics, docs/operations.md#recent-workloads).
+RESULTS: dict[Fault, str] = {
+    Fault.STATUS: "status",
+    Fault.TRANSPORT: "transport",
+    Fault.FIRST_BODY_TIMEOUT: "first_body_timeout",
+    Fault.NODE_LEFT: "node_left",
+}
+SERVED = "served"
+#: Served, then cut by its engine before the body's end (docs/operations.md#recent-workloads).
+TRUNCATED = "truncated"
+
+
+@frozen
+class Served:
+    """The response is the client's answer; ``relay`` holds its body, not yet attached."""
+
+    response: IResponse
+    relay: BodyRelay
+
+
+@frozen
+class Failed:
+    """A retryable failure: the loop moves on (or, for the final attempt, answers for it)."""
+
+    why: Fault
+    status: int | None = None
+    detail: str = ""
+
+
+Outcome = Served | Failed
+
+
+#: A retried error body is read to its end (so the connection is reused) within these
+#: bounds, and its connection closed past them: an engine's error body is small.
+DISCARD_SECONDS = 10.0
+DISCARD_BYTES = 1024 * 1024
+
+
+@frozen
+class Outgoing:
+    """What every attempt of one request sends upstream."""
+
+    engine: str
+    route: RouteClass
+    method: bytes
+    uri: bytes
+    headers: Headers
+    body: bytes
+    #: Whether the client may send it twice should a kept-alive connection go before any
+    #: answer byte (an inference request, which the loop would dispatch again anyway).
+    resend: bool = False
+
+
+class Attempts:
+    """Runs attempts for the request path.
+
+    :param clock: the header and first-body timeouts.
+    :param header_timeout: seconds for headers, and again for the first body byte once
+        headers arrive (docs/retry-budget.md); 0 disables both.
+    :param address: the base URL to dial for a node (raises when it has none).
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        control: ControlState,
+        upstream: UpstreamClient,
+        header_timeout: float,
+        address: Callable[[str, Node], str],
+    ) -> None:
+        self._clock = clock
+        self._control = control
+        self._upstream = upstream
+        self._timeout = header_timeout
+        self._address = address
+
+    def _discard(self, response: IResponse) -> None:
+        """A response that is not the client's answer: drained in the background, bounded."""
+        discard_body(response, self._clock, DISCARD_SECONDS, DISCARD_BYTES)
+
+    async def run(
+        self, outgoing: Outgoing, node: Node, final: bool, cancelled: Callable[[], bool]
+    ) -> Outcome:
+        """Send ``outgoing`` to ``node``; see the module docstring for how it ends.
+
+        :param final: the last permitted attempt: a retryable status is then served as the
+            answer (its status and body unchanged) instead of failing.
+        :param cancelled: whether the request itself (the parent scope) was cancelled. A
+            failure is classified by reading it, never by the exception's type: a cancelled
+            dial fails with ``ConnectingCancelledError`` or ``ResponseNeverReceived``, which
+            would otherwise pass for a transport error and keep a gone requester's loop going.
+        """
+        state = AttemptState()
+
+        def watch(engine: str, snapshot: Discovery) -> None:
+            # The target left discovery: cancel promptly instead of waiting out the
+            # first-content timeout while the broker already calls the workload failed.
+            if engine == outgoing.engine and snapshot.node(node.id) is None:
+                state.claim_abandon()
+
+        # A peer's request targets this node's own engine, which is no discovery entry.
+        watching = outgoing.route is not RouteClass.PEER
+        unsubscribe = self._control.on_discovery(watch) if watching else None
+        try:
+            return await self._run(outgoing, node, final, state, cancelled)
+        finally:
+            state.stop_timers()
+            if unsubscribe is not None:
+                unsubscribe()
+
+    async def _run(
+        self,
+        outgoing: Outgoing,
+        node: Node,
+        final: bool,
+        state: AttemptState,
+        cancelled: Callable[[], bool],
+    ) -> Outcome:
+        sent = self._send(outgoing, node, state)
+        if isinstance(sent, Failed):
+            return sent
+        try:
+            response: IResponse = await sent
+        except Exception as error:
+            if cancelled():
+                raise CancelledError() from error
+            if state.abandoned():
+                return Failed(Fault.NODE_LEFT)
+            if state.expired:
+                return Failed(Fault.TRANSPORT, detail="header timeout")
+            return Failed(Fault.TRANSPORT, detail=type(error).__name__)
+        finally:
+            state.stop_timers()
+        if state.abandoned():
+            # The watcher fired while the headers were being delivered.
+            self._discard(response)
+            return Failed(Fault.NODE_LEFT)
+
+        verdict = classify(response.code, outgoing.route)
+        if verdict is Verdict.RETRY and not final:
+            self._discard(response)
+            return Failed(Fault.STATUS, status=response.code)
+
+        relay = BodyRelay()
+        response.deliverBody(relay)
+        # Every answer commits at its first body byte (or its empty body's end): one whose
+        # engine died before it has relayed nothing, and fails as transport. Only an inference
+        # 2xx waits under the first-body cap (docs/request-path.md#the-commit-point).
+        timed = verdict is Verdict.COMMIT and outgoing.route is RouteClass.INFERENCE
+        failed = await self._first_byte(response, relay, state, cancelled, timed)
+        if failed is not None:
+            return failed
+        if not state.claim_commit():
+            # A committed first byte wins the claim, so this is the watcher having won before
+            # any byte: retry rather than serve a stream the proxy would truncate itself.
+            relay.abandon()
+            return Failed(Fault.NODE_LEFT)
+        return Served(response, relay)
+
+    def _send(
+        self, outgoing: Outgoing, node: Node, state: AttemptState
+    ) -> Deferred[IResponse] | Failed:
+        """Start the exchange, with the header budget armed once the connection is up.
+
+        Dial, headers and first content are budgets run in sequence
+        (docs/retry-budget.md#per-attempt-budgets). Anything that fails while starting
+        is this node's transport failure, never the request's: the loop fails over.
+        """
+
+        def connected() -> None:
+            # May run before ``request`` returns (a pooled connection): ``expire`` reads
+            # ``state.waiting`` only when it fires.
+            if self._timeout:
+                state.timers.append(self._clock.callLater(self._timeout, state.expire))
+
+        try:
+            base = self._address(outgoing.engine, node)
+            sent = self._upstream.request(
+                base,
+                outgoing.method,
+                outgoing.uri,
+                outgoing.headers,
+                outgoing.body,
+                connected,
+                outgoing.resend,
+            )
+        except Exception as error:
+            return Failed(Fault.TRANSPORT, detail=str(error) or type(error).__name__)
+        state.waiting = sent
+        return sent
+
+    async def _first_byte(
+        self,
+        response: IResponse,
+        relay: BodyRelay,
+        state: AttemptState,
+        cancelled: Callable[[], bool],
+        timed: bool,
+    ) -> Failed | None:
+        """Wait for the first body byte: the commit point. None once it (or EOF) came.
+
+        :param timed: under the first-body cap (an inference 2xx); else without a bound of
+            its own, as the body after it would be.
+        """
+        gate = relay.first
+        if gate.called and not isinstance(gate.result, Failure):
+            # The first byte (or a clean end) came with the headers — a whole answer in one
+            # read, as most non-streamed ones are: nothing to wait for, no timer armed and
+            # disarmed for it. A failure goes the long way, to be classified.
+            return None
+        if timed and self._timeout:
+            gate.addTimeout(self._timeout, self._clock)
+        state.waiting = gate
+        try:
+            await gate
+        except TimeoutError:
+            # Never a commit, not even on the final attempt: the caller answers 504.
+            return Failed(Fault.FIRST_BODY_TIMEOUT, status=response.code)
+        except CancelledError:
+            relay.abandon()
+            if state.abandoned() and not cancelled():
+                return Failed(Fault.NODE_LEFT)
+            raise
+        except Exception as error:
+            if cancelled():
+                raise CancelledError() from error
+            return Failed(Fault.TRANSPORT, detail=type(error).__name__)
+        return None

@@ -1,0 +1,164 @@
+"""One attempt tried and, when it is served, its answer delivered to the client.
+
+Delivery writes the engine's status and end-to-end headers (keeping its length framing where
+the answer has one, naming the node in ``X-Nvpair-Node``), then streams the body through the
+relay with the client as the upstream's consumer, under the client write deadline. A committed
+answer below 400 is read for the workload's stats on the way (docs/request-path.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from attrs import evolve
+from twisted.internet.defer import CancelledError
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+
+from nvpair.common.logs import debug_enabled
+from nvpair.common.reasons import Reason
+from nvpair.common.renaming import renamed
+from nvpair.control.state import Node
+from nvpair.dispatch.attempt import Failed, Fault, Outgoing, Served
+from nvpair.dispatch.job import Ending, Job, Services
+from nvpair.dispatch.relay import BodyEnd, WriteDeadline
+from nvpair.engines.inferstats import StatsReader
+from nvpair.engines.table import RouteClass
+from nvpair.wire.headers import SPENT, framed_by_length, strip_hop_by_hop
+
+log = Logger(namespace="nvpair.dispatch.delivery")
+
+
+async def try_node(
+    services: Services, job: Job, outgoing: Outgoing, node: Node, final: bool
+) -> Failed | None:
+    """One dispatch to ``node``: serve its answer (None), or say why it failed."""
+    # A peer's request targets this node's own engine, which is no discovery node: it is the
+    # sending node that reports activity toward us.
+    tracking = (
+        contextlib.nullcontext()
+        if outgoing.route is RouteClass.PEER
+        else services.activity.tracking(job.admitted.engine.id, node.id)
+    )
+    job.node = node.id
+    job.dispatches += 1
+    outgoing = _for_node(job, outgoing, node)
+    with tracking:
+        outcome = await services.attempts.run(outgoing, node, final, job.cancelled)
+        job.trail.attempt_ended(node.id, outcome)
+        if isinstance(outcome, Served):
+            end: BodyEnd | None = None
+            try:
+                end = await deliver(services, job, node, outcome)
+            finally:
+                _delivered(services, job, node, outcome, end is not None and end.cut)
+            return None
+        services.counter.attempt_ended(job.admitted.engine.id, node.id, outcome)
+    if debug_enabled():
+        log.debug(
+            "attempt {attempt} to {node} failed: {why} {status} {detail}",
+            engine=job.admitted.engine.id,
+            attempt=job.budget.used,
+            node=node.id,
+            why=outcome.why.value,
+            status=outcome.status,
+            detail=outcome.detail,
+        )
+    return outcome
+
+
+def _for_node(job: Job, outgoing: Outgoing, node: Node) -> Outgoing:
+    """What this attempt sends: a model the request names otherwise than ``node`` does (a file
+    name, an alias) is renamed to the node's own name in the body, and nothing else is
+    changed (docs/model-names.md#the-node-gets-its-own-name)."""
+    admitted = job.admitted
+    own = node.own_name(admitted.model_key)
+    if own is None:
+        return outgoing
+    fallback = "name" if admitted.path in admitted.engine.named_model_paths else None
+    body = renamed(outgoing.body, own, fallback)
+    return outgoing if body is None else evolve(outgoing, body=body)
+
+
+def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bool) -> None:
+    """A served attempt's answer has ended: it counts as served, or as truncated when its
+    engine cut it short (docs/operations.md#recent-workloads). The workload is unchanged."""
+    if cut:
+        job.trail.truncated()
+    services.counter.attempt_ended(job.admitted.engine.id, node.id, served, cut)
+
+
+async def deliver(services: Services, job: Job, node: Node, served: Served) -> BodyEnd:
+    """Write the served response's status and headers, then relay its body; how it ended."""
+    request, response, relay = job.request, served.response, served.relay
+    request.setResponseCode(response.code, response.phrase)
+    # The engine's headers become the answer's (nothing sets the answer's own before its
+    # commit): stripped of its hop's headers in place rather than copied value by value
+    # (docs/performance.md#headers).
+    headers = request.responseHeaders = strip_hop_by_hop(response.headers, request=False)
+    if framed_by_length(job.admitted.method, response.code) and isinstance(response.length, int):
+        # Twisted's client moves Content-Length out of the headers into ``length``; putting
+        # it back keeps the engine's framing (else the client would get chunked encoding).
+        headers.setRawHeaders(b"content-length", [b"%d" % response.length])
+    headers.setRawHeaders(b"x-nvpair-node", [_answering_node(services, node).encode()])
+    response.headers = SPENT
+    relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
+    clock = services.clock
+    job.served(response.code, clock.seconds())
+    reader: StatsReader | None = None
+    if job.workload is not None:
+        job.workload.started(node.id)
+        if response.code < 400:
+            # Only a committed answer below 400 is measured: never an error body.
+            reader = StatsReader(job.created)
+            feed = reader.feed
+            relay.set_tap(lambda chunk: feed(chunk, clock.seconds()))
+    relay.attach(request)
+    try:
+        end = await relay.done
+    except CancelledError:
+        relay.client_gone()
+        raise
+    finally:
+        if reader is not None:
+            job.stats = reader.finish(clock.seconds())
+    if debug_enabled():
+        log.debug(
+            "{path} served by {node}: {status} complete={complete}",
+            engine=job.admitted.engine.id,
+            path=job.admitted.path,
+            node=node.id,
+            status=response.code,
+            complete=end.complete,
+        )
+    return end
+
+
+def _answering_node(services: Services, node: Node) -> str:
+    """The id an answer names in ``X-Nvpair-Node``: for a peer's request, this node's."""
+    if node.local:
+        own = services.own_id()
+        if own is not None:
+            return own
+    return node.id
+
+
+def _write_deadline(services: Services, job: Job, upstream: IPushProducer) -> WriteDeadline:
+    timeout = services.bounds.client_write_timeout
+
+    def expired() -> None:
+        log.debug(
+            "client accepted nothing for {seconds}s: dropped",
+            engine=job.admitted.engine.id,
+            seconds=timeout,
+        )
+        job.cancel(Ending.CLIENT_WRITE_TIMEOUT)
+        job.request.abort()
+
+    return WriteDeadline(upstream, services.clock, timeout, expired)
+
+
+def answer_final(job: Job, failed: Failed) -> None:
+    """The final permitted attempt answers for itself (docs/retry-budget.md)."""
+    timed_out = failed.why is Fault.FIRST_BODY_TIMEOUT
+    job.refuse(Reason.FIRST_BODY_TIMEOUT if timed_out else Reason.UPSTREAM_TRANSPORT)

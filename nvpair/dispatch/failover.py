@@ -1,0 +1,198 @@
+"""The failover loop of an inference request (docs/request-path.md, docs/retry-budget.md).
+
+Each round plans its candidates from the live snapshot, reserves the least-loaded listed one,
+and tries them in order, moving on after a retryable status or transport failure. Before each
+dispatch the node is checked against the live snapshot (a node that left costs no attempt) and
+the budget is asked whether a dispatch may start. Between rounds the loop backs off; when every
+owner has gone it waits for one at no attempt's cost. Commit is the first body byte, decided
+by the attempt. Each attempt's outcome is told to the mode's scheduling, which may judge the
+node by it, and the scheduling bounds the wait for an owner (standalone fleet mode's passive
+health and ``--owner-wait``, docs/fleet-scheduling.md).
+"""
+
+from __future__ import annotations
+
+from twisted.internet import task
+from twisted.internet.defer import Deferred
+
+from nvpair.common.durations import format_duration
+from nvpair.common.reasons import Reason
+from nvpair.control.routing import Plan
+from nvpair.control.state import Discovery, Node
+from nvpair.dispatch.attempt import Failed, Fault, Outgoing
+from nvpair.dispatch.delivery import answer_final, try_node
+from nvpair.dispatch.job import Job, Services
+from nvpair.dispatch.outcome import Verdict, classify
+from nvpair.facades.answers import no_owner_message, no_owner_timeout_message
+
+
+async def serve_inference(services: Services, job: Job) -> None:
+    engine = job.admitted.engine
+    candidates, clock = services.candidates, services.clock
+    round_plan = candidates.plan(job.admitted)
+    if not round_plan.candidates:
+        # No owner at admission: a model nobody advertises will not become servable by
+        # waiting, and nothing has been dispatched. Never admitted: no workload events.
+        job.refuse(
+            Reason.NO_OWNER, message=no_owner_message(job.admitted.model, _down(services, job))
+        )
+        return
+    model = job.admitted.model
+    job.workload = services.workloads.admit(
+        engine.id, engine.model_display(model) if model else "", caller=job.admitted.caller
+    )
+    job.trail = services.recorder.admitted(job.workload)
+    outgoing = job.outgoing()
+    while True:
+        if not round_plan.candidates:
+            # An owner existed within this request's life and went away: wait for one, at
+            # no attempt's cost, until the deadline (in fleet mode, at most --owner-wait).
+            job.budget = job.budget.owners_gone(clock.seconds(), services.scheduling.owner_wait)
+            wait = job.budget.owner_wait(clock.seconds())
+            if wait is None:
+                job.refuse(
+                    Reason.NO_OWNER_TIMEOUT,
+                    retry_after=job.budget.retry_after(),
+                    message=no_owner_timeout_message(job.admitted.model, _bound(services, job)),
+                )
+                return
+            await _owner_change(services, engine.id, wait)
+            job.budget = job.budget.backed_off()
+            round_plan = candidates.plan(job.admitted)
+            continue
+
+        job.budget = job.budget.owners_back()
+        dispatched = await _round(services, job, round_plan, outgoing)
+        if dispatched is None:
+            return
+        if not dispatched:
+            # Every planned node left before its turn: plan again from the live snapshot
+            # (no backoff: nothing failed).
+            round_plan = candidates.plan(job.admitted)
+            continue
+        # The round is exhausted: nothing runs between attempts, so the claim goes now (a
+        # stale one would push the other engines' traffic off a free node).
+        job.release(services.reservations)
+        pause = job.budget.pause(clock.seconds())
+        if pause is None:
+            job.refuse(Reason.DEADLINE, retry_after=job.budget.retry_after())
+            return
+        await task.deferLater(clock, pause, lambda: None)
+        job.budget = job.budget.backed_off()
+        round_plan = candidates.plan(job.admitted)
+
+
+async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgoing) -> bool | None:
+    """Try the round's candidates in order.
+
+    :return: None when the request has been answered (served or refused); else whether
+        anything was dispatched this round.
+    """
+    workload = job.workload
+    assert workload is not None
+    # The plan names a node to reserve unless an eligible pin applies; the claim then
+    # follows each dispatch (the node that refused is not doing the work).
+    reserving = round_plan.reserve is not None
+    dispatched = False
+    for planned in round_plan.candidates:
+        node = services.candidates.live(job.admitted, planned)
+        if node is None:
+            continue
+        # Both bounds are checked before every dispatch, never during one.
+        refusal = job.budget.refusal(services.clock.seconds())
+        if refusal is not None:
+            job.refuse(refusal, retry_after=job.budget.retry_after())
+            return None
+        job.budget = job.budget.spend()
+        if reserving:
+            job.reserve(services.reservations, node.id)
+        workload.submitted(node.id)
+        dispatched = True
+        failed = await _attempt(services, job, outgoing, node)
+        if failed is None:
+            return None
+        if job.budget.final:
+            answer_final(job, failed)
+            return None
+        # Between attempts the job is placed nowhere.
+        workload.submitted(None)
+    return dispatched
+
+
+def _down(services: Services, job: Job) -> list[str]:
+    """The nodes that last listed the model and are down now, as far as the mode knows."""
+    return services.scheduling.owners_down(job.admitted.engine.id, job.admitted.model_key)
+
+
+def _bound(services: Services, job: Job) -> str:
+    """The wait for an owner that ran out, as the option that set it."""
+    if job.budget.owner_wait_ran_out(services.clock.seconds()):
+        wait = services.scheduling.owner_wait
+        return f"the owner wait (--owner-wait {format_duration(wait)})"
+    deadline = services.bounds.job_deadline
+    return f"the job deadline (--job-deadline {format_duration(deadline)})"
+
+
+async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node) -> Failed | None:
+    """One dispatch (:func:`~nvpair.dispatch.delivery.try_node`), told to the mode's scheduling as
+    it starts and with what its outcome says about the node (in fleet mode: the model counted as
+    in memory there, docs/fleet-scheduling.md#dispatched-is-loading, and passive health,
+    docs/fleet-scheduling.md#passive-health)."""
+    scheduling = services.scheduling
+    engine = job.admitted.engine.id
+    trial = scheduling.dispatching(engine, node.id, node.own_key(job.admitted.model_key))
+    failed: Failed | None = None
+    try:
+        failed = await try_node(services, job, outgoing, node, job.budget.final)
+    finally:
+        # Also when the request is cancelled (the requester left, shutdown): that says nothing
+        # about the node, unless the node had already answered.
+        why = _against_node(job, failed)
+        if why == "":
+            scheduling.succeeded(engine, node.id)
+        elif why is not None:
+            scheduling.failed(engine, node.id, trial, why)
+    return failed
+
+
+def _against_node(job: Job, failed: Failed | None) -> str | None:
+    """What an attempt says about its node: a failure in a few words, "" for an answer, or
+    None for nothing (the node left discovery, or the request ended before any answer)."""
+    if failed is not None:
+        if failed.why is Fault.NODE_LEFT:
+            return None
+        return f"status {failed.status}" if failed.why is Fault.STATUS else failed.why.value
+    status = job.served_status
+    if status is None:
+        return None
+    # The final attempt serves a retryable status as the answer: still the node failing.
+    if classify(status, job.admitted.route) is Verdict.RETRY:
+        return f"status {status}"
+    return ""
+
+
+def _owner_change(services: Services, engine: str, seconds: float) -> Deferred[None]:
+    """Fires after ``seconds``, or as soon as ``engine``'s discovery snapshot changes."""
+    subscribed = True
+
+    def stop() -> None:
+        nonlocal subscribed
+        if timer.active():
+            timer.cancel()
+        if subscribed:
+            subscribed = False
+            unsubscribe()
+
+    def wake() -> None:
+        stop()
+        if not d.called:
+            d.callback(None)
+
+    def changed(changed_engine: str, snapshot: Discovery) -> None:
+        if changed_engine == engine:
+            wake()
+
+    d: Deferred[None] = Deferred(lambda _: stop())
+    unsubscribe = services.control.on_discovery(changed)
+    timer = services.clock.callLater(max(0.0, seconds), wake)
+    return d

@@ -1,0 +1,333 @@
+"""The response body relay: the first-body gate, then streaming with backpressure.
+
+An upstream body is delivered into a :class:`BodyRelay`. Until the attempt commits, the relay holds
+the first chunk and pauses the upstream (docs/request-path.md#the-commit-point: the first body byte,
+never the headers, is evidence that generation has begun). After :meth:`BodyRelay.attach` it splices
+that chunk back onto the front and streams the rest to the client with the upstream transport
+registered as the client's producer, so a slow client slows the engine instead of growing this
+process's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Callable
+from typing import cast
+
+from attrs import frozen
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime, ITransport
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+from zope.interface import implementer
+
+from nvpair.wire.web import ProxiedRequest
+
+
+class First(enum.Enum):
+    """What ended the wait for the first body byte."""
+
+    #: A body byte arrived: generation has begun.
+    BYTE = "byte"
+    #: The body ended with no bytes. Counts as a commit (docs/request-path.md#the-commit-point): an
+    #: engine that answered an empty body considers the request answered.
+    EMPTY = "empty"
+
+
+@frozen
+class BodyEnd:
+    """How a relayed body ended.
+
+    :ivar complete: the upstream finished the body cleanly.
+    :ivar reason: the failure when it did not (upstream died, client left).
+    :ivar cut: the engine's connection ended before the body's end (no final chunk, a reset,
+        fewer bytes than ``Content-Length``) while the client was still there: the answer
+        was truncated by its node, not by its reader.
+    """
+
+    complete: bool
+    reason: Failure | None = None
+    cut: bool = False
+
+
+class _State(enum.Enum):
+    WAITING = "waiting"
+    HELD = "held"
+    RELAYING = "relaying"
+    ABANDONED = "abandoned"
+
+
+def _clean_end(reason: Failure) -> bool:
+    # PotentialDataLoss: a body delimited by connection close, which HTTP/1.0-style upstreams
+    # legitimately use; the body is as complete as the upstream meant it. (isinstance, not
+    # Failure.check, which compares qualified class names as strings: once per body.)
+    return isinstance(reason.value, ResponseDone | PotentialDataLoss)
+
+
+@implementer(IPushProducer)
+class WriteDeadline:
+    """The upstream as the client's producer, with a deadline on how long the client may stall.
+
+    The client's channel pauses its producer when the client stops reading; a client that
+    accepts nothing for ``timeout`` seconds is dropped (``--client-write-timeout``), so a dead
+    reader cannot hold an engine's stream, and the request ends as cancelled.
+    """
+
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
+    __slots__ = (
+        "_clock",
+        "_expired",
+        "_timeout",
+        "_timer",
+        "_upstream",
+    )
+
+    def __init__(
+        self,
+        upstream: IPushProducer,
+        clock: IReactorTime,
+        timeout: float,
+        expired: Callable[[], None],
+    ) -> None:
+        self._upstream = upstream
+        self._clock = clock
+        self._timeout = timeout
+        self._expired = expired
+        self._timer: IDelayedCall | None = None
+
+    def pauseProducing(self) -> None:
+        self._upstream.pauseProducing()
+        if self._timer is None and self._timeout > 0:
+            self._timer = self._clock.callLater(self._timeout, self._expire)
+
+    def resumeProducing(self) -> None:
+        self._disarm()
+        self._upstream.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._disarm()
+        self._upstream.stopProducing()
+
+    def disarm(self) -> None:
+        """The body ended: a client that stopped reading can no longer hold anything."""
+        self._disarm()
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        self._expired()
+
+
+class BodyRelay(Protocol):
+    """Receives one upstream body (``response.deliverBody(relay)``).
+
+    :ivar first: fires with :class:`First` when the gate opens, or fails with the transport
+        error that ended the body before any byte.
+    :ivar done: fires with :class:`BodyEnd` once the relayed body has ended (only after
+        :meth:`attach`).
+    """
+
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
+    __slots__ = (
+        "_client_gone",
+        "_deadline",
+        "_ended",
+        "_guard",
+        "_held",
+        "_producer",
+        "_request",
+        "_state",
+        "_tap",
+        "connected",
+        "done",
+        "first",
+        "transport",
+    )
+
+    log = Logger()
+
+    def __init__(self) -> None:
+        # Slots, where the Protocol base has class defaults.
+        self.transport: ITransport | None = None
+        self.connected = 0
+        self._deadline: Callable[[IPushProducer], WriteDeadline] | None = None
+        self._guard: WriteDeadline | None = None
+        self._tap: Callable[[bytes], None] | None = None
+        # Cancelling the wait (first-body timeout, watcher, requester gone) abandons the body.
+        self.first: Deferred[First] = Deferred(lambda _: self.abandon())
+        self.done: Deferred[BodyEnd] = Deferred()
+        self._state = _State.WAITING
+        self._held = b""
+        self._ended: Failure | None = None
+        self._request: ProxiedRequest | None = None
+        self._client_gone = False
+        self._producer: IPushProducer | None = None
+
+    # -- IProtocol -------------------------------------------------------------------------
+
+    def makeConnection(self, transport: ITransport) -> None:
+        # deliverBody hands us a transport that is a push producer over the upstream
+        # connection (nvpair.wire.upstream_response.BodyTransport); looked at once here rather than
+        # on every pause, resume and stop. Asked with providedBy, not adapted: an adapter
+        # lookup costs several times more, once per answer
+        # (docs/performance.md#per-dispatch-overheads).
+        self._producer = (
+            cast(IPushProducer, transport) if IPushProducer.providedBy(transport) else None
+        )
+        super().makeConnection(transport)  # type: ignore[no-untyped-call]
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._state is _State.RELAYING:
+            request = self._request
+            if not self._client_gone and request is not None:
+                if self._tap is not None:
+                    self._tap(data)
+                try:
+                    request.write(data)
+                except Exception:
+                    self._copy_failed(Failure())
+        elif self._state is _State.WAITING:
+            self._held = data
+            self._state = _State.HELD
+            # Hold the engine where it is until the attempt decides: commit or abandon.
+            self._pause()
+            self.first.callback(First.BYTE)
+        elif self._state is _State.HELD:
+            # A transport may deliver what it already had buffered despite the pause.
+            self._held += data
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._state is _State.WAITING:
+            self._state = _State.HELD
+            self._ended = reason
+            if _clean_end(reason):
+                self.first.callback(First.EMPTY)
+            else:
+                self.first.errback(reason)
+        elif self._state is _State.HELD:
+            self._ended = reason
+        elif self._state is _State.RELAYING:
+            self._finish(reason)
+
+    # -- the attempt's side ----------------------------------------------------------------
+
+    def set_deadline(self, wrap: Callable[[IPushProducer], WriteDeadline]) -> None:
+        """Wrap the upstream before it is registered as the client's producer (for a
+        :class:`WriteDeadline`)."""
+        self._deadline = wrap
+
+    def set_tap(self, tap: Callable[[bytes], None]) -> None:
+        """See every relayed chunk as it goes by (stats measurement); never buffers it."""
+        self._tap = tap
+
+    def attach(self, request: ProxiedRequest) -> None:
+        """Commit: splice the held bytes to ``request`` and stream the rest into it.
+
+        The caller has already written the status line and headers.
+        """
+        # HELD: the gate committed it. WAITING: an answer served without the gate (not a 2xx,
+        # or not an inference route), so nothing was held and the upstream was never paused.
+        assert self._state in (_State.HELD, _State.WAITING)
+        self._state = _State.RELAYING
+        # Nobody waits on the gate once the body is being relayed; a failure it holds (the
+        # body ended badly before attach) is reported by ``done`` instead.
+        self.first.addErrback(lambda _: None)
+        self._request = request
+        if self._held:
+            if self._tap is not None:
+                self._tap(self._held)
+            request.write(self._held)
+            self._held = b""
+        if self._ended is not None:
+            self._finish(self._ended)
+            return
+        upstream = self._upstream()
+        if upstream is not None:
+            producer: IPushProducer = upstream
+            if self._deadline is not None:
+                producer = self._guard = self._deadline(upstream)
+            request.registerProducer(producer, True)
+            upstream.resumeProducing()
+
+    def abandon(self) -> None:
+        """Drop this body without relaying it: close the upstream connection.
+
+        Used when an attempt loses (first-body timeout, cancellation): the engine may keep
+        generating (docs/request-path.md#known-limits), but nothing here waits on it.
+        """
+        if self._state is _State.RELAYING:
+            self.client_gone()
+            return
+        self._state = _State.ABANDONED
+        upstream = self._upstream()
+        if upstream is not None:
+            upstream.stopProducing()
+
+    def client_gone(self) -> None:
+        """The client disconnected: stop writing, and stop the upstream (it has no reader)."""
+        if self._client_gone:
+            return
+        self._client_gone = True
+        upstream = self._upstream()
+        if upstream is not None:
+            upstream.stopProducing()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _copy_failed(self, failure: Failure) -> None:
+        """Copying to the client failed: close the client, stop the upstream
+        (docs/request-path.md#admission).
+
+        The upstream's end then settles :attr:`done` as incomplete, so the request's terminal
+        reporting and reservation release still run.
+        """
+        self.log.failure("copying a response body to the client failed", failure)
+        request = self._request
+        assert request is not None
+        self.client_gone()
+        with contextlib.suppress(AttributeError, RuntimeError):
+            request.unregisterProducer()
+        request.loseConnection()
+
+    def _upstream(self) -> IPushProducer | None:
+        return self._producer
+
+    def _pause(self) -> None:
+        upstream = self._upstream()
+        if upstream is not None:
+            upstream.pauseProducing()
+
+    def _finish(self, reason: Failure) -> None:
+        if self.done.called:
+            return
+        if self._guard is not None:
+            # Paused by the client when the body ended, the deadline would otherwise fire
+            # on a finished request.
+            self._guard.disarm()
+        clean = _clean_end(reason)
+        complete = clean and not self._client_gone
+        request = self._request
+        if not self._client_gone and request is not None:
+            # The client may already be gone in ways notifyFinish has not reported yet; these
+            # calls raise after a disconnect.
+            try:
+                request.unregisterProducer()
+                if complete:
+                    request.finish()
+                else:
+                    # Closing without the terminating chunk lets the client see the
+                    # truncation instead of a body that looks whole.
+                    request.loseConnection()
+            except (AttributeError, RuntimeError):
+                pass
+        cut = not clean and not self._client_gone
+        self.done.callback(BodyEnd(complete, None if complete else reason, cut))

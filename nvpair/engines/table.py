@@ -1,0 +1,285 @@
+"""Everything engine-specific, one entry per engine (docs/README.md#adding-an-engine).
+
+Identity, ports, the persisted-port file, the route table, model-name normalization, the
+model-list envelopes and the error envelope the proxy speaks on each route. Adding an engine
+is adding one :class:`Engine` to :data:`ENGINES`; nothing else in the process names an engine.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Mapping
+
+from attrs import frozen
+
+from nvpair.common.reasons import Reason
+from nvpair.engines.loadstate import LLAMACPP_PROBE, LMSTUDIO_PROBE, OLLAMA_PROBE, LoadProbe
+from nvpair.engines.names import ollama_display, ollama_key
+
+
+class RouteClass(enum.Enum):
+    """How a facade treats a route (docs/request-path.md#route-classes)."""
+
+    INFERENCE = "inference"
+    INVENTORY = "inventory"
+    OTHER = "other"
+    #: A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method) on any path:
+    #: decided by the request, not the route table.
+    PREFLIGHT = "preflight"
+    #: A pinned cluster peer's request: forwarded to the local engine, never re-routed.
+    PEER = "peer"
+
+
+class ErrorStyle(enum.Enum):
+    """The shape of an error body the proxy generates on a route."""
+
+    #: ``{"error": "<message>"}`` — Ollama's native routes.
+    PLAIN = "plain"
+    #: ``{"error": {"message", "type", "code"}}`` — every OpenAI-shaped route.
+    OPENAI = "openai"
+
+
+@frozen
+class InventoryRoute:
+    """One model-list route: where its entries live and what identifies one.
+
+    :ivar list_field: the top-level field holding the entries (``models`` or ``data``).
+    :ivar key_field: the entry field that identifies a model (``name``, ``id``, ``key``).
+    :ivar empty: the engine's own empty envelope, byte for byte what the engine sends.
+    :ivar upstream_path: the path asked of each node, when it differs from the client's.
+    :ivar newest_first: the timestamp field a merged list stays sorted by, newest first.
+    :ivar also_named: other entry fields that repeat the model's name (Ollama's ``model``):
+        an entry listed under another name has them renamed too (docs/model-names.md#inventories).
+    """
+
+    list_field: str
+    key_field: str
+    empty: Mapping[str, object]
+    upstream_path: str | None = None
+    newest_first: str | None = None
+    also_named: tuple[str, ...] = ()
+
+
+def _exact(name: str) -> str:
+    return name
+
+
+def _never(path: str) -> bool:
+    return False
+
+
+@frozen
+class Engine:
+    """The identity and dialect of one engine.
+
+    :ivar id: the bare engine id used in broker addresses (``ollama``).
+    :ivar own_port: the engine's own client-facing port, which its clients already use.
+    :ivar relocated_port: where PAIR moves the engine so the facade can take ``own_port``.
+    :ivar standalone_port: the facade's port when ``facade/enable`` omits one (or says 0).
+    :ivar port_file: the persisted-port file name inside the state directory.
+    :ivar inference_paths: POST routes that carry a model and get the full failover loop.
+    :ivar inventory: GET (and HEAD where the engine answers it) model-list routes.
+    :ivar model_required: whether an inference body must name its model.
+    :ivar model_key: the comparison key of a model name (exact for engines without aliases).
+    :ivar model_display: the display form used in events and merged lists.
+    :ivar poll_path: the model list a standalone fleet polls for each node's inventory.
+    :ivar load_probe: what a standalone fleet asks each node, with the inventory, about the
+        engine's load: models in memory, slots, loading (docs/fleet-scheduling.md#load-state).
+    :ivar liveness_path: the engine's cheapest route, which a standalone fleet asks every 2 s
+        to find a hung engine (docs/fleet-scheduling.md#hung-nodes).
+    :ivar plain_errors: which paths answer errors as ``{"error": "..."}`` rather than
+        OpenAI's envelope (Ollama's native routes, not its ``/v1/*`` shims).
+    :ivar named_model_paths: "other" routes whose body names a model in ``model``, or
+        in the deprecated ``name`` when ``model`` is empty.
+    :ivar host_guard: the engine refuses a ``Host`` outside its DNS-rebinding allow-list
+        (Ollama), so its facade must too (reason ``forbidden-host``).
+    :ivar file_path_ids: its model ids may be file paths (``-m /models/x.gguf``), also known by
+        their file names in fleet mode (docs/model-names.md#file-names).
+    """
+
+    id: str
+    display_name: str
+    own_port: int
+    relocated_port: int
+    standalone_port: int
+    port_file: str
+    inference_paths: frozenset[str]
+    inventory: Mapping[str, InventoryRoute]
+    inventory_methods: frozenset[bytes]
+    model_required: bool
+    model_key: Callable[[str], str]
+    model_display: Callable[[str], str]
+    poll_path: str
+    load_probe: LoadProbe
+    liveness_path: str
+    plain_errors: Callable[[str], bool] = _never
+    named_model_paths: frozenset[str] = frozenset()
+    host_guard: bool = False
+    file_path_ids: bool = False
+
+    def classify(self, method: bytes, path: str) -> RouteClass:
+        """Classify a route by exact path (no trailing-slash folding, no query string)."""
+        if method == b"POST" and path in self.inference_paths:
+            return RouteClass.INFERENCE
+        if method in self.inventory_methods and path in self.inventory:
+            return RouteClass.INVENTORY
+        return RouteClass.OTHER
+
+    def error_style(self, path: str) -> ErrorStyle:
+        """The error envelope the engine itself would use on ``path``."""
+        if self.plain_errors(path):
+            return ErrorStyle.PLAIN
+        return ErrorStyle.OPENAI
+
+    def error_body(self, path: str, message: str, reason: Reason) -> bytes:
+        """A proxy-generated error body in the route's dialect
+        (docs/request-path.md#proxy-generated-answers)."""
+        body: dict[str, object]
+        if self.error_style(path) is ErrorStyle.PLAIN:
+            body = {"error": message}
+        else:
+            body = {"error": {"message": message, "type": "nvpair_proxy", "code": reason.value}}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    def inventory_models(self, body: object) -> list[str] | None:
+        """Model names out of a :attr:`poll_path` answer, or None when it is not the envelope."""
+        route = self.inventory[self.poll_path]
+        if not isinstance(body, dict):
+            return None
+        entries = body.get(route.list_field)
+        if entries is None:
+            # Ollama's /v1/models says "data": null for an empty list.
+            return []
+        if not isinstance(entries, list):
+            return None
+        names: list[str] = []
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get(route.key_field), str):
+                return None
+            names.append(entry[route.key_field])
+        return names
+
+
+_OPENAI_LIST_EMPTY: Mapping[str, object] = {"object": "list", "data": []}
+
+OLLAMA = Engine(
+    id="ollama",
+    display_name="Ollama",
+    own_port=11434,
+    relocated_port=11435,
+    standalone_port=11435,
+    port_file="proxy-port.json",
+    inference_paths=frozenset(
+        {
+            "/api/generate",
+            "/api/chat",
+            "/api/embed",
+            "/api/embeddings",
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/responses",
+            "/v1/messages",
+        }
+    ),
+    inventory={
+        "/api/tags": InventoryRoute(
+            "models", "name", {"models": []}, newest_first="modified_at", also_named=("model",)
+        ),
+        "/api/ps": InventoryRoute("models", "name", {"models": []}, also_named=("model",)),
+        "/v1/models": InventoryRoute("data", "id", {"object": "list", "data": None}),
+    },
+    inventory_methods=frozenset({b"GET", b"HEAD"}),
+    model_required=True,
+    model_key=ollama_key,
+    model_display=ollama_display,
+    poll_path="/api/tags",
+    load_probe=OLLAMA_PROBE,
+    liveness_path="/",
+    plain_errors=lambda path: not path.startswith("/v1/"),
+    named_model_paths=frozenset(
+        {"/api/show", "/api/pull", "/api/push", "/api/create", "/api/delete"}
+    ),
+    host_guard=True,
+)
+
+LMSTUDIO = Engine(
+    id="lmstudio",
+    display_name="LM Studio",
+    own_port=1234,
+    relocated_port=1235,
+    standalone_port=1234,
+    port_file="lmstudio-proxy-port.json",
+    inference_paths=frozenset(
+        {
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/responses",
+            "/v1/messages",
+            "/api/v0/chat/completions",
+            "/api/v0/completions",
+            "/api/v0/embeddings",
+            "/api/v1/chat",
+        }
+    ),
+    inventory={
+        "/v1/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY),
+        "/api/v0/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY),
+        "/api/v1/models": InventoryRoute("models", "key", {"models": []}),
+    },
+    inventory_methods=frozenset({b"GET"}),
+    model_required=False,
+    model_key=_exact,
+    model_display=_exact,
+    poll_path="/v1/models",
+    load_probe=LMSTUDIO_PROBE,
+    file_path_ids=True,
+    liveness_path="/v1/models",
+)
+
+LLAMACPP = Engine(
+    id="llamacpp",
+    display_name="llama.cpp",
+    own_port=8080,
+    relocated_port=8081,
+    standalone_port=8080,
+    port_file="llamacpp-proxy-port.json",
+    inference_paths=frozenset(
+        {
+            "/completion",
+            "/completions",
+            "/v1/completions",
+            "/chat/completions",
+            "/v1/chat/completions",
+            "/responses",
+            "/v1/responses",
+            "/v1/messages",
+            "/infill",
+            "/embedding",
+            "/embeddings",
+            "/v1/embeddings",
+            "/rerank",
+            "/reranking",
+            "/v1/rerank",
+            "/v1/reranking",
+        }
+    ),
+    inventory={
+        # Both aliases ask each node's /models (docs/inventories.md#routes): one handler upstream.
+        "/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models"),
+        "/v1/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models"),
+    },
+    inventory_methods=frozenset({b"GET"}),
+    model_required=False,
+    model_key=_exact,
+    model_display=_exact,
+    poll_path="/v1/models",
+    load_probe=LLAMACPP_PROBE,
+    file_path_ids=True,
+    liveness_path="/health",
+)
+
+#: The registry: every engine the process knows, by id. Order is presentation order.
+ENGINES: Mapping[str, Engine] = {e.id: e for e in (OLLAMA, LMSTUDIO, LLAMACPP)}

@@ -1,0 +1,99 @@
+"""The access log (``--access-log``): one info line per finished request
+(docs/README.md#the-access-log).
+
+A request is finished when its answer is: relayed from a node, answered by the proxy, or refused
+at its head or its body before it was admitted. Its line holds operational fields only, each
+present when known and absent otherwise: engine, route class, method, path (never the query),
+status, outcome, node, attempts, time to first byte, duration and the fleet key's name. Never
+content: no query string, body or header reaches it.
+"""
+
+from __future__ import annotations
+
+from attrs import fields, frozen
+from twisted.logger import Logger
+
+from nvpair.common.reasons import Reason
+from nvpair.engines.table import RouteClass
+
+#: The longest path a line quotes: a path is metadata, but a client chooses its length.
+MAX_PATH = 256
+
+#: Routes whose answer is every node's, asked at once: no attempt is counted.
+FAN_OUT = (RouteClass.INVENTORY, RouteClass.PREFLIGHT)
+
+
+def bounded_path(path: str) -> str:
+    """A path as a line gives it: without its query, and at most :data:`MAX_PATH` long."""
+    path = path.split("?", 1)[0]
+    return path if len(path) <= MAX_PATH else path[:MAX_PATH] + "..."
+
+
+def millis(seconds: float | None) -> float | None:
+    """Seconds as the line's milliseconds."""
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+@frozen
+class Finished:
+    """One finished request as its access line says it; None is "not known" (left out).
+
+    :ivar outcome: ``served`` (a node's answer was relayed), the proxy's reason, or
+        ``cancelled``.
+    :ivar ttfb_ms: from admission to the first byte of the answer a node gave.
+    :ivar duration_ms: from admission to the end of the answer.
+    :ivar key: the name of the fleet key the request came with.
+    """
+
+    engine: str
+    method: str | None = None
+    path: str | None = None
+    status: int | None = None
+    route: str | None = None
+    outcome: str | None = None
+    node: str | None = None
+    attempts: int | None = None
+    ttfb_ms: float | None = None
+    duration_ms: float | None = None
+    key: str | None = None
+
+    def fields(self) -> dict[str, object]:
+        """The line's fields: only those known."""
+        return {name: value for name in _FIELDS if (value := getattr(self, name)) is not None}
+
+    def template(self) -> str:
+        """The line's message: method, path and status, those of them known."""
+        known = " ".join(
+            f"{{{name}}}" for name in ("method", "path", "status") if getattr(self, name)
+        )
+        return known if self.method is not None else f"unreadable request: {known}"
+
+
+def refused(
+    engine: str, method: bytes, path: str | None, reason: Reason, route: RouteClass | None = None
+) -> Finished:
+    """A request the proxy refused before admitting it (at its head, or for its body).
+
+    :param method: as read; empty when no request line could be.
+    :param path: the target's path, None when the target is no path.
+    """
+    return Finished(
+        engine=engine,
+        method=method.decode("latin-1") or None,
+        path=None if path is None else bounded_path(path),
+        status=reason.status,
+        route=None if route is None else route.value,
+        outcome=reason.value,
+    )
+
+
+_FIELDS = tuple(field.name for field in fields(Finished))
+
+
+class AccessLog:
+    """Writes access lines at info level."""
+
+    log = Logger(namespace="nvpair.facades.access")
+
+    def write(self, finished: Finished) -> None:
+        self.log.info(finished.template(), **finished.fields())

@@ -1,0 +1,283 @@
+"""One engine's facade: admission of a parsed request, which is then handed to the request path.
+
+Admission is everything decided from the request alone that depends on the engine or the
+personality: the loopback gate, Ollama's ``Host`` guard, the route class, the model named in
+the body. HTTP's own rules and the body cap are the wire's (:mod:`nvpair.wire.facade_server`), which
+asks this facade through its :class:`~nvpair.wire.facade_server.Gate`. A request refused here (400,
+403) never becomes a workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from attrs import frozen
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IAddress
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+
+from nvpair.common.logs import debug_enabled
+from nvpair.common.reasons import Reason
+from nvpair.engines.admission import (
+    BadBody,
+    is_loopback,
+    model_from_body,
+    ollama_host_allowed,
+    target_host,
+)
+from nvpair.engines.caller import Caller
+from nvpair.engines.table import Engine, RouteClass
+from nvpair.facades import access
+from nvpair.facades.answers import head_refusal, write_error
+from nvpair.wire.cluster import Membership
+from nvpair.wire.facade_server import FacadeRequest, Refusal, origin_form
+from nvpair.wire.web import ProxiedRequest
+
+if TYPE_CHECKING:
+    from OpenSSL import SSL
+
+FORBIDDEN = Refusal(Reason.FORBIDDEN)
+FORBIDDEN_HOST = Refusal(Reason.FORBIDDEN_HOST)
+
+
+def is_preflight(request: FacadeRequest) -> bool:
+    """A CORS preflight: ``OPTIONS`` carrying ``Origin`` and ``Access-Control-Request-Method``."""
+    return preflight_head(request.method, request.requestHeaders)
+
+
+def preflight_head(method: bytes, headers: Headers) -> bool:
+    """:func:`is_preflight`, from a request's method and headers."""
+    return bool(
+        method == b"OPTIONS"
+        and headers.hasHeader(b"origin")
+        and headers.hasHeader(b"access-control-request-method")
+    )
+
+
+@frozen
+class Admitted:
+    """A request that passed admission, ready for the request path.
+
+    :ivar model: the model as named in the body (None: the body names none).
+    :ivar model_key: the engine's comparison key for ``model``.
+    :ivar caller: who sent it, where fleet mode's ``[access]`` is in force; None elsewhere
+        (docs/lan.md#who-may-call).
+    """
+
+    engine: Engine
+    route: RouteClass
+    method: bytes
+    path: str
+    uri: bytes
+    body: bytes
+    model: str | None
+    model_key: str | None
+    caller: Caller | None = None
+
+
+class CallerGate(Protocol):
+    """What a facade asks of fleet mode's ``[access]`` (:class:`nvpair.fleet.langate.LanGate`)."""
+
+    def refusal(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Refusal | None:
+        """A non-loopback caller's refusal at its request head, or None to read on."""
+
+    def caller(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Caller | Refusal | None:
+        """Who an admitted request came from (None: no ``[access]``), or its refusal."""
+
+    @property
+    def tls(self) -> SSL.Context | None:
+        """The TLS context LAN callers get now (None: no TLS for them)."""
+
+
+class RequestHandler:
+    """What a facade hands admitted requests to (the request path)."""
+
+    def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
+        raise NotImplementedError
+
+
+class Facade:
+    """What one engine's listener serves: the :class:`~nvpair.wire.facade_server.Gate` its
+    connections (:mod:`nvpair.wire.facade_server`) ask.
+
+    :param engine: the engine whose dialect this facade speaks.
+    :param handler: the request path.
+    :param access_log: where a request refused before the request path is written down (the
+        request path writes the rest); None when the access log is off.
+    :param lan: fleet mode's ``[access]``: which non-loopback callers are served, with which
+        keys (None: none, as in broker mode).
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        engine: Engine,
+        handler: RequestHandler,
+        *,
+        peer: Callable[[], Membership | None] | None = None,
+        access_log: access.AccessLog | None = None,
+        lan: CallerGate | None = None,
+    ) -> None:
+        """:param peer: serve the cluster personality with this live membership: every request
+        is a pinned peer's and goes to the local engine as it is."""
+        self.engine = engine
+        self._handler = handler
+        self._peer = peer
+        self._access = access_log
+        self._lan = lan
+
+    def serve(self, request: FacadeRequest) -> None:
+        """Admit a whole request (head and body) and hand it to the request path."""
+        try:
+            self._admit(request)
+        except Exception:
+            self.log.failure("admitting a request failed", engine=self.engine.id)
+            if not request.startedWriting:
+                self._refused(request.method, request.path.decode("latin-1"), Reason.INTERNAL)
+                write_error(request, self.engine, Reason.INTERNAL)
+
+    def refusal_at_head(
+        self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
+    ) -> Refusal | None:
+        """The loopback gate and ``[access]`` (not for a pinned peer), then Ollama's ``Host``
+        guard, for loopback callers only: a LAN caller names this machine as it names any."""
+        if self._peer is not None:
+            return None
+        if not is_loopback(peer):
+            if self._lan is None:
+                return FORBIDDEN
+            return self._lan.refusal(peer, headers, preflight_head(method, headers))
+        if self.engine.host_guard:
+            hosts = headers.getRawHeaders(b"host")
+            if not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
+                return FORBIDDEN_HOST
+        return None
+
+    def refusal_answer(self, refusal: Refusal, target: bytes, method: bytes) -> bytes:
+        """The refusal in this engine's dialect; with the access log on, its line too."""
+        form = origin_form(target)
+        path = (form or b"/").split(b"?", 1)[0].decode("latin-1")
+        # No method: no request line was read, and the target is a stand-in.
+        self._refused(method, path if form is not None and method else None, refusal.reason)
+        return head_refusal(
+            self.engine,
+            path,
+            refusal.reason,
+            refusal.message,
+            head_only=method == b"HEAD",
+            extra=refusal.headers,
+        )
+
+    def _refused(
+        self, method: bytes, path: str | None, reason: Reason, route: RouteClass | None = None
+    ) -> None:
+        if self._access is not None:
+            self._access.write(access.refused(self.engine.id, method, path, reason, route))
+
+    def _admit(self, request: FacadeRequest) -> None:
+        engine = self.engine
+        if self._peer is not None and not self._still_pinned(request):
+            return
+        path = request.path.decode("latin-1")
+        body = request.body()
+        caller = None
+        if self._peer is not None:
+            route, model = RouteClass.PEER, None
+        else:
+            if self._lan is not None:
+                found = self._lan.caller(
+                    _client(request), request.requestHeaders, is_preflight(request)
+                )
+                if isinstance(found, Refusal):
+                    # [access] was reloaded since the head: it lets this caller in no more.
+                    self._refused(request.method, path, found.reason)
+                    write_error(
+                        request, engine, found.reason, message=found.message, extra=found.headers
+                    )
+                    return
+                caller = found
+            route = (
+                RouteClass.PREFLIGHT
+                if is_preflight(request)
+                else engine.classify(request.method, path)
+            )
+            try:
+                model = model_from_body(engine, route, path, body)
+            except BadBody as refused:
+                self._refused(request.method, path, refused.reason, route)
+                write_error(request, engine, refused.reason)
+                return
+        admitted = Admitted(
+            engine=engine,
+            route=route,
+            method=request.method,
+            path=path,
+            uri=request.uri,
+            body=body,
+            model=model,
+            model_key=None if model is None else engine.model_key(model),
+            caller=caller,
+        )
+        if debug_enabled():
+            self.log.debug(
+                "{method} {path} route={route} model={model}",
+                engine=engine.id,
+                method=request.method.decode("latin-1"),
+                path=path,
+                route=route.value,
+                model=model,
+            )
+        d = self._handler.handle(admitted, request)
+        d.addErrback(self._contained, request)
+
+    def _still_pinned(self, request: FacadeRequest) -> bool:
+        """Membership and pins are checked per request, not only at the handshake: a
+        connection admitted before this node left the cluster (or before the peer's pin was
+        removed) carries nothing further. The connection is dropped, which the peer sees as a
+        transport failure and fails over from."""
+        assert self._peer is not None
+        membership = self._peer()
+        transport = request.channel.transport if request.channel is not None else None
+        # TLSMemoryBIOProtocol has getPeerCertificate (an X509 once the handshake is done) but
+        # declares no ISSLTransport.
+        peer_certificate = getattr(transport, "getPeerCertificate", None)
+        certificate = peer_certificate() if peer_certificate is not None else None
+        if (
+            membership is not None
+            and certificate is not None
+            and membership.pinned(certificate) is not None
+        ):
+            return True
+        # Per-request detail stays below info (docs/README.md#logging); the membership change itself
+        # is logged at info by the cluster watch.
+        self.log.debug(
+            "dropped a peer request: no longer a member or not pinned", engine=self.engine.id
+        )
+        request.abort()
+        return False
+
+    def _contained(self, failure: Failure, request: FacadeRequest) -> None:
+        """An unexpected failure answers this request 500 and touches nothing else
+        (docs/request-path.md#admission)."""
+        self.log.failure("handling a request failed", failure, engine=self.engine.id)
+        if request.finished or request.channel is None:
+            return
+        if not request.startedWriting:
+            write_error(request, self.engine, Reason.INTERNAL)
+        else:
+            request.loseConnection()
+
+
+def _client(request: FacadeRequest) -> IAddress | None:
+    """The address the request came from (over TLS, the TLS transport's underlying one)."""
+    channel = request.channel
+    transport = channel.transport if channel is not None else None
+    return transport.getPeer() if transport is not None else None

@@ -1,0 +1,187 @@
+"""Standalone fleet mode plays the scheduler (docs/fleet-scheduling.md).
+
+In broker mode the scheduler ranks nodes; in fleet mode there is none, so the proxy ranks them
+itself from two things it learns on its own: each engine's load state, polled with the
+inventory (:mod:`nvpair.engines.loadstate`, :mod:`nvpair.fleet.polls`), and each node's passive
+health, from the outcome of its attempts (:mod:`nvpair.fleet.health`). :class:`FleetScheduler`
+holds both and is the request path's :class:`~nvpair.dispatch.seams.Scheduling` in this mode: the
+order of a round (:meth:`FleetScheduler.plan`, the pure :func:`nvpair.control.routing.fleet_plan`
+on live values), what an attempt's outcome says about its node, and how long to wait for an owner
+(``--owner-wait``). Between two polls it also remembers what it has dispatched itself: a model just
+sent to a node counts as in memory there (loading) until a poll asked after the dispatch says
+otherwise (docs/fleet-scheduling.md#dispatched-is-loading). A node whose last liveness probe went
+unanswered (:mod:`nvpair.fleet.liveness`) goes last, as a held-back one does
+(docs/fleet-scheduling.md#hung-nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from attrs import evolve
+from twisted.internet.interfaces import IReactorTime
+
+from nvpair.control.routing import Plan, Standing, fleet_plan
+from nvpair.control.state import Node
+from nvpair.engines.loadstate import UNKNOWN, LoadState, unseen
+from nvpair.engines.table import ENGINES
+from nvpair.fleet.health import HealthPolicy, PassiveHealth
+from nvpair.fleet.liveness import LivenessProbes
+
+
+class FleetScheduler:
+    """Load states and passive health of every (engine, node), read per round.
+
+    :param clock: passive health's cool-downs.
+    :param policy: passive health's options.
+    :param own_in_flight: this proxy's dispatches in flight to (engine, node): subtracted from
+        the busy slots an engine reports, which include them, so they are not counted twice.
+    :param liveness: what the liveness probes say (docs/fleet-scheduling.md#hung-nodes): a
+        node whose last probe went unanswered goes to the end of the order; None: no probes.
+    :param owner_wait: seconds a request waits for an owner once every owner is down
+        (``--owner-wait``): no broker's node-loss sweep ends it otherwise
+        (docs/fleet-scheduling.md#owner-wait).
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        policy: HealthPolicy,
+        own_in_flight: Callable[[str, str], int] = lambda engine, node: 0,
+        liveness: LivenessProbes | None = None,
+        *,
+        owner_wait: float = 0.0,
+    ) -> None:
+        self.health = PassiveHealth(clock, policy)
+        self.liveness = liveness
+        self.owner_wait = owner_wait
+        self._clock = clock
+        self._own = own_in_flight
+        self._loads: dict[tuple[str, str], LoadState] = {}
+        # (engine, node) -> model key -> clock time of the latest dispatch no poll speaks for yet
+        self._sent: dict[tuple[str, str], dict[str, float]] = {}
+        # (engine, node) -> the model keys it last listed, while it is out of discovery
+        self._away: dict[tuple[str, str], frozenset[str]] = {}
+
+    def load(self, engine: str, node: str) -> LoadState:
+        """What ``node``'s ``engine`` said about its load at its last poll."""
+        return self._loads.get((engine, node), UNKNOWN)
+
+    def dispatched(self, engine: str, node: str, model_key: str | None) -> None:
+        """An inference request for ``model_key`` is being sent to ``node`` now: its engine
+        loads the model if it has not (docs/fleet-scheduling.md#dispatched-is-loading).
+
+        On every fleet-mode attempt: a clock reading and one dictionary write (a dictionary of
+        its own only at a node's first dispatch). A model-less request loads nothing.
+        """
+        if model_key is None:
+            return
+        key = (engine, node)
+        sent = self._sent.get(key)
+        if sent is None:
+            sent = self._sent[key] = {}
+        sent[model_key] = self._clock.seconds()
+
+    def dispatching(self, engine: str, node: str, model_key: str | None) -> bool:
+        """An attempt to ``node`` starts: its model counts as in memory there from now, not
+        from the node's next poll, so a second request for it joins this load instead of
+        starting one on another cold node. Whether it is the node's trial after a hold-back
+        (docs/fleet-scheduling.md#passive-health)."""
+        trial = self.health.dispatching(engine, node)
+        self.dispatched(engine, node, model_key)
+        return trial
+
+    def succeeded(self, engine: str, node: str) -> None:
+        self.health.succeeded(engine, node)
+
+    def failed(self, engine: str, node: str, trial: bool, why: str) -> None:
+        self.health.failed(engine, node, trial, why)
+
+    def record_load(
+        self, engine: str, node: str, state: LoadState, asked_at: float | None = None
+    ) -> None:
+        """A poll's reading; :data:`~nvpair.engines.loadstate.UNKNOWN` forgets what was known.
+
+        :param asked_at: when the poll was asked (clock time; None: now). The dispatches it
+            cannot speak for, made after that or just before, still count on top of it; the
+            others are forgotten, the reading now says whether their models are in memory.
+        """
+        sent = self._sent.get((engine, node))
+        if sent:
+            kept = unseen(sent, self._clock.seconds() if asked_at is None else asked_at)
+            if kept:
+                self._sent[(engine, node)] = kept
+            else:
+                del self._sent[(engine, node)]
+        if state.busy:
+            # The engine counts this proxy's own requests among its busy slots; the order
+            # counts them as reservations already. A router's are on one of its models, which
+            # is not known here: taken off each, a model is never thought freer than it is,
+            # since the order adds all of them back as reservations.
+            own = self._own(engine, node)
+            state = evolve(
+                state,
+                busy=max(0, state.busy - own),
+                model_slots=tuple((m, n, max(0, busy - own)) for m, n, busy in state.model_slots),
+            )
+        if state == UNKNOWN:
+            self._loads.pop((engine, node), None)
+        else:
+            self._loads[(engine, node)] = state
+
+    def away(self, engine: str, node: str, models: Sequence[str] | None) -> None:
+        """``node`` left discovery having last listed ``models`` (its poll fails), or (None) is
+        back in it."""
+        if models is None:
+            self._away.pop((engine, node), None)
+        else:
+            key = ENGINES[engine].model_key
+            self._away[(engine, node)] = frozenset(key(model) for model in models)
+
+    def owners_down(self, engine: str, model_key: str | None) -> list[str]:
+        """The nodes out of discovery whose last list had ``model_key`` (None: any model), by
+        id, a hung one marked so: why nobody advertises it now
+        (docs/fleet-scheduling.md#every-owner-down)."""
+        hung = self.liveness.hung if self.liveness is not None else None
+        return [
+            f"{node} (hung)" if hung is not None and hung(engine, node) else node
+            for node in sorted(
+                node
+                for (of, node), keys in self._away.items()
+                if of == engine and (model_key in keys if model_key is not None else keys)
+            )
+        ]
+
+    def forget(self, engine: str, node: str) -> None:
+        """A reload removed or moved the node: what was learned of it no longer applies."""
+        self._loads.pop((engine, node), None)
+        self._away.pop((engine, node), None)
+        self._sent.pop((engine, node), None)
+        self.health.forget(engine, node)
+
+    def standing(self, engine: str, node: str) -> Standing:
+        """The node's last reading, with what was dispatched to it since counted in memory,
+        and whether it goes last: passive health holds it back, or its last liveness probe
+        went unanswered."""
+        key = (engine, node)
+        load = self._loads.get(key, UNKNOWN)
+        sent = self._sent.get(key)
+        if sent:
+            load = load.assuming(sent.keys())
+        held = self.health.held(engine, node)
+        if not held and self.liveness is not None:
+            held = self.liveness.of(engine, node).suspect
+        return Standing(load, held)
+
+    def plan(
+        self,
+        engine: str,
+        eligible: Sequence[Node],
+        pin: str | None,
+        model_key: str | None,
+        reservations: Mapping[str, int],
+    ) -> Plan:
+        """This round's candidates in fleet order, and the node to reserve."""
+        return fleet_plan(
+            eligible, pin, model_key, lambda node: self.standing(engine, node), reservations
+        )

@@ -1,0 +1,340 @@
+"""What the admin surface shows, as plain JSON-able values (docs/operations.md#status).
+
+Pure: every function here reads values it is handed — the control state, counts, the fleet's
+poll reports — and builds a document; the admin listener only serves it. Operational state
+only: ids, URLs, counts, states and reasons, never request content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from attrs import frozen
+
+from nvpair.control.state import ControlState
+from nvpair.engines.loadstate import LoadState
+from nvpair.fleet.pairs import PairReport, PollState
+from nvpair.fleet.scheduling import FleetScheduler
+from nvpair.observe.recent import RecentWorkloads, Trail
+
+
+@frozen
+class FacadeView:
+    """An enabled facade as the status shows it; ``tls``: peers are admitted over mTLS."""
+
+    port: int
+    aliases: tuple[str, ...]
+    tls: bool
+
+
+@frozen
+class FleetView:
+    """What the status reads of standalone fleet mode.
+
+    :ivar reports: every configured (node, engine)'s poll report, per engine
+        (:meth:`nvpair.fleet.polls.FleetService.reports`).
+    :ivar polled: whether every configured pair has been polled once.
+    :ivar scheduler: load states and passive health.
+    """
+
+    reports: Callable[[], Mapping[str, tuple[PairReport, ...]]]
+    polled: Callable[[], bool]
+    scheduler: FleetScheduler
+
+
+def _when(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
+
+
+def _load(state: LoadState) -> dict[str, object]:
+    return {
+        "loading": state.loading,
+        # "all": llama.cpp serves the one model it loaded; None: the engine did not say.
+        "inMemory": "all"
+        if state.warm_all
+        else (sorted(state.warm) if state.warm is not None else None),
+        "slots": state.slots,
+        "busySlots": state.busy,
+        # A llama.cpp router's: the models it is loading, and each loaded one's own slots.
+        "loadingModels": sorted(state.loading_models),
+        "modelSlots": {
+            model: {"slots": slots, "busySlots": busy} for model, slots, busy in state.model_slots
+        },
+    }
+
+
+def shown_url(url: str | None) -> str | None:
+    """``url`` without a user name or password, if it holds any: the status is read by anyone
+    on the machine, and a broker may hand over such a URL. Never fails, whatever the text."""
+    if url is None or "@" not in url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    end = next((i for i, c in enumerate(rest) if c in "/?#"), len(rest))
+    authority = rest[:end]
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[end:]}"
+
+
+def _counts(
+    engine: str,
+    node: str,
+    reservations: Mapping[str, int],
+    in_flight: Callable[[str, str], int],
+) -> dict[str, object]:
+    return {"reservations": reservations.get(node, 0), "inFlight": in_flight(engine, node)}
+
+
+def broker_nodes(
+    engine: str,
+    control: ControlState,
+    reservations: Mapping[str, int],
+    in_flight: Callable[[str, str], int],
+) -> list[dict[str, object]]:
+    """An engine's discovery snapshot with the scheduler's figures for each node."""
+    priority = control.priority
+    out: list[dict[str, object]] = []
+    for node in control.discovery(engine).nodes:
+        entry = priority.entry(node.id)
+        # Before any scheduler snapshot every node counts as listed with no load.
+        listed = priority.entries is None or entry is not None
+        out.append(
+            {
+                "id": node.id,
+                "local": node.local,
+                "url": shown_url(node.url),
+                "models": list(node.models),
+                "listed": listed,
+                "pending": entry.pending if entry is not None else 0,
+                "gpuPressure": entry.gpu_pressure if entry is not None else 0,
+                **_counts(engine, node.id, reservations, in_flight),
+            }
+        )
+    return out
+
+
+def fleet_state(report: PairReport, held: bool, hung: bool = False) -> str:
+    """The one word an operator reads first: ``up``, ``down``, ``loading``, ``held-back``,
+    ``hung``, ``pending`` (not polled yet). Hung outranks the rest: its poll, still waiting,
+    has not said so yet, or says it timed out. Held back outranks what the poll says: the node
+    is being passed over now."""
+    if hung:
+        return "hung"
+    if held:
+        return "held-back"
+    return report.state.value
+
+
+#: The states of :func:`fleet_state` in which a node counts as up (``nvpair_node_up``): its
+#: engine answers, a model load included. Down, held back, hung and not yet polled are not.
+UP_STATES = frozenset({"up", "loading"})
+
+
+def _hung(fleet: FleetView, engine: str, node: str) -> tuple[str, float] | None:
+    """Why the node is hung and since when; None while it is not."""
+    probes = fleet.scheduler.liveness
+    if probes is None:
+        return None
+    why, since = probes.why(engine, node), probes.of(engine, node).hung_since
+    return None if why is None or since is None else (why, since)
+
+
+def fleet_nodes_up(fleet: FleetView, now: float) -> dict[tuple[str, str], bool]:
+    """(engine, node) -> whether it is up, for every configured node (``nvpair_node_up``)."""
+    health = fleet.scheduler.health
+    return {
+        (engine, report.node): fleet_state(
+            report,
+            health.of(engine, report.node).held(now),
+            _hung(fleet, engine, report.node) is not None,
+        )
+        in UP_STATES
+        for engine, reports in fleet.reports().items()
+        for report in reports
+    }
+
+
+def fleet_nodes(
+    engine: str,
+    reports: Sequence[PairReport],
+    fleet: FleetView,
+    now: float,
+    reservations: Mapping[str, int],
+    in_flight: Callable[[str, str], int],
+) -> list[dict[str, object]]:
+    """Every configured node of ``engine``, in discovery or not, with why it is where it is."""
+    out: list[dict[str, object]] = []
+    passive = fleet.scheduler.health
+    for report in reports:
+        health = passive.of(engine, report.node)
+        held = health.held(now)
+        hung = _hung(fleet, engine, report.node)
+        state = fleet_state(report, held, hung is not None)
+        last_failure = passive.last_failure(engine, report.node)
+        if hung is not None:
+            why: str | None = hung[0]
+        elif held:
+            why = f"{health.failures} failed attempts in a row (last: {last_failure})"
+        elif report.state in (PollState.DOWN, PollState.LOADING):
+            why = report.last_error
+        else:
+            why = None
+        out.append(
+            {
+                "id": report.node,
+                "url": shown_url(report.url),
+                "state": state,
+                "why": why,
+                "since": _when(hung[1] if hung is not None else report.since),
+                "lastPoll": _when(report.last_poll),
+                "lastError": report.last_error,
+                "models": list(report.models),
+                "pending": 0,
+                "gpuPressure": 0,
+                **_counts(engine, report.node, reservations, in_flight),
+                "load": _load(fleet.scheduler.load(engine, report.node)),
+                "health": {
+                    "failuresInARow": health.failures,
+                    "heldUntil": _when(health.held_until) if held else None,
+                    "lastFailure": last_failure,
+                },
+            }
+        )
+    return out
+
+
+def _when_ms(milliseconds: int | None) -> str | None:
+    return None if milliseconds is None else _when(milliseconds / 1000)
+
+
+def recent_workload(trail: Trail) -> dict[str, object]:
+    """One entry of ``recent``: a workload, the path it took and how it ended — no content.
+
+    ``tokensPerSecond`` is shown only when the engine reported usage: a rate derived from
+    counted stream events (``estimated``) is too rough to put beside a node's real figure.
+    """
+    workload = trail.workload
+    stats = workload.stats
+    return {
+        "id": workload.id,
+        "engine": workload.engine,
+        "model": workload.model,
+        "state": workload.state.value,
+        # The terminal event's error: the proxy's reason when it answered for itself
+        # (``deadline``, ``upstream-transport``, ...), ``upstream status N`` for an engine's
+        # error relayed, the cancellation's cause; None in flight and when completed.
+        "error": workload.error,
+        "attempts": [
+            {
+                "node": attempt.node,
+                "result": attempt.result,
+                "status": attempt.status,
+                "detail": attempt.detail or None,
+            }
+            for attempt in trail.attempts
+        ],
+        "ttftMs": stats.ttft_ms if stats is not None else None,
+        "tokensPerSecond": stats.tokens_per_second
+        if stats is not None and not stats.estimated
+        else None,
+        "admittedAt": _when_ms(workload.created_at),
+        "endedAt": _when_ms(workload.completed_at),
+        # Where [access] is in force: the fleet key it came with (docs/lan.md#keys).
+        **({} if workload.caller is None else {"key": workload.caller.name}),
+    }
+
+
+def recent_document(recent: RecentWorkloads | None) -> list[dict[str, object]]:
+    """``recent``: the last workloads, newest first (empty when nothing records them)."""
+    if recent is None:
+        return []
+    return [recent_workload(trail) for trail in recent.newest_first()]
+
+
+def status_document(
+    facades: Mapping[str, FacadeView],
+    control: ControlState,
+    reservations: Mapping[str, int],
+    in_flight: Callable[[str, str], int],
+    total_in_flight: int,
+    fleet: FleetView | None,
+    now: float,
+    recent: RecentWorkloads | None = None,
+) -> dict[str, object]:
+    """``GET /status`` (docs/operations.md#status)."""
+    nodes: dict[str, list[dict[str, object]]]
+    if fleet is not None:
+        reports = fleet.reports()
+        nodes = {
+            engine: fleet_nodes(
+                engine, reports.get(engine, ()), fleet, now, reservations, in_flight
+            )
+            for engine in sorted(set(facades) | set(reports))
+        }
+    else:
+        nodes = {
+            engine: broker_nodes(engine, control, reservations, in_flight)
+            for engine in sorted(facades)
+        }
+    return {
+        "mode": "fleet" if fleet is not None else "broker",
+        "facades": {
+            engine: {"port": view.port, "aliases": list(view.aliases), "tls": view.tls}
+            for engine, view in sorted(facades.items())
+        },
+        "nodes": nodes,
+        "pin": {engine: control.pin(engine) for engine in sorted(facades)},
+        "priorityGeneration": control.priority.generation,
+        "inFlight": total_in_flight,
+        "reservations": {node: count for node, count in reservations.items() if count},
+        "recent": recent_document(recent),
+    }
+
+
+def nodes_up(engine: str, control: ControlState) -> bool:
+    """Whether ``engine`` has any node in discovery."""
+    return bool(control.discovery(engine).nodes)
+
+
+def readiness(
+    expected: Sequence[str],
+    listening: Mapping[str, FacadeView],
+    control_received: bool,
+    control: ControlState,
+) -> tuple[bool, dict[str, object]]:
+    """``GET /readyz``: ready once every expected facade listens and control state arrived.
+
+    :param expected: the facades that should be listening (the fleet file's; in broker mode
+        the ones the broker enabled).
+    :param control_received: a broker discovery snapshot for each, or the fleet's first round
+        of polls.
+    :returns: whether ready, and the body that says what is still awaited. Engines with no
+        node up are named either way: the process is ready, but that engine answers
+        ``no-owner``.
+    """
+    waiting = [f"facade {engine} not listening" for engine in expected if engine not in listening]
+    if not control_received:
+        waiting.append("control state not received yet")
+    without = [engine for engine in sorted(listening) if not nodes_up(engine, control)]
+    return not waiting, {
+        "ready": not waiting,
+        "waitingFor": waiting,
+        "enginesWithoutNodes": without,
+    }
+
+
+__all__ = [
+    "FacadeView",
+    "FleetView",
+    "broker_nodes",
+    "fleet_nodes",
+    "fleet_nodes_up",
+    "fleet_state",
+    "readiness",
+    "recent_document",
+    "recent_workload",
+    "status_document",
+]

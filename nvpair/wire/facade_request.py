@@ -1,0 +1,301 @@
+# -*- test-case-name: tests.test_facade_server -*-
+"""One request on a facade connection, as the request path sees it: its head and body as read,
+and its answer, framed as it is written.
+
+This is the :class:`nvpair.wire.web.ProxiedRequest` the request path answers through. The connection
+it came on (:mod:`nvpair.wire.facade_channel`) fills in the head and the body, and moves on to the
+next request once this one's answer is finished.
+"""
+
+from __future__ import annotations
+
+import time
+from email.utils import formatdate
+from typing import Protocol
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer, ITransport
+from twisted.python.failure import Failure
+from twisted.web.http import RESPONSES
+from twisted.web.http_headers import Headers
+
+from nvpair.wire.facade_head import Refusal
+from nvpair.wire.headers import SPENT
+from nvpair.wire.outlet import Outlet
+
+#: Statuses whose answers have no body, whatever the headers say (RFC 9110 §6.4.1).
+_BODILESS_STATUS = frozenset({204, 304})
+
+
+class Connection(Protocol):
+    """What a request uses of the connection it came on."""
+
+    transport: ITransport | None
+    #: The way out: every write goes through it.
+    outlet: Outlet
+    #: The client is not reading: a producer registered now starts paused.
+    write_paused: bool
+
+    def answered(self, request: FacadeRequest) -> None:
+        """``request``'s answer is complete: close, or move on to the next one."""
+
+    def close(self) -> None:
+        """Close once what was written has gone out."""
+
+
+class _HttpDate:
+    """The ``Date`` header's value, formatted at most once a second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self._second:
+            self._second = second
+            self._value = formatdate(second, usegmt=True).encode("ascii")
+        return self._value
+
+
+_DATE = _HttpDate()
+
+
+class FacadeRequest:
+    """One request on a facade connection: its head, its body (in memory, capped) and its answer.
+
+    Writing frames the answer the way the client's HTTP version and the request allow: the engine's
+    ``Content-Length`` when it gave one, chunked otherwise (HTTP/1.1), or delimited by the close
+    (HTTP/1.0); nothing after the head for ``HEAD``, 1xx, 204 and 304, and no
+    ``Content-Length`` on 1xx, 204 and 304.
+    """
+
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
+    __slots__ = (
+        "_body",
+        "_chunked",
+        "_finish_waiters",
+        "_no_body",
+        "_producer",
+        "channel",
+        "clientproto",
+        "code",
+        "code_message",
+        "complete",
+        "declared",
+        "dispatched",
+        "expects_continue",
+        "finished",
+        "head_bytes",
+        "keep_alive",
+        "method",
+        "path",
+        "received",
+        "refused",
+        "requestHeaders",
+        "responseHeaders",
+        "stalled",
+        "startedWriting",
+        "uri",
+    )
+
+    def __init__(self, channel: Connection) -> None:
+        self.channel: Connection | None = channel
+        self.method = b""
+        #: The target as sent (origin or absolute form), then origin form once admitted.
+        self.uri = b""
+        self.path = b""
+        self.clientproto = b"HTTP/1.1"
+        self.requestHeaders = Headers()
+        self.responseHeaders = Headers()
+        self.code = 200
+        self.code_message = b"OK"
+        self.keep_alive = True
+        #: The declared ``Content-Length``, or :data:`~nvpair.wire.facade_head.CHUNKED`.
+        self.declared = 0
+        #: Answered with this instead of being served; its body is read and dropped.
+        self.refused: Refusal | None = None
+        self.expects_continue = False
+        self.complete = False
+        self.dispatched = False
+        self.finished = False
+        self.startedWriting = False
+        self._chunked = False
+        self._no_body = False
+        #: The first piece of body as it came; a bytearray once a second piece joins it, so a
+        #: body of many small chunks costs its bytes, not an object per chunk.
+        self._body: bytes | bytearray = b""
+        #: Body bytes received (of a refused body: dropped since the refusal).
+        self.received = 0
+        #: Head (then trailer) bytes seen by the callbacks, and bytes fed since the last body
+        #: byte: llhttp keeps partial names and values itself, so both are bounded.
+        self.head_bytes = 0
+        self.stalled = 0
+        self._producer: IPushProducer | None = None
+        self._finish_waiters: list[Deferred[None]] = []
+
+    # -- the request -------------------------------------------------------------------------
+
+    def body(self) -> bytes:
+        """The whole request body, as received (within the cap)."""
+        body = self._body
+        if isinstance(body, bytearray):
+            body = self._body = bytes(body)
+        return body
+
+    @property
+    def connected(self) -> bool:
+        """The client connection is still there."""
+        return self.channel is not None
+
+    # -- the answer --------------------------------------------------------------------------
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        self.code = code
+        self.code_message = message if message is not None else RESPONSES.get(code, b"Unknown")
+
+    def setHeader(self, name: bytes, value: bytes) -> None:
+        self.responseHeaders.setRawHeaders(name, [value])
+
+    def write(self, data: bytes) -> None:
+        if self.finished:
+            raise RuntimeError("write() after finish()")
+        channel = self.channel
+        if channel is None or channel.transport is None:
+            return
+        outlet = channel.outlet
+        if not self.startedWriting:
+            head = self._head()
+            if self._no_body or not data:
+                outlet.send(head)
+                return
+            outlet.send(head + (self._frame(data) if self._chunked else data))
+            return
+        if self._no_body or not data:
+            return
+        # A stream's later pieces go out at once too: the relay writes one piece per upstream
+        # read, so this is one send per read with no write interest toggled for it
+        # (docs/performance.md#writes-go-out-at-once).
+        outlet.send(self._frame(data) if self._chunked else data)
+
+    def finish(self) -> None:
+        if self.finished:
+            raise RuntimeError("finish() called twice")
+        channel = self.channel
+        if channel is None or channel.transport is None:
+            return
+        if not self.startedWriting:
+            head = self._head()
+            channel.outlet.send(head + b"0\r\n\r\n" if self._chunked else head)
+        elif self._chunked:
+            channel.outlet.send(b"0\r\n\r\n")
+        self.finished = True
+        waiters, self._finish_waiters = self._finish_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+        channel.answered(self)
+
+    def loseConnection(self) -> None:
+        """Close after what was written has gone out (a truncated answer stays truncated)."""
+        channel = self.channel
+        if channel is not None:
+            channel.close()
+
+    def abort(self) -> None:
+        """Drop the client connection at once (a client that stopped reading)."""
+        channel = self.channel
+        if channel is not None and channel.transport is not None:
+            channel.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def notifyFinish(self) -> Deferred[None]:
+        """Fires when the answer is done; fails when the client left first."""
+        waiter: Deferred[None] = Deferred()
+        if self.finished:
+            waiter.callback(None)
+        elif self.channel is None:
+            waiter.errback(Failure(ConnectionError("the client connection was lost")))
+        else:
+            self._finish_waiters.append(waiter)
+        return waiter
+
+    def registerProducer(self, producer: IPushProducer, streaming: bool) -> None:
+        channel = self.channel
+        if channel is None:
+            producer.stopProducing()
+            return
+        self._producer = producer
+        if channel.write_paused:
+            producer.pauseProducing()
+
+    def unregisterProducer(self) -> None:
+        self._producer = None
+
+    # -- the channel's side ------------------------------------------------------------------
+
+    @property
+    def producer(self) -> IPushProducer | None:
+        return self._producer
+
+    def take_body(self, data: bytes, cap: int) -> bool:
+        """Keep a piece of body; False once the body is past ``cap`` (nothing more is kept)."""
+        received = self.received + len(data)
+        self.received = received
+        if received > cap:
+            self._body = b""
+            return False
+        body = self._body
+        if not body:
+            self._body = data
+        elif isinstance(body, bytes):
+            self._body = bytearray(body) + data
+        else:
+            body += data
+        return True
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` instead: what was kept of the body goes, what follows is counted."""
+        self.refused = refusal
+        self._body = b""
+        self.received = 0
+
+    def lost(self, reason: Failure) -> None:
+        self.channel = None
+        producer, self._producer = self._producer, None
+        if producer is not None and not self.finished:
+            producer.stopProducing()
+        waiters, self._finish_waiters = self._finish_waiters, []
+        for waiter in waiters:
+            waiter.errback(reason)
+
+    def _head(self) -> bytes:
+        self.startedWriting = True
+        code = self.code
+        headers = self.responseHeaders
+        bodiless = code < 200 or code in _BODILESS_STATUS
+        if bodiless and headers.hasHeader(b"content-length"):
+            # RFC 9110 §8.6: none on 1xx and 204; on 304 it could only repeat the engine's
+            # length of another answer, which a HEAD's 204 showed can be wrong.
+            headers.removeHeader(b"content-length")
+        self._no_body = bodiless or self.method == b"HEAD"
+        lines = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
+        if not self._no_body and not headers.hasHeader(b"content-length"):
+            if self.clientproto == b"HTTP/1.1":
+                self._chunked = True
+                lines.append(b"Transfer-Encoding: chunked\r\n")
+            else:
+                # An HTTP/1.0 body with no length ends with the connection.
+                self.keep_alive = False
+        for name, values in headers.getAllRawHeaders():
+            for value in values:
+                lines.append(b"%s: %s\r\n" % (name, value))
+        if not headers.hasHeader(b"date"):
+            lines.append(b"Date: %s\r\n" % _DATE.now())
+        if not self.keep_alive and self.clientproto == b"HTTP/1.1":
+            lines.append(b"Connection: close\r\n")
+        lines.append(b"\r\n")
+        self.responseHeaders = SPENT
+        return b"".join(lines)
+
+    @staticmethod
+    def _frame(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)

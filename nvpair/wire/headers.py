@@ -1,0 +1,101 @@
+"""Pure header handling for a reverse proxy: hop-by-hop removal (RFC 9110 §7.6.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from twisted.web.http_headers import Headers
+
+
+class _Spent(Headers):
+    """Headers whose use is over: empty, shared, and staying empty (a change is dropped)."""
+
+    def setRawHeaders(self, name: str | bytes, values: Sequence[str | bytes]) -> None:
+        """Dropped: what these headers were for has happened."""
+
+    def addRawHeader(self, name: str | bytes, value: str | bytes) -> None:
+        """Dropped: what these headers were for has happened."""
+
+
+#: What a ``Headers`` attribute becomes once it has been used for good (a response head
+#: written, an engine's answer copied, a client's request copied for the attempts): a stream
+#: held open then keeps no copy of any head (docs/performance.md#held-streams).
+SPENT: Headers = _Spent()
+
+#: Connection-specific headers: they describe one hop and are never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+
+#: Request headers the proxy sets itself for the upstream hop. Host names the upstream (an
+#: engine's DNS-rebinding guard checks it), the body producer sets Content-Length, and the body
+#: has already been read in full, so an Expect: 100-continue would only stall the upstream.
+_REQUEST_OWNED = frozenset({b"host", b"content-length", b"expect"})
+
+
+def connection_tokens(values: Iterable[bytes]) -> set[bytes]:
+    """The header names a ``Connection`` header's values list, lower-cased."""
+    tokens: set[bytes] = set()
+    for value in values:
+        tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    return tokens
+
+
+def _connection_tokens(headers: Iterable[tuple[bytes, Sequence[bytes]]]) -> set[bytes]:
+    return connection_tokens(
+        value for name, values in headers if name.lower() == b"connection" for value in values
+    )
+
+
+def _dropped(pairs: Iterable[tuple[bytes, Sequence[bytes]]], request: bool) -> frozenset[bytes]:
+    """The lower-cased names not forwarded: hop-by-hop, named by ``Connection``, and for a
+    request the ones the proxy sets itself."""
+    drop = HOP_BY_HOP | _connection_tokens(pairs)
+    return drop | _REQUEST_OWNED if request else drop
+
+
+def end_to_end(
+    headers: Iterable[tuple[bytes, Sequence[bytes]]], *, request: bool
+) -> list[tuple[bytes, list[bytes]]]:
+    """The headers worth forwarding, repeated values kept in order.
+
+    Drops :data:`HOP_BY_HOP`, anything the ``Connection`` header names, and for a request the
+    headers the proxy sets itself.
+
+    :param headers: raw ``(name, values)`` pairs, as ``Headers.getAllRawHeaders()`` gives them.
+    :param request: True for a client request going upstream, False for a response coming back.
+    """
+    pairs = [(name, list(values)) for name, values in headers]
+    drop = _dropped(pairs, request)
+    return [(name, values) for name, values in pairs if name.lower() not in drop]
+
+
+def strip_hop_by_hop(headers: Headers, *, request: bool) -> Headers:
+    """``headers`` less what :func:`end_to_end` drops, removed in place: one hop's headers
+    handed on whole to the next, with no copy made."""
+    pairs = list(headers.getAllRawHeaders())
+    drop = _dropped(pairs, request)
+    for name, _ in pairs:
+        if name.lower() in drop:
+            headers.removeHeader(name)
+    return headers
+
+
+def framed_by_length(method: bytes, status: int) -> bool:
+    """Whether a response to ``method`` with ``status`` is framed by ``Content-Length``.
+
+    Not a HEAD answer (its Content-Length, if any, is the GET body's and passes through as
+    the engine sent it), and not 1xx, 204 or 304, which have no body and, for 1xx and 204,
+    must not carry Content-Length at all (RFC 9110 §8.6).
+    """
+    return method != b"HEAD" and status >= 200 and status not in (204, 304)

@@ -1,0 +1,334 @@
+# -*- test-case-name: tests.test_upstream_conn -*-
+"""One upstream HTTP/1.1 connection: a request written whole, its response parsed by llhttp.
+
+One exchange at a time, with Agent's promises and none of its per-exchange objects
+(docs/performance.md#the-upstream-client-our-own-on-llhttp): the head and body go out in one
+write, and ``httptools`` (the llhttp binding uvicorn uses) frames the answer by the rules of
+:mod:`nvpair.wire.upstream_framing` into an :mod:`nvpair.wire.upstream_response`.
+
+Parser callbacks only record; everything that runs other code (firing the request's Deferred,
+delivering body bytes, ending the body, returning the connection to its pool) happens after
+llhttp has returned, so nothing re-enters the parser.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol as TypingProtocol
+from typing import cast
+
+from httptools.parser.parser import HttpResponseParser
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import ITCPTransport, ITransport
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseNeverReceived
+from twisted.web.iweb import IResponse
+
+from nvpair.wire.outlet import Outlet
+from nvpair.wire.upstream_framing import MAX_HEAD, BadResponse
+from nvpair.wire.upstream_reading import AnswerReader
+from nvpair.wire.upstream_response import ReadFlow, UpstreamResponse
+from nvpair.wire.upstream_types import Key, Phase, Resent, Wire
+
+# A member looked up through its class costs 45 ns on 3.11, a module global 5: these are read
+# several times per exchange.
+_READY, _IDLE, _WAITING_HEAD, _READING_BODY, _BODY_DONE, _CLOSING, _CLOSED = tuple(Phase)
+
+
+class Owner(TypingProtocol):
+    """Where a connection goes between exchanges (the pool), and who dials again for it."""
+
+    def put(self, connection: UpstreamConnection) -> None:
+        """The exchange ended cleanly: keep ``connection`` for another, or close it."""
+
+    def drop(self, connection: UpstreamConnection) -> None:
+        """``connection``, kept idle, can no longer be used: forget it."""
+
+    def resend(self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]) -> Resent:
+        """Send ``data`` again on a fresh connection to ``key``, firing ``deferred`` there;
+        returns what cancels it."""
+
+
+class UpstreamConnection(AnswerReader):
+    """One connection to an engine, carrying one exchange at a time.
+
+    :meth:`send` writes a whole request and fires its Deferred with the response once the head
+    has arrived (1xx interim answers are skipped). The connection goes back to its
+    :class:`Owner` only when the response ended cleanly by its own framing, allows keep-alive,
+    nothing followed it, and no reader stopped it; anything else closes it.
+
+    :ivar phase: where it is now.
+    :ivar owner: the pool it belongs to (set when it is adopted).
+    :ivar key: where it leads.
+    :ivar idle_since: when it last went idle.
+    """
+
+    # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
+    __slots__ = (
+        "_deferred",
+        "_flow",
+        "_head",
+        "_head_bytes",
+        "_outlet",
+        "_parser",
+        "_resend",
+        "_resent",
+        "_stopped",
+        "_waiters",
+        "_wire",
+        "connected",
+        "factory",
+        "idle_since",
+        "key",
+        "owner",
+        "phase",
+        "transport",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Slots, where the Protocol base has class defaults.
+        self.transport: ITransport | None = None
+        self.connected = 0
+        self.factory = None
+        self._wire: Wire
+        self._flow: ReadFlow
+        self._outlet: Outlet
+        self.owner: Owner | None = None
+        self.key: Key = (b"", b"", 0)
+        self.idle_since = 0.0
+        self.phase = _READY
+        self._parser: HttpResponseParser | None = None
+        self._deferred: Deferred[IResponse] | None = None
+        self._head = False
+        self._head_bytes = 0
+        self._stopped = False
+        self._waiters: list[Deferred[None]] = []
+        # What a stale kept-alive connection sends again (docs/robustness.md#engine-answers).
+        self._resend: bytes | None = None
+        self._resent: Resent | None = None
+
+    # -- the pool's side -------------------------------------------------------------------
+
+    def park(self, now: float) -> None:
+        """Its pool keeps it, idle since ``now``."""
+        self.phase = _IDLE
+        self.idle_since = now
+
+    def unpark(self) -> bool:
+        """Its pool hands it out: whether it can carry a request (it is still idle)."""
+        if self.phase is _IDLE:
+            self.phase = _READY
+            return True
+        return False
+
+    def send(
+        self, head: bool, data: bytes, deferred: Deferred[IResponse], resend: bool = False
+    ) -> None:
+        """Write ``data`` (a whole request; ``head``: to HEAD) on this READY connection and
+        fire ``deferred`` (whose canceller is :meth:`cancel`) with its response's head.
+
+        :param resend: should the connection go before any byte of the answer, its owner
+            sends ``data`` again on a fresh one (a kept-alive connection the engine closed).
+        """
+        self.phase = _WAITING_HEAD
+        self._parser = HttpResponseParser(self)
+        self._deferred = deferred
+        self._head = head
+        self._head_bytes = 0
+        self._extra = False
+        self._failure = None
+        self._stopped = False
+        self._resend = data if resend else None
+        # Head and body in one write, now: once written the request is whole and in order on
+        # the wire, so an answer that comes before the kernel sent all of it answers all of it.
+        self._outlet.send(data)
+
+    def cancel(self, deferred: Deferred[IResponse]) -> None:
+        """Canceller of :meth:`send`'s Deferred: before the head, abort the connection (the
+        Deferred then fails with ``CancelledError``)."""
+        if self._deferred is not deferred:
+            if self._resent is not None:
+                self._resent(deferred)
+            return
+        self._deferred = None
+        self._parser = None
+        self._abort()
+
+    def close(self) -> Deferred[None]:
+        """Close (an idle connection); fires once it is closed."""
+        if self.phase is _CLOSED:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._waiters.append(waiter)
+        if self.phase is not _CLOSING:
+            self._lose()
+        return waiter
+
+    def _lose(self) -> None:
+        self.phase = _CLOSING
+        self._outlet.close()
+
+    def _abort(self) -> None:
+        self.phase = _CLOSING
+        self._wire.abortConnection()
+
+    # -- IProtocol -------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        transport = self.transport
+        assert transport is not None
+        self._wire = cast(Wire, transport)
+        self._flow = ReadFlow(self._wire)
+        self._outlet = Outlet(transport)
+        # As Twisted's client: a request is one write, and Nagle would hold a small one back.
+        if ITCPTransport.providedBy(transport):
+            transport.setTcpNoDelay(True)
+
+    def dataReceived(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:
+            # Nothing was asked: bytes now mean the server's framing and ours disagree.
+            phase = self.phase
+            if phase is _IDLE or phase is _READY:
+                self._lose()
+                if phase is _IDLE and self.owner is not None:
+                    self.owner.drop(self)
+            return
+        rest = b""
+        if self._response is None:
+            self._resend = None
+            # The head cap counts every byte up to the final head's end, interim answers
+            # included: past it llhttp is given nothing until that end has been seen, so where
+            # the reads happen to split the stream makes no difference.
+            room = MAX_HEAD - self._head_bytes
+            if len(data) > room:
+                data, rest = data[:room], data[room:]
+            self._head_bytes += len(data)
+        problem: Exception | None = None
+        flow = self._flow
+        flow.feeding = True
+        try:
+            try:
+                parser.feed_data(data)
+                if rest:
+                    if self._pending is None:
+                        raise BadResponse(f"response head over {MAX_HEAD} bytes")
+                    parser.feed_data(rest)
+            except Exception as error:
+                problem = self._failure or error
+            self._after_feed(problem)
+        finally:
+            flow.feeding = False
+        if flow.want_pause:
+            flow.settle(self._response is not None)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        was = self.phase
+        self.phase = _CLOSED
+        self._parser = None
+        self._pending = None
+        deferred, self._deferred = self._deferred, None
+        response, self._response = self._response, None
+        again, self._resend = self._resend, None
+        if deferred is not None:
+            if again is not None and self.owner is not None:
+                self._resent = self.owner.resend(self.key, self._head, again, deferred)
+            else:
+                deferred.errback(Failure(ResponseNeverReceived([reason])))
+        elif response is not None:
+            response.lost(reason)
+        if was is _IDLE and self.owner is not None:
+            self.owner.drop(self)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    # -- after the parser returned ---------------------------------------------------------
+
+    def _after_feed(self, problem: Exception | None) -> None:
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._response = pending
+            if self._chunks:
+                # The body bytes that came with the head are held in the answer before it is
+                # handed on, so a reader that connects at once has them in this same turn: the
+                # first-body gate is open before anyone waits on it (no timer, no second wake
+                # of the request path; docs/performance.md#one-wake-per-answer).
+                chunks, self._chunks = self._chunks, []
+                pending.data(b"".join(chunks))
+            deferred, self._deferred = self._deferred, None
+            if deferred is not None:
+                deferred.callback(pending)
+            if self.phase is _CLOSED:
+                return
+        response = self._response
+        if response is None:
+            if problem is not None:
+                self._fail_head(problem)
+            return
+        if self._chunks:
+            # One read's pieces (a chunked body's chunks) go on as one piece: relayed, they
+            # leave in one write (docs/performance.md#writes-go-out-at-once).
+            chunks, self._chunks = self._chunks, []
+            try:
+                response.data(b"".join(chunks))
+            except Exception:
+                # The reader broke: as Twisted, the exchange ends with its error.
+                self._fail_body(response, Failure())
+                return
+            if self._response is not response:
+                return  # the connection went while the reader had the bytes
+        if self.phase is _BODY_DONE:
+            if problem is not None:
+                # Bytes past the end that llhttp refused: a confused server.
+                self._extra = True
+            self._finish(response)
+        elif problem is not None:
+            self._fail_body(response, Failure(problem))
+        elif not response.connected():
+            self._flow.hold()
+
+    def _fail_head(self, problem: Exception) -> None:
+        deferred, self._deferred = self._deferred, None
+        self._parser = None
+        self._abort()
+        if deferred is not None:
+            deferred.errback(Failure(ResponseNeverReceived([Failure(problem)])))
+
+    def _fail_body(self, response: UpstreamResponse, reason: Failure) -> None:
+        self._response = None
+        self._parser = None
+        self._abort()
+        response.failed(reason)
+
+    def _finish(self, response: UpstreamResponse) -> None:
+        """The body ended by its framing: reuse or close, then tell the reader (last: it may
+        send the next request on this very connection)."""
+        self._response = None
+        self._parser = None
+        owner = self.owner
+        if owner is not None and response.keep_alive and not (self._extra or self._stopped):
+            if self._flow.paused:
+                # An idle connection must read, or a server's close would go unnoticed.
+                self._flow.resume()
+            self.phase = _READY
+            owner.put(self)
+        else:
+            self._lose()
+        response.done()
+
+    # -- the body transport's side ---------------------------------------------------------
+
+    def stop_body(self, abort: bool = False) -> None:
+        """The reader wants no more: close; the body ends when the connection has gone (or
+        whole, when its framing ended it in this very read)."""
+        self._stopped = True
+        phase = self.phase
+        if phase is _BODY_DONE or phase is _CLOSED:
+            return
+        if abort:
+            self._abort()
+        elif phase is not _CLOSING:
+            self._lose()

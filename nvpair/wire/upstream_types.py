@@ -1,0 +1,55 @@
+# -*- test-case-name: tests.test_upstream_conn -*-
+"""What the upstream client's modules say to each other: where a connection leads (:data:`Key`),
+where it is (:class:`Phase`), and the seams between a connection, its transport, its pool and
+the body transport over it. Names and protocols only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Protocol
+
+from twisted.internet.defer import Deferred
+from twisted.web.iweb import IResponse
+
+#: ``(scheme, host, port)``: which idle connections may carry a request.
+Key = tuple[bytes, bytes, int]
+
+
+class Phase(enum.Enum):
+    """Where a connection is. Each exchange goes READY → WAITING_HEAD → READING_BODY →
+    BODY_DONE, then READY (IDLE in its pool) for the next, or CLOSING → CLOSED."""
+
+    READY = "ready"  # connected, nothing asked, in no pool: just dialled or just taken
+    IDLE = "idle"  # nothing asked, kept by its pool
+    WAITING_HEAD = "waiting-head"  # a request written; 1xx answers pass, the final head not yet
+    READING_BODY = "reading-body"  # the final head parsed; its body being read
+    BODY_DONE = "body-done"  # the body ended by its framing in this read, not yet settled
+    CLOSING = "closing"  # being closed: no exchange starts on it again
+    CLOSED = "closed"
+
+
+#: Cancels a request sent again on a fresh connection, given its Deferred.
+Resent = Callable[[Deferred[IResponse]], None]
+
+
+class BodySource(Protocol):
+    """What a body transport stops: the connection the body is read from."""
+
+    def stop_body(self, abort: bool = False) -> None: ...
+
+
+class Wire(Protocol):
+    """What an upstream connection uses of its transport (TCP, or TLS over it); a
+    :class:`~nvpair.wire.upstream_response.ReadFlow` pauses and resumes it."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def loseConnection(self) -> None: ...
+
+    def abortConnection(self) -> None: ...
+
+    def pauseProducing(self) -> None: ...
+
+    def resumeProducing(self) -> None: ...
