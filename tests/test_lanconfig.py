@@ -200,7 +200,9 @@ def test_the_example_fleet_files_access_uncommented_is_an_access(tmp_path: Path)
 
     text = examples.text(examples.FLEET)
     start = text.index("# [access]")
-    block = "\n".join(line.removeprefix("# ") for line in text[start:].splitlines())
+    # The block runs to the first blank line: other commented tables follow it.
+    lines = text[start:].split("\n\n", 1)[0].splitlines()
+    block = "\n".join(line.removeprefix("# ") for line in lines)
     ca = make_ca()
     server = issue(ca, ["gpu.lan"])
     write(tmp_path / "lan.crt", server.cert_pem)
