@@ -16,20 +16,26 @@ from twisted.internet.error import ReactorAlreadyInstalledError
 from twisted.python import usage
 
 from nvpair import examples
+from nvpair.fleet.lanconfig import AccessError, new_key
 
 #: The program's name in its own messages (usage errors, the terminal hint).
 PROG = "nvpair-proxy"
 
 
 def print_and_exit(name: str, out: IO[str] | None = None) -> NoReturn:
-    """Write a shipped file to stdout, then end the process: status 0 (as ``--help``), or 1
-    with one line on stderr when stdout cannot take it (closed, a full disk; a reader gone, as
-    ``| head`` goes, is told nothing)."""
+    """Write a shipped file to stdout, then end the process (:func:`write_and_exit`)."""
+    write_and_exit(examples.text(name), name, out)
+
+
+def write_and_exit(text: str, name: str, out: IO[str] | None = None) -> NoReturn:
+    """Write ``text`` to stdout, then end the process: status 0 (as ``--help``), or 1 with one
+    line on stderr naming ``name`` when stdout cannot take it (closed, a full disk; a reader
+    gone, as ``| head`` goes, is told nothing)."""
     out = out if out is not None else sys.stdout
     if out is None:  # started with stdout closed
         raise SystemExit(f"{PROG}: cannot write {name}: stdout is closed")
     try:
-        out.write(examples.text(name))
+        out.write(text)
         out.flush()
     except OSError as error:
         # What is still buffered would fail again in the interpreter's own flush at exit, as
@@ -72,6 +78,15 @@ class ActionOptions(usage.Options):
     def opt_systemd_unit(self) -> NoReturn:
         """Print the systemd unit that serves /etc/nvpair/fleet.toml, and exit."""
         print_and_exit(examples.SYSTEMD_UNIT)
+
+    def opt_new_key(self, name: str) -> NoReturn:
+        """Print a new random key for LAN callers, then the [[keys]] block naming it for the
+        key file, and exit (docs/lan.md#keys)."""
+        try:
+            secret, block = new_key(name)
+        except AccessError as error:
+            raise usage.UsageError(str(error)) from None
+        write_and_exit(f"{secret}\n{block}", "the new key")
 
     def opt_reactor(self, name: str) -> None:
         """The event loop: uvloop (the uvloop extra), or any of twistd --help-reactors

@@ -5,6 +5,7 @@ process starts, and the fleet file, re-read on SIGHUP.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from nvpair.broker.link import BrokerProtocol
-from nvpair.fleet.file import FleetFileError, load_fleet
+from nvpair.fleet.file import Fleet, FleetFileError, load_fleet
 from nvpair.fleet.polls import FleetService
 
 
@@ -58,18 +59,30 @@ class BrokerLinkService(Service):
 
 
 class FleetReloadService(Service):
-    """SIGHUP re-reads the fleet file (docs/fleet-scheduling.md#the-fleet-file-re-read).
+    """SIGHUP re-reads the fleet file (docs/fleet-scheduling.md#the-fleet-file-re-read) and
+    hands it to the fleet and to ``also``.
 
-    A file that no longer parses is reported and the running fleet kept: a typo must not
-    empty a working router.
+    Nodes, their URLs, the poll interval and ``[access]`` (networks, keys, TLS) are applied
+    live; a file that no longer parses — the key file or the certificate it names included —
+    is reported and the running configuration kept: a typo must not empty a working router,
+    nor lock its callers out.
+
+    :param also: each told of a re-read file once the fleet has it (``[access]``'s gate).
     """
 
     log = Logger()
 
-    def __init__(self, reactor: IReactorThreads, path: Path, fleet: FleetService) -> None:
+    def __init__(
+        self,
+        reactor: IReactorThreads,
+        path: Path,
+        fleet: FleetService,
+        also: tuple[Callable[[Fleet], None], ...] = (),
+    ) -> None:
         self._reactor = reactor
         self._path = path
         self._fleet = fleet
+        self._also = also
         self._previous: Any = None
 
     def startService(self) -> None:
@@ -97,3 +110,5 @@ class FleetReloadService(Service):
             return
         self.log.info("fleet file reloaded: {path}", path=str(self._path))
         self._fleet.reload(fleet)
+        for tell in self._also:
+            tell(fleet)

@@ -37,6 +37,7 @@ from nvpair.engines.admission import this_machine
 from nvpair.facades.access import AccessLog
 from nvpair.facades.manager import FacadeManager
 from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.langate import LanGate
 from nvpair.fleet.liveness import LivenessProbes
 from nvpair.fleet.polls import FleetService
 from nvpair.fleet.scheduling import FleetScheduler
@@ -233,6 +234,8 @@ def build(
     clock, core = IReactorTime(reactor), IReactorCore(reactor)
     observer = _observer(reactor, config, log_out or sys.stderr)
     access_log = AccessLog() if config.access_log else None
+    # Fleet mode's [access]: who besides loopback may call (docs/lan.md).
+    lan = LanGate(clock, config.fleet.access) if config.fleet is not None else None
     control = ControlState()
     cluster = ClusterWatch(clock, config.cluster_dir)
     upstream = Upstream(reactor, config.dial_timeout, _peer_tls(config, cluster, control))
@@ -287,6 +290,7 @@ def build(
         backlog=config.listen_backlog,
         membership=lambda: cluster.membership,
         access_log=access_log,
+        lan=lan,
     )
 
     def membership_changed(_: object) -> None:
@@ -314,7 +318,9 @@ def build(
         )
         fleet.setServiceParent(root)
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):
-            FleetReloadService(reactor, config.fleet_file, fleet).setServiceParent(root)
+            assert lan is not None
+            also = (lambda reread: lan.reload(reread.access),)
+            FleetReloadService(reactor, config.fleet_file, fleet, also).setServiceParent(root)
     else:
         assert isinstance(outbox, BrokerOutbox)
         _link_broker(core, config.broker, root, control, facades, outbox)

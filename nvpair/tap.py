@@ -300,13 +300,18 @@ def leave_tls_unloaded(config: Config, modules: dict[str, Any] = sys.modules) ->
     """Keep pyOpenSSL (and cryptography under it) out of a process that will never speak TLS;
     True when it did (docs/performance.md#memory).
 
-    Only a cluster member speaks TLS, so a node without a cluster directory never needs it; but
-    Twisted's reactor imports its TLS support whenever pyOpenSSL is installed. An ``OpenSSL``
+    Only a cluster member, or a fleet whose ``[access]`` names a certificate, speaks TLS, so a
+    node with neither never needs it; but Twisted's reactor imports its TLS support whenever
+    pyOpenSSL is installed. (A reload that adds the certificate later says that TLS needs a
+    restart.) An ``OpenSSL``
     entry of None in ``sys.modules`` makes every later import of it fail, which Twisted reads as
     "TLS unavailable". That is done only while neither OpenSSL nor a reactor has been imported:
     a process that already has either (a test run, ``twistd -r uvloop``) is left as it is.
     """
     if config.cluster_dir is not None:
+        return False
+    access = config.fleet.access if config.fleet is not None else None
+    if access is not None and access.tls is not None:
         return False
     if "OpenSSL" in modules or "twisted.internet.reactor" in modules:
         return False

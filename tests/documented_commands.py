@@ -88,6 +88,15 @@ def _blocks(markdown: str) -> Iterator[tuple[str, list[tuple[int, str]]]]:
         yield (words[0].lower() if words else ""), body
 
 
+def code_blocks(markdown: str, language: str) -> list[str]:
+    """The text of each of ``markdown``'s code blocks in ``language`` (``python``)."""
+    return [
+        "\n".join(line for _, line in body) + "\n"
+        for found, body in _blocks(markdown)
+        if found == language
+    ]
+
+
 def commands_in(markdown: str, page: str = "") -> list[Command]:
     """The commands of ``markdown``'s shell code blocks, one a line, comments stripped; a line
     ending in a backslash goes on on the next."""
@@ -159,6 +168,13 @@ _SYSTEMD = "needs root and systemd as PID 1, with the unit installed"
 _VERIFY = "tests/test_systemd_unit.py::test_systemd_analyze_verify_finds_nothing_wrong"
 _RELOAD = "tests/test_systemd_unit.py::test_reload_is_sighup_to_the_main_process"
 _FREE = "each fixed port (the demo's) replaced by a free one, against simulated nodes"
+
+_LAN = (
+    "in the fleet file's directory, with the proxy in fleet mode over simulated nodes; "
+    "192.168.1.10 is the address a second network namespace reaches this machine at, where "
+    "gpu-host.lan resolves to it; curl and the Python scripts (the page's, as written) run "
+    "in that namespace; each fixed port (the facades' defaults) is a free one"
+)
 
 #: How each documented command is exercised, by its text as the page shows it.
 COMMANDS: dict[str, How] = {
@@ -277,4 +293,24 @@ COMMANDS: dict[str, How] = {
         "fleet.toml: a simulated node and one at a closed port",
     ),
     "kill -HUP PID": RunHere("test_kill_hup_rereads_the_fleet_file", "PID: the proxy's"),
+    # docs/lan.md
+    **dict.fromkeys(
+        [
+            "nvpair-proxy --new-key laptop > laptop.txt",
+            "tail -n +2 laptop.txt >> keys.toml",
+            "head -n 1 laptop.txt",
+            "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 "
+            '-subj "/CN=nvpair LAN CA" -keyout ca.key -out ca.crt',
+            "openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+            '-subj "/CN=gpu-host.lan" -keyout lan.key -out lan.csr',
+            "printf 'subjectAltName = DNS:gpu-host.lan, IP:192.168.1.10\\nextendedKeyUsage = "
+            "serverAuth\\n' > lan.ext",
+            "openssl x509 -req -in lan.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 825 "
+            "-extfile lan.ext -out lan.crt",
+            'curl --cacert ca.crt -H "Authorization: Bearer $NVPAIR_KEY" https://gpu-host.lan:11435/api/tags',
+            "SSL_CERT_FILE=ca.crt python3 chat.py",
+            "SSL_CERT_FILE=ca.crt python3 ollama_chat.py",
+        ],
+        RunHere("test_serving_a_lan", _LAN),
+    ),
 }

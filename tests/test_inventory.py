@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nvpair.engines.inventory import InvalidInventory, empty_inventory, merge_inventories
+from nvpair.engines.modelnames import OtherName
 from nvpair.engines.table import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, OPENAI, Engine
 
 Entry = dict[str, object]
@@ -696,3 +697,43 @@ def test_any_invalid_body_raises(
     with pytest.raises(InvalidInventory) as caught:
         merge_inventories(engine, path, bodies)
     assert caught.value.index == position
+
+
+def test_a_keys_patterns_filter_the_merged_list_after_validation() -> None:
+    """A key with model patterns sees only what it may use (docs/lan.md#keys); a node's
+    invalid list is still refused whole, whatever the key may see."""
+    bodies = [
+        json.dumps({"models": [{"name": "llama3:latest"}, {"name": "mistral:latest"}]}).encode(),
+        json.dumps({"models": [{"name": "llama3.1:8b"}]}).encode(),
+    ]
+    merged = merge_inventories(OLLAMA, "/api/tags", bodies, allowed=lambda name: "llama3" in name)
+    assert [m["name"] for m in json.loads(merged)["models"]] == ["llama3:latest", "llama3.1:8b"]
+    none = merge_inventories(OLLAMA, "/api/tags", bodies, allowed=lambda name: False)
+    assert none == empty_inventory(OLLAMA, "/api/tags")
+    with pytest.raises(InvalidInventory):
+        merge_inventories(OLLAMA, "/api/tags", [*bodies, b"{}"], allowed=lambda name: False)
+
+
+def test_a_keys_patterns_judge_derived_names_and_aliases_by_their_own_name() -> None:
+    """The names the fleet adds (a GGUF file name, a ``[models]`` alias) are listed to a key
+    only if it may use them, whatever it may use of the model behind them — and an alias it
+    may use is listed though the model behind it is not (docs/lan.md#keys)."""
+    path = "/v1/models"
+    reported = "/models/qwen2.5-7b-q4.gguf"
+    body = json.dumps({"object": "list", "data": [{"id": reported, "object": "model"}]}).encode()
+    names = [
+        OtherName(n, LLAMACPP.model_key(n), reported, LLAMACPP.model_key(reported))
+        for n in ("qwen2.5-7b-q4.gguf", "qwen2.5-7b-q4", "qwen")
+    ]
+
+    def listed(allowed: Callable[[str], bool] | None) -> list[str]:
+        merged = merge_inventories(LLAMACPP, path, [body], names, allowed=allowed)
+        return [m["id"] for m in json.loads(merged)["data"]]
+
+    assert listed(None) == [reported, "qwen2.5-7b-q4.gguf", "qwen2.5-7b-q4", "qwen"]
+    assert listed(lambda name: name == "qwen") == ["qwen"]
+    assert listed(lambda name: name.startswith("qwen2.5")) == [
+        "qwen2.5-7b-q4.gguf",
+        "qwen2.5-7b-q4",
+    ]
+    assert listed(lambda name: name == reported) == [reported]

@@ -119,3 +119,15 @@ def test_gauges_read_the_live_state_when_scraped() -> None:
         labels(engine="ollama", node="a"): 1,
         labels(engine="ollama", node="b"): 0,
     }
+
+
+def test_requests_with_a_fleet_key_are_counted_by_key() -> None:
+    """``nvpair_key_requests_total{key,engine,outcome}`` (docs/lan.md#keys)."""
+    metrics = Metrics()
+    metrics.key_request_ended("laptop", "ollama", "served")
+    metrics.key_request_ended("laptop", "ollama", "served")
+    metrics.key_request_ended("phone", "ollama", "forbidden-model")
+    assert scrape(metrics)["nvpair_key_requests_total"] == {
+        labels(key="laptop", engine="ollama", outcome="served"): 2,
+        labels(key="phone", engine="ollama", outcome="forbidden-model"): 1,
+    }

@@ -6,9 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from twisted.web.http import RESPONSES
-
 from nvpair.common.reasons import Reason
+from nvpair.facades.answers import reason_phrase
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -39,10 +38,10 @@ def test_the_enum_is_the_documented_table() -> None:
     }
 
 
-def test_every_503_and_only_a_503_is_documented_with_retry_after() -> None:
-    """The loop's own give-ups answer 503 with the pending backoff
-    (docs/request-path.md#proxy-generated-answers)."""
-    assert all((status == 503) == retry for status, retry in documented().values())
+def test_every_503_and_429_and_only_those_are_documented_with_retry_after() -> None:
+    """The loop's own give-ups answer 503 with the pending backoff, and the failed-key
+    throttle 429 with its wait (docs/request-path.md#proxy-generated-answers)."""
+    assert all((status in (503, 429)) == retry for status, retry in documented().values())
 
 
 def test_each_reason_is_a_header_token_with_a_status_and_a_message() -> None:
@@ -50,5 +49,5 @@ def test_each_reason_is_a_header_token_with_a_status_and_a_message() -> None:
     for reason in Reason:
         assert re.fullmatch(r"[a-z]+(-[a-z]+)*", reason.value)
         assert str(reason) == f"{reason}" == reason.value
-        assert reason.status in RESPONSES and reason.status >= 400
+        assert reason.status >= 400 and reason_phrase(reason.status) != b"Error"
         assert reason.message and reason.message.isascii()

@@ -258,3 +258,18 @@ def test_a_request_never_admitted_is_not_a_workload() -> None:
     h.nodes(A)
     request, _ = h.serve(model="nobody-has-it")
     assert request.reason() == "no-owner" and len(ring) == 0
+
+
+def test_a_keyed_workload_names_its_key_in_recent_and_in_its_events() -> None:
+    """Where [access] is in force each entry and event carries ``key``: the name, or null for
+    a keyless caller; elsewhere neither carries one (docs/lan.md#keys)."""
+    from nvpair.engines.caller import KEYLESS, Caller
+
+    events: list[Any] = []
+    issued = Workloads(lambda m, p: events.append(p["workloadInfo"]), lambda: 0, run_id="0" * 16)
+    ring = RecentWorkloads()
+    for caller in (Caller("laptop"), KEYLESS, None):
+        ring.admitted(issued.admit("ollama", "llama3", caller=caller))
+    entries = recent_document(ring)
+    assert [entry.get("key", "absent") for entry in entries] == ["absent", None, "laptop"]
+    assert [event.get("key", "absent") for event in events] == ["laptop", None, "absent"]

@@ -287,3 +287,55 @@ def test_the_startup_loads_tls_and_twisted_web_only_for_what_uses_them(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == loaded
+
+
+@pytest.mark.parametrize(
+    ("access", "loaded"),
+    [
+        ('[access]\nnetworks = ["10.0.0.0/8"]\n', ""),
+        (
+            '[access]\nnetworks = ["10.0.0.0/8"]\ntls-cert = "lan.crt"\ntls-key = "lan.key"\n',
+            "OpenSSL",
+        ),
+    ],
+    ids=["lan", "lan-tls"],
+)
+def test_access_tls_loads_tls_and_only_it(tmp_path: Path, access: str, loaded: str) -> None:
+    """docs/lan.md#tls: a fleet whose [access] names a certificate loads pyOpenSSL (its TLS
+    is served by it); [access] without one leaves it out, as before."""
+    from tests.certs import issue, make_ca
+
+    server = issue(make_ca(), ["gpu.lan"])
+    (tmp_path / "lan.crt").write_bytes(server.cert_pem)
+    (tmp_path / "lan.key").write_bytes(server.key_pem)
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[facades.llamacpp]\nport = 0\n[[nodes]]\nid = "n0"\n'
+        '[nodes.engines]\nllamacpp = "http://127.0.0.1:9"\n' + access
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _STARTED, "--fleet", str(fleet), "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ("OpenSSL" in done.stdout.split()) is (loaded == "OpenSSL")
+
+
+def test_a_key_file_with_a_name_twice_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    """docs/lan.md#keys: names are unique; at start a duplicate is a usage error."""
+    digest = "ab" * 32
+    (tmp_path / "keys.toml").write_text(
+        f'[[keys]]\nname = "tv"\nsha256 = "{digest}"\n'
+        f'[[keys]]\nname = "tv"\nsha256 = "{"cd" * 32}"\n'
+    )
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[facades.ollama]\n[access]\nnetworks = ["10.0.0.0/8"]\nkeys = "keys.toml"\n')
+    with pytest.raises(UsageError) as raised:
+        parse(["--fleet", str(fleet)])
+    assert str(raised.value) == (
+        f"--fleet: {fleet}: access.keys: {tmp_path / 'keys.toml'}: keys[1].name: "
+        "'tv' is another key's name"
+    )

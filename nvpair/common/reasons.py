@@ -58,3 +58,10 @@ class Reason(enum.StrEnum):
     NOT_FOUND = "not-found", 404, "this endpoint serves no such route"
     NOT_IMPLEMENTED = "not-implemented", 501, "not implemented by this proxy"
     INTERNAL = "internal", 500, "internal error in the proxy"
+    UNAUTHORIZED = "unauthorized", 401, "a valid key is required: Authorization: Bearer <key>"
+    FORBIDDEN_MODEL = "forbidden-model", 403, "this key may not use this model"
+    TOO_MANY_AUTH_FAILURES = (
+        "too-many-auth-failures",
+        429,
+        "too many failed keys from this address: try again later",
+    )

@@ -44,7 +44,9 @@ async def serve_inference(services: Services, job: Job) -> None:
     # A workload's engine is that of the node it goes to: the facade's own, or for a facade
     # reaching several engines, the first candidate's until a dispatch says otherwise.
     job.workload = services.workloads.admit(
-        round_plan.candidates[0].engine, engine.model_display(model) if model else ""
+        round_plan.candidates[0].engine,
+        engine.model_display(model) if model else "",
+        caller=job.admitted.caller,
     )
     job.trail = services.recorder.admitted(job.workload)
     outgoing = job.outgoing()

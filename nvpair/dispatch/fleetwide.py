@@ -10,12 +10,15 @@ and no workload events: nothing is dispatched for inference.
 
 from __future__ import annotations
 
+from functools import partial
+
 from twisted.internet.defer import CancelledError
 from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
 from nvpair.control.state import Node
 from nvpair.dispatch.job import Job, Services
+from nvpair.engines.caller import may_use
 from nvpair.engines.cors import Reply, inventory_grant, preflight
 from nvpair.engines.inventory import InvalidInventory, merge_inventories
 from nvpair.engines.modelnames import OtherName
@@ -101,6 +104,9 @@ async def serve_inventory(services: Services, job: Job) -> None:
     ]
     merged = b""
     invalid = any(not 200 <= a.status < 300 for _, a in judged)
+    # A key with model patterns sees only the models it may use (docs/lan.md#keys).
+    caller = admitted.caller
+    allowed = partial(may_use, caller.models, engine) if caller and caller.models else None
     if not invalid:
         # The names the fleet knows its nodes' models by besides theirs (docs/model-names.md).
         names = _other_names(engine, services.candidates.every_node(admitted))
@@ -111,6 +117,7 @@ async def serve_inventory(services: Services, job: Job) -> None:
                 [a.body for _, a in judged],
                 names,
                 _read_as(engine, admitted.path, [e for e, _ in judged]),
+                allowed,
             )
         except InvalidInventory:
             invalid = True

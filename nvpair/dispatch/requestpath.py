@@ -35,8 +35,10 @@ from nvpair.dispatch.seams import (
     WorkloadRecorder,
 )
 from nvpair.dispatch.workload import State, Workloads
+from nvpair.engines.caller import forbids
 from nvpair.engines.table import RouteClass
 from nvpair.facades.access import FAN_OUT, AccessLog, Finished, bounded_path, millis
+from nvpair.facades.answers import forbidden_model_message
 from nvpair.facades.facade import Admitted, RequestHandler
 from nvpair.wire.web import ProxiedRequest, UpstreamClient
 
@@ -121,7 +123,10 @@ class RequestPath(RequestHandler):
         services = self._services
         now = services.clock.seconds()
         job = Job(admitted, request, now, services.bounds.budget(now))
-        d = job.run(self._servers[admitted.route](services, job))
+        server = self._servers[admitted.route]
+        if forbids(admitted.caller, admitted.engine, admitted.route, admitted.model):
+            server = serve_forbidden_model
+        d = job.run(server(services, job))
         self._jobs.add(job)
         # The requester leaving ends the job at once: whatever it is waiting on is cancelled,
         # and the cleanup below closes the upstream.
@@ -148,6 +153,12 @@ class RequestPath(RequestHandler):
         if self._access is not None:
             self._access.write(finished(job, services.clock.seconds()))
         return result
+
+
+async def serve_forbidden_model(services: Services, job: Job) -> None:
+    """A key asked for a model outside its patterns (docs/lan.md#keys): refused, nothing
+    dispatched, no workload."""
+    job.refuse(Reason.FORBIDDEN_MODEL, message=forbidden_model_message(job.admitted.model))
 
 
 class Unanswered(RuntimeError):
@@ -195,6 +206,14 @@ def counted(counter: RequestCounter, job: Job, now: float) -> None:
         None if committed is None else committed - job.created,
         job.stats,
     )
+    key = _key_name(admitted)
+    if key is not None:
+        counter.key_request_ended(key, admitted.engine.id, outcome(job))
+
+
+def _key_name(admitted: Admitted) -> str | None:
+    caller = admitted.caller
+    return None if caller is None else caller.name
 
 
 def finished(job: Job, now: float) -> Finished:
@@ -213,6 +232,7 @@ def finished(job: Job, now: float) -> Finished:
         attempts=None if admitted.route in FAN_OUT else job.dispatches,
         ttfb_ms=None if committed is None else millis(committed - job.created),
         duration_ms=millis(now - job.created),
+        key=_key_name(admitted),
     )
 
 

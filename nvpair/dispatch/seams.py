@@ -151,6 +151,9 @@ class RequestCounter(Protocol):
         stats: Stats | None = None,
     ) -> None: ...
 
+    def key_request_ended(self, key: str, engine: str, outcome: str) -> None:
+        """A request that came with the fleet key ``key`` ended (docs/lan.md#keys)."""
+
 
 class _NotRecorded:
     """No admin listener: nothing recorded, and the one log every workload shares."""
@@ -181,6 +184,9 @@ class _NotCounted:
         first_byte: float | None,
         stats: Stats | None = None,
     ) -> None:
+        pass
+
+    def key_request_ended(self, key: str, engine: str, outcome: str) -> None:
         pass
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from attrs import define, field
 
+from nvpair.engines.caller import Caller
 from nvpair.engines.inferstats import Stats
 
 Emit = Callable[[str, dict[str, object]], None]
@@ -57,8 +58,12 @@ class Workloads:
         self.run_id = run_id or new_run_id()
         self._ids = itertools.count(1)
 
-    def admit(self, engine: str, model: str, originated_from: str = "") -> Workload:
-        """A new admitted inference request: emits its first ``submitted``."""
+    def admit(
+        self, engine: str, model: str, originated_from: str = "", caller: Caller | None = None
+    ) -> Workload:
+        """A new admitted inference request: emits its first ``submitted``.
+
+        :param caller: who sent it, where fleet mode's ``[access]`` is in force."""
         workload = Workload(
             emit=self._emit,
             wanted=self._wanted,
@@ -69,6 +74,7 @@ class Workloads:
             model=model,
             originated_from=originated_from,
             created_at=self._now_ms(),
+            caller=caller,
         )
         workload.submitted(None)
         return workload
@@ -94,6 +100,8 @@ class Workload:
     error: str | None = None
     seq: int = 0
     stats: Stats | None = field(default=None)
+    #: Who sent it, where ``[access]`` is in force; its key's name is the events' ``key``.
+    caller: Caller | None = None
 
     @property
     def ended(self) -> bool:
@@ -141,6 +149,8 @@ class Workload:
             info["scheduledOn"] = self.scheduled_on
         if self.stats is not None:
             info["stats"] = self.stats.to_json()
+        if self.caller is not None:
+            info["key"] = self.caller.name
         return info
 
     def _send(self, method: str) -> None:

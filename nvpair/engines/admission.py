@@ -35,11 +35,13 @@ def is_loopback(address: object) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _loopback_host(host: str) -> bool:
     # Cached: parsing the same few client addresses on every request showed in profiles.
-    ip = _ip(host)
+    ip = parse_ip(host)
     return ip is not None and ip.is_loopback
 
 
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address as a peer's host gives it, without a zone and with an IPv4-mapped IPv6
+    address unwrapped; None when it is none."""
     try:
         ip = ipaddress.ip_address(text.split("%", 1)[0])
     except ValueError:
@@ -100,7 +102,7 @@ def ollama_host_allowed(host: str) -> bool:
     if not host:
         return True
     name = _without_port(host)
-    ip = _ip(name)
+    ip = parse_ip(name)
     hostname, addresses = this_machine()
     if ip is not None:
         return (

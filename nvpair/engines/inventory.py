@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from nvpair.common import strictjson
 from nvpair.common.strictjson import NestedTooDeeply
@@ -55,6 +55,7 @@ def merge_inventories(
     bodies: Sequence[bytes],
     names: Sequence[OtherName] = (),
     read_as: Sequence[InventoryRoute] | None = None,
+    allowed: Callable[[str], bool] | None = None,
 ) -> bytes:
     """Merge the 2xx bodies of every responding node for the inventory route *path*.
 
@@ -84,6 +85,10 @@ def merge_inventories(
     :param read_as: how each body is validated and read, when not as the facade's route: the
         route of the node's own engine, for a facade that reaches several engines' nodes
         (an Ollama node's ``"data": null`` is an empty list there too).
+    :param allowed: which names the caller may use (a fleet key's patterns,
+        docs/lan.md#keys): an entry whose name it refuses is left out, a derived name or an
+        alias judged by its own name like any other, after the copies are made — an alias
+        the key may use is listed even where the model it stands for is not. None: every entry.
     :return: the merged envelope as compact JSON bytes.
     :raises InvalidInventory: when any body is not the expected envelope.
     :raises KeyError: when *path* is not an inventory route of *engine*.
@@ -102,6 +107,8 @@ def merge_inventories(
                 merged.append(entry)
     if names:
         merged = with_other_names(engine, route, merged, names)
+    if allowed is not None:
+        merged = [entry for entry in merged if allowed(_key(route, entry))]
     # Ollama's ListHandler sorts /api/tags by modified_at; a merged list that kept node order
     # would read as a different engine.
     sort_field = route.newest_first

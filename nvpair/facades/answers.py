@@ -16,6 +16,15 @@ from nvpair.common.reasons import Reason
 from nvpair.engines.table import Dialect
 from nvpair.wire.web import ProxiedRequest
 
+#: Reason phrases, with those Twisted's table lacks (RFC 6585's 429).
+_PHRASES = {**RESPONSES, 429: b"Too Many Requests"}
+
+
+def reason_phrase(status: int) -> bytes:
+    """The reason phrase of a status the proxy answers with."""
+    return _PHRASES.get(status, b"Error")
+
+
 #: The longest model name an answer quotes back (a name, not a body, but bounded all the same).
 _QUOTED_MODEL = 200
 
@@ -52,6 +61,13 @@ def no_owner_timeout_message(model: str | None, bound: str) -> str:
     return f"no node serving {which} came back within {bound}"
 
 
+def forbidden_model_message(model: str | None) -> str:
+    """``forbidden-model``: the model the key may not use, as named (or that none was)."""
+    if model is None:
+        return "this key may use only some models: the request must name one"
+    return f"this key may not use model {_quoted(model)}"
+
+
 def no_node_message(engine: Dialect, model: str | None) -> str:
     """``no-owner`` for another route: the engine has no node at all (and the model named)."""
     message = f"no {engine.display_name} node is available"
@@ -66,22 +82,32 @@ def error_answer(
 
 
 def head_refusal(
-    engine: Dialect, path: str, reason: Reason, message: str | None = None, *, head_only: bool
+    engine: Dialect,
+    path: str,
+    reason: Reason,
+    message: str | None = None,
+    *,
+    head_only: bool,
+    extra: Sequence[tuple[bytes, bytes]] = (),
 ) -> bytes:
     """A whole HTTP/1.1 answer for a request refused at its head, closing the connection.
 
     Written straight to the transport before the body is read (docs/robustness.md, refusals at the
     request head), so it is framed here rather than through ``twisted.web``'s Request.
+
+    :param extra: header fields the answer also carries (fixed values, never request content).
     """
     status, body = error_answer(engine, path, reason, message)
-    phrase = RESPONSES.get(status, b"Error")
+    phrase = reason_phrase(status)
+    fields = b"".join(b"%s: %s\r\n" % field for field in extra)
     head = (
         b"HTTP/1.1 %d %s\r\n"
         b"Content-Type: application/json; charset=utf-8\r\n"
         b"Content-Length: %d\r\n"
         b"X-Nvpair-Error: %s\r\n"
+        b"%s"
         b"Connection: close\r\n\r\n"
-    ) % (status, phrase, len(body), reason.value.encode("ascii"))
+    ) % (status, phrase, len(body), reason.value.encode("ascii"), fields)
     return head if head_only else head + body
 
 
@@ -93,6 +119,7 @@ def write_error(
     retry_after: int | None = None,
     message: str | None = None,
     cors: Sequence[tuple[bytes, bytes]] = (),
+    extra: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     """Answer ``request`` with the proxy-generated error ``reason`` and finish it.
 
@@ -101,18 +128,19 @@ def write_error(
     :param cors: the one exception to "no CORS headers": ``inventory-invalid`` carries the
         intersected headers when every responder granted
         (docs/browser-policy.md#the-proxys-own-answers).
+    :param extra: header fields the answer also carries (``WWW-Authenticate``).
     """
     status, body = error_answer(engine, request.path.decode("latin-1"), reason, message)
     headers = request.responseHeaders
     for name, _ in list(headers.getAllRawHeaders()):
         headers.removeHeader(name)
-    request.setResponseCode(status)
+    request.setResponseCode(status, reason_phrase(status))
     headers.setRawHeaders(b"content-type", [b"application/json; charset=utf-8"])
     headers.setRawHeaders(b"content-length", [str(len(body)).encode()])
     headers.setRawHeaders(b"x-nvpair-error", [reason.value.encode()])
     if retry_after is not None:
         headers.setRawHeaders(b"retry-after", [str(max(1, retry_after)).encode()])
-    for name, value in cors:
+    for name, value in (*cors, *extra):
         headers.addRawHeader(name, value)
     if request.method != b"HEAD":
         request.write(body)

@@ -10,6 +10,7 @@ asks this facade through its :class:`~nvpair.wire.facade_server.Gate`. A request
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
@@ -27,6 +28,7 @@ from nvpair.engines.admission import (
     ollama_host_allowed,
     target_host,
 )
+from nvpair.engines.caller import Caller
 from nvpair.engines.table import Dialect, RouteClass
 from nvpair.facades import access
 from nvpair.facades.answers import head_refusal, write_error
@@ -34,15 +36,22 @@ from nvpair.wire.cluster import Membership
 from nvpair.wire.facade_server import FacadeRequest, Refusal, origin_form
 from nvpair.wire.web import ProxiedRequest
 
+if TYPE_CHECKING:
+    from OpenSSL import SSL
+
 FORBIDDEN = Refusal(Reason.FORBIDDEN)
 FORBIDDEN_HOST = Refusal(Reason.FORBIDDEN_HOST)
 
 
 def is_preflight(request: FacadeRequest) -> bool:
     """A CORS preflight: ``OPTIONS`` carrying ``Origin`` and ``Access-Control-Request-Method``."""
-    headers = request.requestHeaders
+    return preflight_head(request.method, request.requestHeaders)
+
+
+def preflight_head(method: bytes, headers: Headers) -> bool:
+    """:func:`is_preflight`, from a request's method and headers."""
     return bool(
-        request.method == b"OPTIONS"
+        method == b"OPTIONS"
         and headers.hasHeader(b"origin")
         and headers.hasHeader(b"access-control-request-method")
     )
@@ -54,6 +63,8 @@ class Admitted:
 
     :ivar model: the model as named in the body (None: the body names none).
     :ivar model_key: the engine's comparison key for ``model``.
+    :ivar caller: who sent it, where fleet mode's ``[access]`` is in force; None elsewhere
+        (docs/lan.md#who-may-call).
     """
 
     engine: Dialect
@@ -64,6 +75,25 @@ class Admitted:
     body: bytes
     model: str | None
     model_key: str | None
+    caller: Caller | None = None
+
+
+class CallerGate(Protocol):
+    """What a facade asks of fleet mode's ``[access]`` (:class:`nvpair.fleet.langate.LanGate`)."""
+
+    def refusal(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Refusal | None:
+        """A non-loopback caller's refusal at its request head, or None to read on."""
+
+    def caller(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Caller | Refusal | None:
+        """Who an admitted request came from (None: no ``[access]``), or its refusal."""
+
+    @property
+    def tls(self) -> SSL.Context | None:
+        """The TLS context LAN callers get now (None: no TLS for them)."""
 
 
 class RequestHandler:
@@ -81,6 +111,8 @@ class Facade:
     :param handler: the request path.
     :param access_log: where a request refused before the request path is written down (the
         request path writes the rest); None when the access log is off.
+    :param lan: fleet mode's ``[access]``: which non-loopback callers are served, with which
+        keys (None: none, as in broker mode).
     """
 
     log = Logger()
@@ -92,6 +124,7 @@ class Facade:
         *,
         peer: Callable[[], Membership | None] | None = None,
         access_log: access.AccessLog | None = None,
+        lan: CallerGate | None = None,
     ) -> None:
         """:param peer: serve the cluster personality with this live membership: every request
         is a pinned peer's and goes to the local engine as it is."""
@@ -99,6 +132,7 @@ class Facade:
         self._handler = handler
         self._peer = peer
         self._access = access_log
+        self._lan = lan
 
     def serve(self, request: FacadeRequest) -> None:
         """Admit a whole request (head and body) and hand it to the request path."""
@@ -113,11 +147,14 @@ class Facade:
     def refusal_at_head(
         self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
     ) -> Refusal | None:
-        """The loopback gate (plaintext only), then Ollama's ``Host`` guard."""
+        """The loopback gate and ``[access]`` (not for a pinned peer), then Ollama's ``Host``
+        guard, for loopback callers only: a LAN caller names this machine as it names any."""
         if self._peer is not None:
             return None
         if not is_loopback(peer):
-            return FORBIDDEN
+            if self._lan is None:
+                return FORBIDDEN
+            return self._lan.refusal(peer, headers, preflight_head(method, headers))
         if self.engine.host_guard:
             hosts = headers.getRawHeaders(b"host")
             if not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
@@ -131,7 +168,12 @@ class Facade:
         # No method: no request line was read, and the target is a stand-in.
         self._refused(method, path if form is not None and method else None, refusal.reason)
         return head_refusal(
-            self.engine, path, refusal.reason, refusal.message, head_only=method == b"HEAD"
+            self.engine,
+            path,
+            refusal.reason,
+            refusal.message,
+            head_only=method == b"HEAD",
+            extra=refusal.headers,
         )
 
     def _refused(
@@ -146,9 +188,22 @@ class Facade:
             return
         path = request.path.decode("latin-1")
         body = request.body()
+        caller = None
         if self._peer is not None:
             route, model = RouteClass.PEER, None
         else:
+            if self._lan is not None:
+                found = self._lan.caller(
+                    _client(request), request.requestHeaders, is_preflight(request)
+                )
+                if isinstance(found, Refusal):
+                    # [access] was reloaded since the head: it lets this caller in no more.
+                    self._refused(request.method, path, found.reason)
+                    write_error(
+                        request, engine, found.reason, message=found.message, extra=found.headers
+                    )
+                    return
+                caller = found
             route = (
                 RouteClass.PREFLIGHT
                 if is_preflight(request)
@@ -169,6 +224,7 @@ class Facade:
             body=body,
             model=model,
             model_key=None if model is None else engine.model_key(model),
+            caller=caller,
         )
         if debug_enabled():
             self.log.debug(
@@ -218,3 +274,10 @@ class Facade:
             write_error(request, self.engine, Reason.INTERNAL)
         else:
             request.loseConnection()
+
+
+def _client(request: FacadeRequest) -> IAddress | None:
+    """The address the request came from (over TLS, the TLS transport's underlying one)."""
+    channel = request.channel
+    transport = channel.transport if channel is not None else None
+    return transport.getPeer() if transport is not None else None

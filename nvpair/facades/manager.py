@@ -19,7 +19,7 @@ from twisted.logger import Logger
 from nvpair.control.outbox import Outbox
 from nvpair.engines.table import FACADES, Dialect
 from nvpair.facades.access import AccessLog
-from nvpair.facades.facade import Facade, RequestHandler
+from nvpair.facades.facade import CallerGate, Facade, RequestHandler
 from nvpair.facades.ports import (
     PortCorrupt,
     PortFound,
@@ -95,10 +95,12 @@ class FacadeManager:
         backlog: int = 4096,
         membership: Callable[[], Membership | None] = lambda: None,
         access_log: AccessLog | None = None,
+        lan: CallerGate | None = None,
     ) -> None:
         """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
         :param membership: the live cluster membership (None: plaintext personality only).
-        :param access_log: where each facade writes the requests it refuses (None: off)."""
+        :param access_log: where each facade writes the requests it refuses (None: off).
+        :param lan: fleet mode's ``[access]``, which lets LAN callers in (None: nobody)."""
         self._reactor = reactor
         self._clock = IReactorTime(reactor)
         self._membership = membership
@@ -111,6 +113,7 @@ class FacadeManager:
         self._idle_timeout = idle_timeout
         self._backlog = backlog
         self._access = access_log
+        self._lan = lan
         self.facades: dict[str, LiveFacade] = {}
 
     def enabled(self, engine: str) -> bool:
@@ -160,11 +163,16 @@ class FacadeManager:
             return self._result(live)
         peers = not engine.spans_engines
         membership = self._membership if peers else _no_membership
+        lan = self._lan
+        plain = self._site(Facade(engine, self._handler, access_log=self._access, lan=lan))
         factory = SniffingFactory(
             self._clock,
-            self._site(Facade(engine, self._handler, access_log=self._access)),
+            plain,
             self._site(Facade(engine, self._handler, peer=membership, access_log=self._access)),
             membership,
+            # LAN callers over TLS are served as over plaintext, under the same rules.
+            lan=None if lan is None else plain,
+            lan_tls=(lambda: None) if lan is None else (lambda: lan.tls),
         )
         listener = self._listen(engine, wanted, factory)
         live = LiveFacade(engine, factory, wanted, listener, peers=peers)

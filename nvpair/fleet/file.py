@@ -20,6 +20,7 @@ from nvpair.engines.modelnames import NO_ALIASES, AliasError, Aliases
 from nvpair.engines.table import ENGINES, FACADES, served_engines
 from nvpair.facades.ports import ascii_digits, parse_aliases, valid_port
 from nvpair.fleet.credentials import Credential, read_credential
+from nvpair.fleet.lanconfig import Access, AccessError, parse_access
 
 
 class FleetFileError(ValueError):
@@ -44,13 +45,18 @@ class FleetNode:
 
 @frozen
 class Fleet:
-    """A parsed fleet file."""
+    """A parsed fleet file.
+
+    :ivar access: who besides loopback may call (``[access]``, docs/lan.md); None: nobody.
+    """
 
     inventory_interval: float
     facades: Mapping[str, FacadeSpec]
     nodes: tuple[FleetNode, ...]
     #: ``[models]``: the aliases people may ask for (docs/model-names.md#aliases).
     models: Aliases = NO_ALIASES
+    #: ``[access]``: who besides this machine may call (docs/lan.md); None: loopback only.
+    access: Access | None = None
 
     def authorizations(self) -> dict[str, bytes]:
         """Engine URL -> the ``Authorization`` value every request to it carries."""
@@ -191,7 +197,9 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
     except RecursionError:
         # tomllib parses nested arrays and inline tables recursively.
         raise FleetFileError(f"{path}: not valid TOML: nested too deeply") from None
-    _check_keys(path, "top level", document, {"inventory-interval", "facades", "nodes", "models"})
+    _check_keys(
+        path, "top level", document, {"inventory-interval", "facades", "nodes", "models", "access"}
+    )
 
     interval_text = document.get("inventory-interval", "5s")
     try:
@@ -254,7 +262,11 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         models = Aliases.parse(document.get("models", {}))
     except AliasError as bad:
         raise _fail(path, f"models{bad.where}", bad.why) from None
-    return Fleet(interval, facades, tuple(nodes), models)
+    try:
+        access = parse_access(document.get("access"), path.parent)
+    except AccessError as error:
+        raise FleetFileError(f"{path}: {error}") from None
+    return Fleet(interval, facades, tuple(nodes), models, access)
 
 
 def unserved(fleet: Fleet, running: Collection[str]) -> list[tuple[str, str, str]]:

@@ -96,6 +96,12 @@ class MetricsCollector(Collector):
             m.requests.items(),
         )
         yield _counter(
+            "nvpair_key_requests",
+            "Requests ended that came with a fleet key, by key name, engine and outcome.",
+            ["key", "engine", "outcome"],
+            m.keyed.items(),
+        )
+        yield _counter(
             "nvpair_attempts",
             "Dispatches to a node ended, by engine, node and result.",
             ["engine", "node", "result"],

@@ -87,6 +87,8 @@ class Metrics:
     def __init__(self) -> None:
         self.attempts: dict[tuple[str, str, str], int] = {}
         self._ended: dict[tuple[str, str, str], _Ended] = {}
+        #: Requests ended by (key, engine, outcome), of those that came with a fleet key.
+        self.keyed: dict[tuple[str, str, str], int] = {}
 
     def attempt_ended(self, engine: str, node: str, outcome: Outcome, cut: bool = False) -> None:
         """A dispatch ended: failed, or served and its answer delivered (``cut``: truncated
@@ -135,6 +137,11 @@ class Metrics:
             if rate is not None:
                 ended.rate[bisect.bisect_left(RATE_BUCKETS, rate)] += 1
                 ended.rate_sum += rate
+
+    def key_request_ended(self, key: str, engine: str, outcome: str) -> None:
+        """A request that came with the fleet key ``key`` ended (docs/lan.md#keys)."""
+        labels = (key, engine, outcome)
+        self.keyed[labels] = self.keyed.get(labels, 0) + 1
 
     # -- read when scraped ------------------------------------------------------------------
 

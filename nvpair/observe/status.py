@@ -243,6 +243,8 @@ def recent_workload(trail: Trail) -> dict[str, object]:
         else None,
         "admittedAt": _when_ms(workload.created_at),
         "endedAt": _when_ms(workload.completed_at),
+        # Where [access] is in force: the fleet key it came with (docs/lan.md#keys).
+        **({} if workload.caller is None else {"key": workload.caller.name}),
     }
 
 

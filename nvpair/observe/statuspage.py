@@ -32,7 +32,8 @@ th, td { border: 1px solid var(--line); padding: .35rem .5rem; text-align: left;
 th { font-weight: 600; }
 td.empty { color: var(--idle); text-align: center; }
 .cell-head { display: flex; flex-wrap: wrap; gap: .25rem .75rem; align-items: center; }
-.url, .why, .load { font-size: 12px; }
+.url, .why, .load, .key { font-size: 12px; }
+.key { color: var(--idle); }
 .why { font-style: italic; }
 .badge { display: inline-block; padding: 0 .45rem; border-radius: .6rem; color: #fff;
   font-size: 12px; font-weight: 600; background: var(--idle); }
@@ -218,7 +219,10 @@ SCRIPT = """
       row.dataset.state = String(work.state);
       row.append(el("td", "num", work.id));
       row.append(el("td", "", work.engine));
-      row.append(el("td", "", work.model));
+      const model = el("td", "", work.model);
+      // A fleet key's name (docs/lan.md#keys), as text like every value.
+      if (typeof work.key === "string") model.append(el("div", "key", "key " + work.key));
+      row.append(model);
       const state = el("td");
       state.append(badge("work", String(work.state), WORK_STATES));
       row.append(state);

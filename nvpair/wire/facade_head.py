@@ -43,10 +43,15 @@ _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 @frozen
 class Refusal:
     """Why a request is not served: the proxy's reason and, when the reason's own message
-    would not say it, what was wrong (fixed text, never request content)."""
+    would not say it, what was wrong (fixed text, never request content).
+
+    :ivar headers: header fields the answer carries besides its own (``WWW-Authenticate``,
+        ``Retry-After``).
+    """
 
     reason: Reason
     message: str | None = None
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 HEAD_TOO_LARGE = Refusal(Reason.BAD_REQUEST, "the request line and headers are over 16 KiB")

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
 import subprocess
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import pytest_twisted
 import treq
 from twisted.internet import threads
@@ -18,6 +13,7 @@ from twisted.internet import threads
 from tests.certs import make_identity, write_cluster_dir
 from tests.integration.conftest import running_proxy, sims
 from tests.integration.harness import ProxyProcess, free_port
+from tests.integration.netns import lan_namespace
 
 ALICE, BOB, MALLORY = make_identity("alice"), make_identity("bob"), make_identity("mallory")
 
@@ -133,39 +129,11 @@ async def test_unpinned_client_is_refused_and_leaving_needs_no_restart(tmp_path:
         assert health.headers.getRawHeaders(b"x-nvpair-error") == [b"no-owner"]
 
 
-@contextlib.contextmanager
-def network_namespace() -> Iterator[tuple[str, str]]:
-    """A namespace joined to this host by a veth pair: (namespace, host-side address)."""
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2 (ip) is not installed: cannot create a network namespace")
-    tag = uuid.uuid4().hex[:6]
-    ns, host_if, ns_if = f"nvp{tag}", f"nvh{tag}", f"nvn{tag}"
-    host_ip, ns_ip = "10.231.17.1", "10.231.17.2"
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-    try:
-        ip("netns", "add", ns)
-    except (subprocess.CalledProcessError, OSError) as error:
-        pytest.skip(f"network namespaces are not permitted here: {error}")
-    try:
-        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        ip("link", "set", ns_if, "netns", ns)
-        ip("addr", "add", f"{host_ip}/30", "dev", host_if)
-        ip("link", "set", host_if, "up")
-        ip("netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if)
-        ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
-        yield ns, host_ip
-    finally:
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=10)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
-
-
 @pytest_twisted.ensureDeferred
 async def test_plaintext_from_a_non_loopback_address_is_forbidden(tmp_path: Path) -> None:
     """A LAN caller (from a namespace behind a veth pair) gets 403 forbidden."""
-    with network_namespace() as (ns, host_ip):
+    with lan_namespace() as lan:
+        ns, host_ip = lan.name, lan.host_ip
         async with running_proxy(tmp_path) as proxy:
             port = free_port()
             await member(proxy, "ollama", port)

@@ -381,3 +381,32 @@ def test_help_names_the_console_script(tmp_path: Path) -> None:
     assert result.returncode == 0
     assert result.stdout.splitlines()[0] == "Usage: nvpair-proxy [options]"
     assert "--fleet=" in result.stdout and "Display nvpair-proxy's version" in result.stdout
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_new_key_prints_a_secret_and_its_block(tmp_path: Path, runner: str) -> None:
+    """``--new-key NAME`` (docs/lan.md#keys): the secret on one line, then the ``[[keys]]``
+    block whose digest is the secret's; exit 0, no file read or written, nothing started."""
+    import hashlib
+
+    from nvpair.fleet.lanconfig import parse_keys
+
+    result = run([*RUNNERS[runner], "--new-key", "laptop"], tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    secret, block = result.stdout.split("\n", 1)
+    assert secret.startswith("nvp_") and len(secret) >= 4 + 43
+    (key,) = parse_keys(block.encode(), "stdout")
+    assert key.name == "laptop" and key.digest == hashlib.sha256(secret.encode()).digest()
+    assert list(tmp_path.iterdir()) == []
+    again = run([*RUNNERS[runner], "--new-key", "laptop"], tmp_path)
+    assert again.stdout.split("\n", 1)[0] != secret
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_new_key_with_a_bad_name_is_a_usage_error(tmp_path: Path, runner: str) -> None:
+    result = run([*RUNNERS[runner], "--new-key", "my laptop"], tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "nvpair-proxy: --new-key: 'my laptop' must be 1-64 letters, digits, '.', '_' or '-', "
+        "starting with a letter or digit\n"
+    )

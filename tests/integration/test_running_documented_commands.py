@@ -644,3 +644,122 @@ def test_kill_hup_rereads_the_fleet_file(fleet: Fleet) -> None:
         assert answered_by(port)[0] == 200
     finally:
         path.write_text(original)
+
+
+# -- docs/lan.md ----------------------------------------------------------------------------------
+
+LAN_PAGE = ROOT / "docs" / "lan.md"
+
+
+def _sim(where: Path, serves: list[tuple[str, str]]) -> Iterator[Sim]:
+    argv = [sys.executable, "-m", "nvpair.sim"]
+    for engine, model in serves:
+        argv += ["--serve", engine, "0", "node-a", model]
+    with child(argv, where, environ(where)) as started:
+        eventually(
+            lambda: len(_LISTENING.findall(started.err.read_text())) == len(serves),
+            "node-a listening",
+        )
+        yield Sim(started, dict(_LISTENING.findall(started.err.read_text())))
+
+
+def test_serving_a_lan(tmp_path: Path) -> None:
+    """docs/lan.md from key to answer: a key made and filed, a CA and a certificate made with
+    openssl, the proxy serving them, and from another machine (a network namespace) curl and
+    the page's two Python scripts over TLS with that key."""
+    from tests.documented_commands import code_blocks
+    from tests.integration.netns import lan_namespace
+
+    if shutil.which("openssl") is None or shutil.which("curl") is None:
+        pytest.skip("docs/lan.md's commands need openssl and curl (Debian's packages)")
+    env = environ(tmp_path / "state")
+
+    def run(command: str, where: str = "") -> str:
+        done = shell(command.replace("192.168.1.10", where) if where else command, tmp_path, env)
+        assert done.returncode == 0, (command, done.stderr)
+        return done.stdout
+
+    run(documented("nvpair-proxy --new-key laptop > laptop.txt"))
+    run(documented("tail -n +2 laptop.txt >> keys.toml"))
+    secret = run(documented("head -n 1 laptop.txt")).strip()
+    assert secret.startswith("nvp_") and "[[keys]]" in (tmp_path / "keys.toml").read_text()
+    with (
+        contextlib.ExitStack() as stack,
+        lan_namespace(["gpu-host.lan"]) as lan,
+    ):
+        run(
+            documented(
+                "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 "
+                '-subj "/CN=nvpair LAN CA" -keyout ca.key -out ca.crt'
+            )
+        )
+        run(
+            documented(
+                "openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+                '-subj "/CN=gpu-host.lan" -keyout lan.key -out lan.csr'
+            )
+        )
+        run(
+            documented(
+                "printf 'subjectAltName = DNS:gpu-host.lan, IP:192.168.1.10\\nextendedKeyUsage = "
+                "serverAuth\\n' > lan.ext"
+            ),
+            lan.host_ip,
+        )
+        run(
+            documented(
+                "openssl x509 -req -in lan.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 825 "
+                "-extfile lan.ext -out lan.crt"
+            )
+        )
+        sim = stack.enter_context(
+            contextlib.contextmanager(_sim)(
+                tmp_path, [("ollama", "llama3:latest"), ("llamacpp", "qwen2.5-7b-q4")]
+            )
+        )
+        ports = {8080: free_port(), 11435: free_port()}
+        (tmp_path / "fleet.toml").write_text(
+            fleet_toml({"ollama": ports[11435], "llamacpp": ports[8080]}, {"node-a": sim.urls})
+            + f'[access]\nnetworks = ["{lan.network}"]\nkeys = "keys.toml"\n'
+            'tls-cert = "lan.crt"\ntls-key = "lan.key"\n'
+        )
+        stack.enter_context(child(shlex.split("nvpair-proxy --fleet fleet.toml"), tmp_path, env))
+        eventually(ollama_lists_llama3(ports[11435]), "the Ollama facade lists llama3")
+        eventually(
+            lists(ports[8080], "/v1/models", "data", "id", "qwen2.5-7b-q4"), "llama.cpp's model"
+        )
+
+        def at_free_ports(text: str) -> str:
+            for documented_port, port in ports.items():
+                text = text.replace(f"gpu-host.lan:{documented_port}", f"gpu-host.lan:{port}")
+            return text
+
+        def on_the_lan(command: str) -> str:
+            command = at_free_ports(command)
+            done = subprocess.run(
+                lan.command("bash", "-c", command),
+                capture_output=True,
+                text=True,
+                cwd=tmp_path,
+                env={**env, "NVPAIR_KEY": secret},
+                timeout=WAIT,
+                check=False,
+            )
+            assert done.returncode == 0, (command, done.stderr)
+            return done.stdout
+
+        tags = on_the_lan(
+            documented(
+                'curl --cacert ca.crt -H "Authorization: Bearer $NVPAIR_KEY" '
+                "https://gpu-host.lan:11435/api/tags"
+            )
+        )
+        assert [m["name"] for m in json.loads(tags)["models"]] == ["llama3:latest"]
+        page = LAN_PAGE.read_text()
+        (openai_script,) = [b for b in code_blocks(page, "python") if "from openai" in b]
+        (ollama_script,) = [b for b in code_blocks(page, "python") if "import ollama" in b]
+        (tmp_path / "chat.py").write_text(at_free_ports(openai_script))
+        (tmp_path / "ollama_chat.py").write_text(at_free_ports(ollama_script))
+        said = "Hello from node-a.\n"  # the simulated engine's answer
+        assert on_the_lan(documented("SSL_CERT_FILE=ca.crt python3 chat.py")) == said
+        assert on_the_lan(documented("SSL_CERT_FILE=ca.crt python3 ollama_chat.py")) == said

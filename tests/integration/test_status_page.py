@@ -326,3 +326,67 @@ async def test_the_page_names_the_openai_facade_and_its_nodes_engines(
             assert log_problems(proxy) == []
     finally:
         await stopped([ollama, llama])
+
+
+#: The recent rows' model cells and the fleet key each names, once the first row completed.
+READ_KEYS = """
+const done = arguments[arguments.length - 1];
+const deadline = Date.now() + arguments[0];
+(function look() {
+  const rows = [...document.querySelectorAll("#recent-body tr")];
+  if ((rows.length && rows[0].dataset.state === "completed") || Date.now() > deadline) {
+    done(rows.map((row) => {
+      const key = row.children[2].querySelector(".key");
+      return [row.children[2].firstChild.textContent, key ? key.textContent : null];
+    }));
+  } else setTimeout(look, 100);
+})();
+"""
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_status_page_names_the_fleet_key_a_request_came_with(
+    tmp_path: Path, browser: Browser
+) -> None:
+    """Where [access] is in force, a request's row names its key (docs/lan.md#keys); a
+    keyless one names none. A loopback caller that shows a valid key counts as that key."""
+    from twisted.web.http_headers import Headers
+
+    from nvpair.fleet.lanconfig import new_key
+
+    (sim,) = started(SimEngine(reactor, "ollama", models=["llama3:latest"], node="a"))
+    secret, block = new_key("laptop")
+    (tmp_path / "keys.toml").write_text(block)
+    port, admin = free_port(), free_port()
+    fleet = write_fleet(tmp_path / "fleet.toml", port, {"a": sim.url})
+    with fleet.open("a") as text:
+        text.write('[access]\nnetworks = ["192.0.2.0/24"]\nkeys = "keys.toml"\n')
+    try:
+        async with running_proxy(
+            tmp_path / "state", "--fleet", str(fleet), "--admin-port", str(admin)
+        ):
+
+            async def up() -> bool:
+                try:
+                    return (await admin_get(admin, "/readyz"))[0] == 200
+                except ConnectionRefusedError:
+                    return False
+
+            await eventually(up, "ready")
+            body = json.dumps({"model": "llama3", "prompt": "hi", "stream": False}).encode()
+            for headers in ({b"authorization": [b"Bearer " + secret.encode()]}, {}):
+                response = await treq.post(
+                    f"http://127.0.0.1:{port}/api/generate", body, headers=Headers(headers)
+                )
+                await response.content()
+                assert response.code == 200
+            await settled(admin)
+
+            def look() -> Any:
+                browser.navigate(f"http://127.0.0.1:{admin}/")
+                return browser.execute_async(READ_KEYS, 10_000)
+
+            rows = await deferToThread(look)
+            assert rows == [["llama3:latest", None], ["llama3:latest", "key laptop"]]
+    finally:
+        await stopped([sim])

@@ -1,0 +1,143 @@
+"""A fleet's ``[access]`` as it is now: who besides loopback may call, asked by every facade
+(docs/lan.md#who-may-call).
+
+One per fleet process. SIGHUP hands it a re-read ``[access]`` (:meth:`LanGate.reload`); every
+request is judged against the one in force when its head arrives, and its key is looked up
+again when it is admitted, so a key removed in between is refused rather than served. Failed
+keys are counted per address (:mod:`nvpair.fleet.throttle`). The TLS context for LAN callers is
+built here from the checked certificate, and rebuilt when a reload changes it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.logger import Logger
+from twisted.web.http_headers import Headers
+
+from nvpair.common.reasons import Reason
+from nvpair.engines.admission import is_loopback, parse_ip
+from nvpair.engines.caller import Caller
+from nvpair.fleet.lanconfig import Access, LanTls
+from nvpair.fleet.lanpolicy import IPAddress, Verdict, caller_of, judge, loopback_caller
+from nvpair.fleet.throttle import FailedKeys
+from nvpair.wire.facade_server import Refusal
+
+if TYPE_CHECKING:
+    from OpenSSL import SSL
+
+#: Without ``[access]``: the answer every non-loopback caller gets, exactly as in broker mode.
+LOOPBACK_ONLY = Refusal(Reason.FORBIDDEN)
+NOT_LISTED = Refusal(Reason.FORBIDDEN, "this address is in none of the fleet's [access] networks")
+UNAUTHORIZED = Refusal(
+    Reason.UNAUTHORIZED, headers=((b"WWW-Authenticate", b'Bearer realm="nvpair"'),)
+)
+
+
+def _throttled(seconds: int) -> Refusal:
+    return Refusal(Reason.TOO_MANY_AUTH_FAILURES, headers=((b"Retry-After", b"%d" % seconds),))
+
+
+def _ip(peer: IAddress | None) -> IPAddress | None:
+    host = getattr(peer, "host", None)
+    return parse_ip(host) if isinstance(host, str) else None
+
+
+class LanGate:
+    """The ``[access]`` in force and the failed-key throttle.
+
+    :param access: the fleet file's ``[access]``; None lets no LAN caller in and changes
+        nothing for loopback callers.
+    """
+
+    log = Logger()
+
+    def __init__(self, clock: IReactorTime, access: Access | None) -> None:
+        self.access: Access | None = None
+        self.tls: SSL.Context | None = None
+        self._tls_from: LanTls | None = None
+        self._failed: FailedKeys[IPAddress] = FailedKeys(clock)
+        self.reload(access)
+
+    def reload(self, access: Access | None) -> None:
+        """Put a re-read ``[access]`` in force; requests already admitted keep their key."""
+        wanted = access.tls if access is not None else None
+        if wanted != self._tls_from:
+            self.tls, self._tls_from = self._context(wanted), wanted
+            if wanted is not None and self.tls is None:
+                access = None if access is None else _without_tls(access)
+        before, self.access = self.access, access
+        if access is None:
+            if before is not None:
+                self.log.info("LAN callers: none any more (no [access] networks)")
+            return
+        self.log.info(
+            "LAN callers from {networks}: {keys}, {tls}",
+            networks=", ".join(str(network) for network in access.networks),
+            keys="no key needed"
+            if access.keys is None
+            else f"a key needed ({len(access.keys)} in the key file)",
+            tls="TLS too" if self.tls is not None else "plaintext only",
+        )
+
+    def _context(self, tls: LanTls | None) -> SSL.Context | None:
+        if tls is None:
+            return None
+        try:
+            from nvpair.wire.lantls import lan_context
+
+            return lan_context(tls.cert_pem, tls.key_pem)
+        except ImportError:
+            # The process started without TLS and keeps pyOpenSSL out (docs/performance.md#memory).
+            self.log.warn("access.tls-cert: TLS for LAN callers needs a restart to start")
+        return None
+
+    def refusal(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Refusal | None:
+        """A non-loopback caller's refusal at its request head, or None to read on.
+
+        :param preflight: a CORS preflight, which needs no key (:func:`judge`)."""
+        access = self.access
+        if access is None:
+            return LOOPBACK_ONLY
+        ip = _ip(peer)
+        authorization = headers.getRawHeaders(b"authorization")
+        verdict, _ = judge(access, ip, authorization, preflight)
+        if verdict is Verdict.FORBIDDEN:
+            return NOT_LISTED
+        assert ip is not None
+        wait = self._failed.retry_after(ip)
+        if wait is not None:
+            return _throttled(wait)
+        if verdict is Verdict.ALLOWED:
+            return None
+        if verdict is Verdict.BAD_KEY:
+            self._failed.failed(ip)
+            if self._failed.retry_after(ip) is not None:
+                self.log.warn(
+                    "{address} presented too many failed keys: refused for a while",
+                    address=str(ip),
+                )
+        return UNAUTHORIZED
+
+    def caller(
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+    ) -> Caller | Refusal | None:
+        """Who an admitted request came from (None: no ``[access]`` in force), or its
+        refusal when the ``[access]`` reloaded since its head no longer lets it in."""
+        access = self.access
+        if access is None:
+            return None if is_loopback(peer) else LOOPBACK_ONLY
+        authorization = headers.getRawHeaders(b"authorization")
+        if is_loopback(peer):
+            return loopback_caller(access, authorization)
+        verdict, key = judge(access, _ip(peer), authorization, preflight)
+        if verdict is Verdict.ALLOWED:
+            return caller_of(key)
+        return NOT_LISTED if verdict is Verdict.FORBIDDEN else UNAUTHORIZED
+
+
+def _without_tls(access: Access) -> Access:
+    return Access(access.networks, access.keys, None)

@@ -1,0 +1,111 @@
+"""Pure decisions about a LAN caller: its network and its key (docs/lan.md#who-may-call).
+
+Values in, values out: no clock, no socket. :mod:`nvpair.fleet.langate` applies them at a request's
+head with the failed-key throttle (:mod:`nvpair.fleet.throttle`); what a key lets its caller use is
+:mod:`nvpair.engines.caller`'s.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+from collections.abc import Callable, Sequence
+from ipaddress import IPv4Address, IPv6Address
+
+from nvpair.engines.caller import KEYLESS, Caller
+from nvpair.fleet.lanconfig import Access, IPNetwork, Key, digest_of
+
+IPAddress = IPv4Address | IPv6Address
+
+#: ``Authorization``'s scheme for a fleet key (RFC 6750), compared case-insensitively.
+_BEARER = b"bearer "
+
+
+class Verdict(enum.Enum):
+    """What a LAN caller's head decides, before the throttle has its say."""
+
+    ALLOWED = "allowed"
+    #: Not from a listed network: 403 ``forbidden``, as without ``[access]``.
+    FORBIDDEN = "forbidden"
+    #: No key presented where one is needed: 401, not counted against the address.
+    NO_KEY = "no-key"
+    #: A key presented that is none of the file's: 401, counted against the address.
+    BAD_KEY = "bad-key"
+
+
+def in_networks(ip: IPAddress | None, networks: Sequence[IPNetwork]) -> bool:
+    """Whether ``ip`` (IPv4-mapped already unwrapped) is in one of ``networks``."""
+    # An address is never in a network of the other family (False, no error).
+    return ip is not None and any(ip in network for network in networks)
+
+
+def bearer(values: Sequence[bytes] | None) -> bytes | None:
+    """The secret of exactly one ``Authorization: Bearer <secret>``, or None.
+
+    Several ``Authorization`` fields, another scheme or an empty token are no secret.
+    """
+    if values is None or len(values) != 1:
+        return None
+    value = values[0].strip()
+    if len(value) <= len(_BEARER) or value[: len(_BEARER)].lower() != _BEARER:
+        return None
+    secret = value[len(_BEARER) :].strip()
+    return secret or None
+
+
+def find_key(
+    keys: Sequence[Key],
+    secret: bytes,
+    compare: Callable[[bytes, bytes], bool] = hmac.compare_digest,
+) -> Key | None:
+    """The key whose digest is ``secret``'s, compared in constant time.
+
+    Every key is compared, whichever matches: the time taken says nothing of which one did,
+    or how much of a digest matched.
+
+    :param compare: the comparison (a constant-time one; a test counts its calls).
+    """
+    digest = digest_of(secret)
+    found = None
+    for key in keys:
+        if compare(digest, key.digest):
+            found = key
+    return found
+
+
+def judge(
+    access: Access,
+    ip: IPAddress | None,
+    authorization: Sequence[bytes] | None,
+    preflight: bool = False,
+) -> tuple[Verdict, Key | None]:
+    """A non-loopback caller's verdict, and its key when it presented a valid one.
+
+    :param preflight: the request is a CORS preflight, which a browser sends without
+        credentials whatever the request it asks about carries: one without a key is let in
+        keyless (it asks the engines what they allow, and uses no model).
+    """
+    if not in_networks(ip, access.networks):
+        return Verdict.FORBIDDEN, None
+    if access.keys is None or (preflight and authorization is None):
+        return Verdict.ALLOWED, None
+    if authorization is None:
+        return Verdict.NO_KEY, None
+    secret = bearer(authorization)
+    key = None if secret is None else find_key(access.keys, secret)
+    if key is None:
+        return Verdict.BAD_KEY, None
+    return Verdict.ALLOWED, key
+
+
+def caller_of(key: Key | None) -> Caller:
+    """The caller a valid key (or none) makes."""
+    return KEYLESS if key is None else Caller(key.name, key.models)
+
+
+def loopback_caller(access: Access, authorization: Sequence[bytes] | None) -> Caller:
+    """A loopback caller needs no key; one that presents a valid key is that key's, its
+    patterns included."""
+    secret = bearer(authorization) if access.keys else None
+    key = None if secret is None or access.keys is None else find_key(access.keys, secret)
+    return caller_of(key)
