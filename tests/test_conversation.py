@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from nvpair.engines.conversation import BLOCK, MAX_KEYS, prefix_keys
+from nvpair.engines.conversation import BLOCK, MAX_KEYS, MAX_MESSAGES, prefix_keys
 
 SYSTEM = {"role": "system", "content": "be brief"}
 HELLO = {"role": "user", "content": "hello"}
@@ -80,6 +80,12 @@ def test_a_very_long_conversation_gives_only_its_longest_keys() -> None:
     assert len(keys) == MAX_KEYS
     assert keys[-1] == prefix_keys(chat(*messages))[-1]
     assert keys[0] == prefix_keys(chat(*messages[:501]))[-1]
+
+
+def test_a_chat_of_more_messages_than_any_context_holds_has_no_keys() -> None:
+    # Encoding each of millions of tiny messages would stall the reactor for seconds.
+    assert len(prefix_keys(chat(*[{}] * MAX_MESSAGES))) == MAX_KEYS
+    assert prefix_keys(chat(*[{}] * (MAX_MESSAGES + 1))) == ()
 
 
 def test_hostile_values_give_keys_or_none_never_an_error() -> None:

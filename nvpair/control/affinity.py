@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from hashlib import blake2b
 
 from attrs import define, field, frozen
 
@@ -54,8 +53,7 @@ DEFAULT_AFFINITY = AffinityOptions()
 def scope(engine: str, model_key: str | None) -> int:
     """The (engine, model) a key is kept under, as a number its keys are combined with: one
     table serves every pair, and a key recorded for one pair is never found for another."""
-    named = f"{engine}\0{model_key or ''}".encode("utf-8", "surrogatepass")
-    return int.from_bytes(blake2b(named, digest_size=8).digest(), "big")
+    return hash((engine, model_key))
 
 
 class PrefixTable:

@@ -4,7 +4,9 @@
 An engine keeps the prompt it just read: the next turn of a conversation, sent to the same
 node, is read from where the last one ended. A key names one leading run of a conversation —
 the first k messages of a chat, the first k blocks of a completion prompt — by a digest, so
-that two requests sharing a beginning share its keys, and nothing of the text is kept.
+that two requests sharing a beginning share its keys, and nothing of the text is kept. The
+digests are Python's own hash (SipHash, keyed with a secret the process draws at start): 64
+bits, cheap, and as good as any digest for a table that lives and dies with the process.
 
 The keys come from the body admission has already parsed (:func:`prefix_keys`); the table
 they are recorded in is :mod:`nvpair.control.affinity`'s. Pure: no I/O.
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from hashlib import blake2b
 
 #: A completion prompt's keys cover it in blocks of this many characters (and the whole).
 BLOCK = 1024
@@ -23,26 +24,36 @@ BLOCK = 1024
 #: finds its node by its latest ones; a body of a million messages records no more than these.
 MAX_KEYS = 1024
 
-#: Bytes of each digest: 64 bits keep a collision between two of a full table's prefixes
-#: below one in a hundred million, in a key a quarter the size of a 32-byte one.
-_DIGEST = 8
+#: Most messages a chat may have and still get keys. Each message is encoded on its own, a few
+#: microseconds apiece, on the reactor: a body of millions of tiny messages (a 16 MiB body holds
+#: five million ``{}``) would stall it for seconds. No chat a model's context holds comes near.
+MAX_MESSAGES = 4096
+
+#: Where a chat's chain of keys and a prompt's start, so that neither is ever the other's.
+_CHAT, _PROMPT = 0x43484154, 0x50524F4D
+
+#: A message that is not a flat object is encoded in canonical JSON (one encoder, built once).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def prefix_keys(document: object) -> tuple[int, ...]:
     """The prefix keys of an inference body, shortest first; () when it has none.
 
     A chat (``messages``, a non-empty list) gives one per leading run of its messages, each
-    message in canonical JSON (sorted keys, no spaces), so that a client re-sending the same
-    history in another key order or spacing finds the same keys. A completion (``prompt``, a
+    message taken as its sorted items (or its canonical JSON), so that a client re-sending the
+    same history in another key order or spacing finds the same keys. A completion (``prompt``, a
     string, or a list of one) gives one per leading block of :data:`BLOCK` characters, the
-    last one the whole prompt. Anything else (token arrays, embeddings' ``input``) gives none.
+    last one the whole prompt. Anything else (token arrays, embeddings' ``input``, a chat of
+    more than :data:`MAX_MESSAGES` messages) gives none.
     """
     if not isinstance(document, dict):
         return ()
     messages = document.get("messages")
     if isinstance(messages, list) and messages:
+        if len(messages) > MAX_MESSAGES:
+            return ()
         try:
-            return _chain(_canonical(message) for message in messages)
+            return _chain(_CHAT, map(_digest, messages))
         except (ValueError, TypeError, RecursionError):
             # Nested past what the encoder takes, or a value it refuses: no affinity for it,
             # the request itself goes on as it came.
@@ -52,24 +63,29 @@ def prefix_keys(document: object) -> tuple[int, ...]:
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
         return _chain(
-            prompt[start : start + BLOCK].encode("utf-8", "surrogatepass")
-            for start in range(0, len(prompt), BLOCK)
+            _PROMPT, (hash(prompt[start : start + BLOCK]) for start in range(0, len(prompt), BLOCK))
         )
     return ()
 
 
-def _canonical(message: object) -> bytes:
-    text = json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return text.encode("utf-8", "surrogatepass")
+def _digest(message: object) -> int:
+    """One message's digest: a flat object's (every value a string, number or null, as chat
+    messages mostly are) from its sorted items, anything else from its canonical JSON. Either
+    way the order of its keys and the spacing of the body do not matter."""
+    if type(message) is dict:
+        try:
+            return hash(tuple(sorted(message.items())))
+        except TypeError:
+            pass  # a value that is a list or an object: content in parts, tool calls
+    return hash(_CANONICAL.encode(message))
 
 
-def _chain(pieces: Iterable[bytes]) -> tuple[int, ...]:
-    """One digest per leading run of ``pieces``: the k-th covers the first k, each piece
-    framed by its length so that no two different runs read as the same bytes."""
-    running = blake2b(digest_size=_DIGEST)
+def _chain(start: int, digests: Iterable[int]) -> tuple[int, ...]:
+    """One key per leading run of the pieces ``digests`` stand for: the k-th covers the first
+    k, as the digest of the (k-1)-th key and the k-th piece's digest."""
     keys: list[int] = []
-    for piece in pieces:
-        running.update(len(piece).to_bytes(8, "big"))
-        running.update(piece)
-        keys.append(int.from_bytes(running.copy().digest(), "big"))
+    key = start
+    for digest in digests:
+        key = hash((key, digest))
+        keys.append(key)
     return tuple(keys[-MAX_KEYS:])
