@@ -40,6 +40,10 @@ T = TypeVar("T")
 CONVERSATIONS = itertools.count()
 
 
+#: llama.cpp's ``ignore_eos``: generate ``max_tokens`` whatever is sampled.
+UNTIL_MAX = {"ignore_eos": True}
+
+
 def new_chat() -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": f"hello there {next(CONVERSATIONS)}"}]
 
@@ -143,6 +147,7 @@ def streamed(client: openai.OpenAI, model: str) -> tuple[str, str, int | None]:
         model=model,
         messages=new_chat(),
         max_tokens=8,
+        extra_body=UNTIL_MAX,
         stream=True,
         stream_options={"include_usage": True},
     ) as response:
