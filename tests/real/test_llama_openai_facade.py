@@ -70,12 +70,17 @@ class Fleet(NamedTuple):
 
 
 @contextlib.asynccontextmanager
-async def openai_fleet(tmp_path: Path, llama: str, *, sims_warm: bool) -> AsyncIterator[Fleet]:
+async def openai_fleet(
+    tmp_path: Path, llama: str, *, sims_warm: bool, affinity: bool = True
+) -> AsyncIterator[Fleet]:
     """``[facades.openai]`` alone over ``a-ollama``, ``b-studio`` and ``c-llama``, once each
     has joined its engine's discovery and its load state has been read.
 
     :param sims_warm: whether the simulated engines hold their models in memory: when they do
         not, the warm llama-server goes first for ``tiny`` whatever its id.
+    :param affinity: ``[scheduling] affinity``: off, the same chat sent again goes by the
+        plain order rather than back to the node that served it
+        (docs/fleet-scheduling.md#affinity-order).
     """
     warm = None if sims_warm else ()
     ollama = SimEngine(
@@ -93,6 +98,7 @@ async def openai_fleet(tmp_path: Path, llama: str, *, sims_warm: bool) -> AsyncI
         "c-llama": ("llamacpp", llama),
     }
     text = f'inventory-interval = "100ms"\n[facades.openai]\nport = {port}\n'
+    text += f"[scheduling]\naffinity = {str(affinity).lower()}\n"
     for node, (engine, url) in nodes.items():
         text += f'[[nodes]]\nid = "{node}"\n[nodes.engines]\n{engine} = "{url}"\n'
     fleet = tmp_path / "fleet.toml"
@@ -155,7 +161,9 @@ async def test_one_base_url_reaches_every_engine_s_models(tmp_path: Path, llama:
         client = fleet.client()
         hello = "".join(fleet.ollama.tokens)
         assert await in_thread(lambda: chat(client, "llama3")) == ("a-ollama", hello, 4)
-        assert fleet.ollama.requests[-1].path == "/v1/chat/completions"
+        # Its last POST: a load poll may have come since.
+        posted = [r.path for r in fleet.ollama.requests if r.method == "POST"]
+        assert posted[-1] == "/v1/chat/completions"
         studio = "".join(fleet.studio.tokens)
         assert await in_thread(lambda: streamed(client, "qwen2.5-7b-instruct")) == (
             "b-studio",
@@ -203,7 +211,8 @@ async def test_a_503_moves_the_request_from_engine_to_engine(tmp_path: Path, lla
     503, and the real llama-server serves it, streamed and not. ``/status`` names the facade
     ``openai`` and the workload by the engine that served it; ``/metrics`` counts the request
     under the facade and each attempt under its node's engine."""
-    async with openai_fleet(tmp_path, llama, sims_warm=True) as fleet:
+    # The same chat twice, each time by the plain order: a-ollama, b-studio, c-llama.
+    async with openai_fleet(tmp_path, llama, sims_warm=True, affinity=False) as fleet:
         fleet.ollama.faults.status = 503
         fleet.studio.faults.status = 503
         client = fleet.client()
