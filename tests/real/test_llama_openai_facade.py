@@ -81,17 +81,12 @@ class Fleet(NamedTuple):
 
 
 @contextlib.asynccontextmanager
-async def openai_fleet(
-    tmp_path: Path, llama: str, *, sims_warm: bool, affinity: bool = True
-) -> AsyncIterator[Fleet]:
+async def openai_fleet(tmp_path: Path, llama: str, *, sims_warm: bool) -> AsyncIterator[Fleet]:
     """``[facades.openai]`` alone over ``a-ollama``, ``b-studio`` and ``c-llama``, once each
     has joined its engine's discovery and its load state has been read.
 
     :param sims_warm: whether the simulated engines hold their models in memory: when they do
         not, the warm llama-server goes first for ``tiny`` whatever its id.
-    :param affinity: ``[scheduling] affinity``: off, the same chat sent again goes by the
-        plain order rather than back to the node that served it
-        (docs/fleet-scheduling.md#affinity-order).
     """
     warm = None if sims_warm else ()
     ollama = SimEngine(
@@ -109,7 +104,6 @@ async def openai_fleet(
         "c-llama": ("llamacpp", llama),
     }
     text = f'inventory-interval = "100ms"\n[facades.openai]\nport = {port}\n'
-    text += f"[scheduling]\naffinity = {str(affinity).lower()}\n"
     for node, (engine, url) in nodes.items():
         text += f'[[nodes]]\nid = "{node}"\n[nodes.engines]\n{engine} = "{url}"\n'
     fleet = tmp_path / "fleet.toml"
@@ -225,8 +219,7 @@ async def test_a_503_moves_the_request_from_engine_to_engine(tmp_path: Path, lla
     503, and the real llama-server serves it, streamed and not. ``/status`` names the facade
     ``openai`` and the workload by the engine that served it; ``/metrics`` counts the request
     under the facade and each attempt under its node's engine."""
-    # The same chat twice, each time by the plain order: a-ollama, b-studio, c-llama.
-    async with openai_fleet(tmp_path, llama, sims_warm=True, affinity=False) as fleet:
+    async with openai_fleet(tmp_path, llama, sims_warm=True) as fleet:
         fleet.ollama.faults.status = 503
         fleet.studio.faults.status = 503
         client = fleet.client()
