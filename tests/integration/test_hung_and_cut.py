@@ -43,7 +43,12 @@ from tests.integration.test_fleet import eventually
 from tests.integration.test_fleet_operator import admin_get, by_id
 from tests.integration.test_fleet_schedules import generate, started, stopped
 from tests.integration.test_metrics_endpoint import labels, scrape
-from tests.integration.test_status_page import READ_PAGE, browser, keep_screenshot, settled
+from tests.integration.test_status_page import (
+    browser,
+    keep_screenshot,
+    page_and_screenshot,
+    settled,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -320,13 +325,7 @@ async def test_the_status_page_shows_a_keyed_caller_a_truncated_stream_and_a_hun
                     return len(recent) == 2 and recent[0]["endedAt"] is not None
 
                 await eventually(both_ended, "the cut workload's end in /status")
-
-                def look() -> tuple[Any, bytes]:
-                    browser.navigate(f"http://127.0.0.1:{admin}/")
-                    seen = browser.execute_async(READ_PAGE, 10_000, True)
-                    return seen, browser.screenshot()
-
-                seen, png = await deferToThread(look)
+                seen, png = await deferToThread(page_and_screenshot, browser, admin)
                 keep_screenshot(png, tmp_path / "status-page-key-truncated-hung.png")
                 cells = {c["node"]: c for c in seen["cells"]}
                 assert cells["a"]["state"] == "hung", seen
