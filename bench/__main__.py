@@ -68,7 +68,10 @@ def _header(plan: Plan, chosen: list[str], first: str) -> list[str]:
         f"({plan.stalls} for the stall, first-byte timeout {plan.stall_timeout:g} s where the "
         f"proxy has one); cold-start mix: {plan.coldstart_seconds:g} s of arrivals per order "
         f"(seed {plan.coldstart_seed} + round, popularity exponent {plan.coldstart_zipf:g}, "
-        f"{plan.coldstart_room} models in memory per node). Scenarios: {', '.join(chosen)}.",
+        f"{plan.coldstart_room} models in memory per node); multi-turn: "
+        f"{plan.multiturn_conversations} conversations (seed {plan.multiturn_seed} + round)"
+        f"{', and the correction run' if plan.multiturn_correction else ''}. "
+        f"Scenarios: {', '.join(chosen)}.",
     ]
 
 
@@ -138,6 +141,16 @@ def main() -> None:
         type=_positive_int,
         help="cold-start mix: models each node holds in memory at once (default 2)",
     )
+    parser.add_argument(
+        "--multiturn-conversations",
+        type=_positive_int,
+        help="multi-turn bench: conversations per side (default 24)",
+    )
+    parser.add_argument(
+        "--multiturn-correction",
+        action="store_true",
+        help="multi-turn bench: also run affinity with one node's prompt cache off (not judged)",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile")
     parser.add_argument(
         "--replot", type=Path, metavar="JSON", help="draw a saved run's table and plot again"
@@ -163,9 +176,12 @@ def main() -> None:
             "failovers",
             "coldstart_zipf",
             "coldstart_room",
+            "multiturn_conversations",
         )
         if getattr(args, name) is not None
     }
+    if args.multiturn_correction:
+        overrides["multiturn_correction"] = True
     plan = attrs.evolve(plan, **overrides)
     chosen = args.only.split(",") if args.only else list(SCENARIOS)
     unknown = set(chosen) - set(SCENARIOS)
