@@ -153,6 +153,7 @@ async def send_turn(
         _count(stream.timings, "prompt_n"),
         _count(stream.timings, "cache_n"),
         error,
+        loop.time() - started,
     )
     return measured, stream.reply
 

@@ -25,6 +25,7 @@ class Turn:
     :param prompt_n: the prompt tokens the engine evaluated (its ``timings.prompt_n``).
     :param cache_n: the prompt tokens it took from its cache (``timings.cache_n``).
     :param error: why the turn failed, when it did.
+    :param seconds: from starting to connect to the end of the answer (or the failure).
     """
 
     conversation: int
@@ -35,6 +36,7 @@ class Turn:
     prompt_n: int | None
     cache_n: int | None
     error: str = ""
+    seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -64,6 +66,10 @@ class SideSummary:
     :param evaluated: the sum of the answers' ``timings.prompt_n``.
     :param cached: the sum of their ``timings.cache_n``.
     :param busiest_share: the busiest node's answers over a fair share (answers / nodes).
+    :param followups: answered turns after an answered first one of their conversation.
+    :param stayed: those answered by the node that answered the conversation's turn before.
+    :param in_flight: requests in flight on average over the side's run (the sum of the turns'
+        times over ``elapsed``); None when no run time was given.
     """
 
     requests: int
@@ -75,10 +81,28 @@ class SideSummary:
     cached: int
     nodes: Mapping[str, NodeTokens]
     busiest_share: float | None
+    followups: int = 0
+    stayed: int = 0
+    in_flight: float | None = None
 
 
-def summarize(turns: Sequence[Turn], nodes: Sequence[str]) -> SideSummary:
-    """``turns`` of one side over ``nodes`` (every node counted, the idle ones as zero)."""
+def _stayed(turns: Sequence[Turn]) -> tuple[int, int]:
+    """(follow-up turns answered after an answered turn, those on that turn's node)."""
+    answered = {(t.conversation, t.turn): t.node for t in turns if t.ok}
+    followups = stayed = 0
+    for (conversation, turn), node in answered.items():
+        before = answered.get((conversation, turn - 1))
+        if before is not None:
+            followups += 1
+            stayed += before == node
+    return followups, stayed
+
+
+def summarize(
+    turns: Sequence[Turn], nodes: Sequence[str], elapsed: float | None = None
+) -> SideSummary:
+    """``turns`` of one side over ``nodes`` (every node counted, the idle ones as zero), played
+    in ``elapsed`` seconds."""
     ok = [t for t in turns if t.ok]
     ttfts = [t.ttft_ms for t in ok if t.ttft_ms is not None]
     per_node: dict[str, NodeTokens] = {name: NodeTokens() for name in nodes}
@@ -92,6 +116,7 @@ def summarize(turns: Sequence[Turn], nodes: Sequence[str]) -> SideSummary:
     fair = len(ok) / len(per_node) if per_node and ok else None
     busiest = max((n.requests for n in per_node.values()), default=0)
     statuses = Counter("none" if t.status is None else str(t.status) for t in turns)
+    followups, stayed = _stayed(turns)
     return SideSummary(
         requests=len(turns),
         failed=len(turns) - len(ok),
@@ -102,6 +127,9 @@ def summarize(turns: Sequence[Turn], nodes: Sequence[str]) -> SideSummary:
         cached=sum(n.cached for n in per_node.values()),
         nodes=per_node,
         busiest_share=busiest / fair if fair else None,
+        followups=followups,
+        stayed=stayed,
+        in_flight=sum(t.seconds for t in turns) / elapsed if elapsed else None,
     )
 
 
@@ -125,6 +153,14 @@ def side_table(summaries: Mapping[str, SideSummary]) -> list[str]:
         ),
         ("prompt tokens evaluated", [f"{s.evaluated:,}" for s in summaries.values()]),
         ("prompt tokens from cache", [f"{s.cached:,}" for s in summaries.values()]),
+        (
+            "follow-ups on the turn before's node",
+            [f"{s.stayed} of {s.followups}" for s in summaries.values()],
+        ),
+        (
+            "requests in flight, mean",
+            ["—" if s.in_flight is None else f"{s.in_flight:.2f}" for s in summaries.values()],
+        ),
         (
             "busiest node / fair share",
             [

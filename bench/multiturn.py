@@ -237,7 +237,10 @@ def run(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
             except (RuntimeError, OSError) as error:
                 results.note(f"multi-turn round {r + 1} {side} failed: {error}")
                 continue
-            summaries[side] = summarize(played.turns, NODES)
+            summaries[side] = summarize(played.turns, NODES, played.seconds)
+            said = affinity_shown(played.status)
+            if table and said != (side != "affinity-off"):
+                results.note(f"multi-turn round {r + 1} {side}: /status says affinity {said}")
             _record(results, side, r, summaries[side], played)
             _say(f"  round {r + 1} {side}: done in {played.seconds:.0f} s")
             if side == CORRECTION:
@@ -257,6 +260,10 @@ def _record(results: Results, side: str, r: int, summary: SideSummary, played: S
     results.put("mt_engine_evaluated", side, r, sum(e for e, _ in played.counters.values()))
     results.put("mt_engine_cached", side, r, sum(c for _, c in played.counters.values()))
     results.put("mt_busiest_share", side, r, summary.busiest_share)
+    results.put(
+        "mt_stayed", side, r, summary.stayed / summary.followups if summary.followups else None
+    )
+    results.put("mt_in_flight", side, r, summary.in_flight)
     for name, tokens in summary.nodes.items():
         results.put(f"mt_node_requests:{name}", side, r, tokens.requests)
     ttfts = [t.ttft_ms for t in played.turns if t.ok and t.ttft_ms is not None]
@@ -266,6 +273,13 @@ def _record(results: Results, side: str, r: int, summary: SideSummary, played: S
     if summary.failed:
         errors = sorted({t.error for t in played.turns if not t.ok})
         results.note(f"multi-turn round {r + 1} {side}: {summary.failed} failed ({errors[:3]})")
+
+
+def affinity_shown(status: object) -> bool | None:
+    """Whether the proxy's ``/status`` says affinity is on (None: it does not say)."""
+    affinity = status.get("affinity") if isinstance(status, dict) else None
+    enabled = affinity.get("enabled") if isinstance(affinity, dict) else None
+    return enabled if isinstance(enabled, bool) else None
 
 
 def correction_lines(played: SideRun) -> list[str]:

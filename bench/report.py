@@ -63,6 +63,8 @@ MT_ROWS: tuple[tuple[str, str, int], ...] = (
     ("prompt tokens evaluated (the engines' /metrics)", "mt_engine_evaluated", 0),
     ("prompt tokens from cache (the engines' /metrics)", "mt_engine_cached", 0),
     ("busiest node's requests / a fair share", "mt_busiest_share", 2),
+    ("share of follow-up turns on the turn before's node", "mt_stayed", 2),
+    ("requests in flight, mean (6 slots)", "mt_in_flight", 2),
     *(
         (f"requests answered by {node}", f"mt_node_requests:{node}", 0)
         for node in ("n0", "n1", "n2")

@@ -10,7 +10,7 @@ import pytest
 
 from bench.chatresults import NodeTokens, Turn, side_table, summarize
 from bench.llamanodes import LlamaNode, model_path
-from bench.multiturn import NODES, fleet_text
+from bench.multiturn import NODES, affinity_shown, fleet_text
 from bench.targets import TARGETS, Verdict, both_sides_failed, judge
 from tests.real.tiny_gguf import Shape
 
@@ -39,6 +39,30 @@ def test_a_side_sums_the_engines_own_counts_per_node_and_over_the_side() -> None
     assert side.ttft_p50_ms == 120.0 and side.ttft_p90_ms == 600.0
     # Two of three answers on one of three nodes: twice a fair share.
     assert side.busiest_share == pytest.approx(2.0)
+
+
+def test_follow_ups_on_the_node_before_and_the_requests_in_flight() -> None:
+    """Stickiness counts answered turns after an answered one; the mean in flight is the
+    turns' summed time over the run's."""
+    turns = [
+        Turn(0, 0, 200, "n0", 10.0, 1, 0, seconds=2.0),
+        Turn(0, 1, 200, "n0", 10.0, 1, 0, seconds=2.0),
+        Turn(0, 2, 200, "n1", 10.0, 1, 0, seconds=2.0),
+        Turn(1, 0, 503, "", None, None, None, "status 503", seconds=1.0),
+        Turn(1, 1, 200, "n1", 10.0, 1, 0, seconds=3.0),
+    ]
+    side = summarize(turns, NODES, elapsed=5.0)
+    assert (side.followups, side.stayed) == (2, 1)
+    assert side.in_flight == pytest.approx(2.0)
+    assert summarize(turns, NODES).in_flight is None
+
+
+def test_what_status_says_of_affinity() -> None:
+    assert affinity_shown({"affinity": {"enabled": True, "slack": 2}}) is True
+    assert affinity_shown({"affinity": {"enabled": False}}) is False
+    assert affinity_shown({"mode": "fleet"}) is None
+    assert affinity_shown([1]) is None
+    assert affinity_shown({"affinity": {"enabled": "yes"}}) is None
 
 
 def test_failed_turns_count_for_no_node_and_no_tokens() -> None:
