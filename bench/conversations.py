@@ -63,8 +63,8 @@ class ChatMix:
     conversations: int = 24
     turns: int = 6
     user_tokens: tuple[int, int] = (150, 300)
-    think: tuple[float, float] = (3.0, 8.0)
-    stagger: float = 1.5
+    think: tuple[float, float] = (5.0, 15.0)
+    stagger: float = 2.0
     max_tokens: int = 32
 
 

@@ -42,14 +42,16 @@ from bench.llamanodes import (
     token_count,
 )
 from bench.procs import TWISTD, free_port, process, wait_until
+from bench.statuswatch import StatusWatch, Suspension, first_suspensions, node_caches
 
 if TYPE_CHECKING:
     from bench.scenarios import Plan, Results
 
 SIDES = ("affinity-off", "affinity-on")
-#: The correction run: affinity on, the last node's prompt cache off.
+#: The correction run: affinity on, one node's prompt cache off (``--cache-ram 0 -np 1``).
 CORRECTION = "no-cache-node"
 NODES = ("n0", "n1", "n2")
+UNCACHED = NODES[0]
 #: The tokens of the history whose read time is measured and printed.
 HISTORY_TOKENS = 2000
 
@@ -136,6 +138,7 @@ class SideRun:
     counters: dict[str, tuple[int, int]]
     status: object
     seconds: float
+    suspensions: list[Suspension] = attrs.field(factory=list)
 
 
 def run_side(
@@ -151,19 +154,25 @@ def run_side(
     with ExitStack() as stack:
         nodes = []
         for name in NODES:
-            # The correction run: one node without a prompt cache to speak of.
-            uncached = side == CORRECTION and name == NODES[-1]
+            # The correction run: the node the plain order reaches first (ties go by node id)
+            # keeps no prompt cache to speak of, so the most conversations meet the correction.
+            uncached = side == CORRECTION and name == UNCACHED
             node = llama_node(
                 name, model, slots=1 if uncached else 2, cache_ram_mib=0 if uncached else None
             )
             nodes.append(stack.enter_context(node))
         running = stack.enter_context(proxy(nodes, affinity if affinity_table else None, work))
+        watch = StatusWatch(running.admin)
+        watch.start()
         started = time.monotonic()
-        turns = chatclient.play(running.port, MODEL, conversations, mix)
+        try:
+            turns = chatclient.play(running.port, MODEL, conversations, mix)
+        finally:
+            watch.stop()
         elapsed = time.monotonic() - started
         counters = {n.name: prompt_counters(n.url) for n in nodes}
         status = _get_json(f"http://127.0.0.1:{running.admin}/status")
-    return SideRun(turns, counters, status, elapsed)
+    return SideRun(turns, counters, status, elapsed, first_suspensions(watch.readings))
 
 
 def scheduling_table_accepted() -> bool:
@@ -284,19 +293,24 @@ def affinity_shown(status: object) -> bool | None:
 
 def correction_lines(played: SideRun) -> list[str]:
     """Per node: its answers' evaluated and cached tokens, its own counters, and what the
-    proxy's ``/status`` says of its cache."""
+    proxy's ``/status`` said of its cache at the end; then when each suspension began."""
     summary = summarize(played.turns, NODES)
-    status = played.status if isinstance(played.status, dict) else {}
-    shown = {n.get("id"): n for n in status.get("nodes", {}).get("llamacpp", [])}
+    caches = node_caches(played.status)
     lines = []
     for name in NODES:
-        tokens = summary.nodes.get(name)
+        tokens = summary.nodes[name]
         evaluated, cached = played.counters.get(name, (0, 0))
-        entry = shown.get(name, {})
-        cache = {k: v for k, v in entry.items() if "cache" in k.lower() or "affinity" in k.lower()}
+        uncached = " (--cache-ram 0 -np 1)" if name == UNCACHED else ""
         lines.append(
-            f"{name}: {tokens.requests if tokens else 0} answers, their timings "
-            f"{tokens.evaluated if tokens else 0:,} evaluated / {tokens.cached if tokens else 0:,} "
-            f"cached; its /metrics {evaluated:,} / {cached:,}; /status {json.dumps(cache)}"
+            f"{name}{uncached}: {tokens.requests} answers, their timings {tokens.evaluated:,} "
+            f"evaluated / {tokens.cached:,} from cache; its /metrics {evaluated:,} / "
+            f"{cached:,}; /status cache at the end {json.dumps(caches.get(name))}"
         )
+    for suspension in played.suspensions:
+        lines.append(
+            f"{suspension.node}: affinity suspended {suspension.seconds:.0f} s into the run, "
+            f"/status then {json.dumps(suspension.cache)}"
+        )
+    if not played.suspensions:
+        lines.append("no node's affinity was suspended during the run")
     return lines
