@@ -70,6 +70,10 @@ class SideSummary:
     :param stayed: those answered by the node that answered the conversation's turn before.
     :param in_flight: requests in flight on average over the side's run (the sum of the turns'
         times over ``elapsed``); None when no run time was given.
+    :param least: the fewest prompt tokens any order could have had evaluated: each
+        conversation's longest answered prompt (``prompt_n + cache_n``), read once. Every turn
+        is the turn before plus its reply and a new message, so a node that kept each
+        conversation whole would have read exactly that.
     """
 
     requests: int
@@ -84,6 +88,16 @@ class SideSummary:
     followups: int = 0
     stayed: int = 0
     in_flight: float | None = None
+    least: int = 0
+
+
+def _least(turns: Sequence[Turn]) -> int:
+    longest: dict[int, int] = {}
+    for t in turns:
+        if t.ok:
+            total = (t.prompt_n or 0) + (t.cache_n or 0)
+            longest[t.conversation] = max(longest.get(t.conversation, 0), total)
+    return sum(longest.values())
 
 
 def _stayed(turns: Sequence[Turn]) -> tuple[int, int]:
@@ -130,6 +144,7 @@ def summarize(
         followups=followups,
         stayed=stayed,
         in_flight=sum(t.seconds for t in turns) / elapsed if elapsed else None,
+        least=_least(turns),
     )
 
 
@@ -153,6 +168,7 @@ def side_table(summaries: Mapping[str, SideSummary]) -> list[str]:
         ),
         ("prompt tokens evaluated", [f"{s.evaluated:,}" for s in summaries.values()]),
         ("prompt tokens from cache", [f"{s.cached:,}" for s in summaries.values()]),
+        ("least any order evaluates", [f"{s.least:,}" for s in summaries.values()]),
         (
             "follow-ups on the turn before's node",
             [f"{s.stayed} of {s.followups}" for s in summaries.values()],

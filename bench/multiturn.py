@@ -266,6 +266,7 @@ def _record(results: Results, side: str, r: int, summary: SideSummary, played: S
     results.put("mt_ttft_p90_ms", side, r, summary.ttft_p90_ms)
     results.put("mt_evaluated", side, r, summary.evaluated)
     results.put("mt_cached", side, r, summary.cached)
+    results.put("mt_least", side, r, summary.least)
     results.put("mt_engine_evaluated", side, r, sum(e for e, _ in played.counters.values()))
     results.put("mt_engine_cached", side, r, sum(c for _, c in played.counters.values()))
     results.put("mt_busiest_share", side, r, summary.busiest_share)

@@ -60,6 +60,7 @@ MT_ROWS: tuple[tuple[str, str, int], ...] = (
     ("TTFT p90 (ms)", "mt_ttft_p90_ms", 0),
     ("prompt tokens evaluated (the answers' timings.prompt_n)", "mt_evaluated", 0),
     ("prompt tokens from cache (timings.cache_n)", "mt_cached", 0),
+    ("least any order evaluates (each conversation's last prompt, once)", "mt_least", 0),
     ("prompt tokens evaluated (the engines' /metrics)", "mt_engine_evaluated", 0),
     ("prompt tokens from cache (the engines' /metrics)", "mt_engine_cached", 0),
     ("busiest node's requests / a fair share", "mt_busiest_share", 2),

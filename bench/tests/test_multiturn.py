@@ -15,15 +15,17 @@ from bench.targets import TARGETS, Verdict, both_sides_failed, judge
 from tests.real.tiny_gguf import Shape
 
 
-def served(node: str, prompt_n: int, cache_n: int, ttft: float = 100.0) -> Turn:
-    return Turn(0, 0, 200, node, ttft, prompt_n, cache_n)
+def served(
+    node: str, prompt_n: int, cache_n: int, ttft: float = 100.0, at: tuple[int, int] = (0, 0)
+) -> Turn:
+    return Turn(*at, 200, node, ttft, prompt_n, cache_n)
 
 
 def test_a_side_sums_the_engines_own_counts_per_node_and_over_the_side() -> None:
     turns = [
-        served("n0", 300, 0, 120.0),
-        served("n0", 280, 310, 90.0),
-        served("n1", 900, 0, 600.0),
+        served("n0", 300, 0, 120.0, at=(0, 0)),
+        served("n0", 280, 310, 90.0, at=(0, 1)),
+        served("n1", 900, 0, 600.0, at=(2, 0)),
         Turn(1, 0, 503, "", None, None, None, "status 503: busy"),
         Turn(1, 1, None, "", None, None, None, "not sent"),
     ]
@@ -37,6 +39,9 @@ def test_a_side_sums_the_engines_own_counts_per_node_and_over_the_side() -> None
         "n2": NodeTokens(0, 0, 0),
     }
     assert side.ttft_p50_ms == 120.0 and side.ttft_p90_ms == 600.0
+    # Each conversation's longest prompt (280 + 310, and 900): had one node kept each, it would
+    # have read no more (earlier turns are prefixes); conversation 1 was never answered.
+    assert side.least == 590 + 900
     # Two of three answers on one of three nodes: twice a fair share.
     assert side.busiest_share == pytest.approx(2.0)
 
