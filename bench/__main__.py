@@ -7,7 +7,9 @@ Scenarios (bench/README.md): latency at c=1 and req/s at c=32 (non-streaming), 6
 streams/s at c=32 with the proxy's CPU per stream, held streams (2,000 opened at 500/s, 60
 chunks 1 s apart), failover by fault kind, the routing cost against fleet size, and the
 cold-start mix (nvpair's warm-aware fleet order against the default order, in front of
-four simulated Ollama nodes that load models on demand: bench/coldstart.py). Each runs in
+four simulated Ollama nodes that load models on demand: bench/coldstart.py), and the multi-turn
+bench (seeded conversations through fleet mode with prefix affinity on and off, in front of
+three real llama-servers: bench/multiturn.py). Each runs in
 rounds with the contenders taking turns; every target is judged on same-round figures and
 printed PASS/MISS. The table goes to bench/results/<timestamp>.md, the latency distributions to
 <timestamp>.png, every figure to <timestamp>.json. A contender that is not installed is reported

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -80,17 +80,35 @@ class Conversation:
 
 
 def user_text(rng: random.Random, tokens: int, chars_per_token: float) -> str:
-    """Words drawn from :data:`WORDS` until the text is about ``tokens`` tokens long, as
-    ``chars_per_token`` (measured on the engine's own tokenizer) says, ending in a full stop."""
-    target = max(1, round(tokens * chars_per_token))
-    words: list[str] = []
-    length = 0
-    while length < target - 1:
+    """Whole words drawn from :data:`WORDS` and a full stop, as many as fit in about ``tokens``
+    tokens, as ``chars_per_token`` (measured on the engine's own tokenizer) says."""
+    target = max(2, round(tokens * chars_per_token))
+    words = [rng.choice(WORDS)]
+    length = len(words[0]) + 1
+    while True:
         word = rng.choice(WORDS)
+        if length + len(word) + 1 > target:
+            return " ".join(words) + "."
         words.append(word)
         length += len(word) + 1
-    text = " ".join(words)
-    return text[: max(1, target - 1)].rstrip() + "."
+
+
+def fitted(text: str, count: Callable[[str], int], low: int, high: int) -> str:
+    """``text`` with words taken off its end, or common words added, until ``count`` (the
+    engine's tokenizer) makes it ``low``..``high`` tokens; ValueError when no number of words
+    does (a ratio of characters to tokens is an average: a message can land a few outside)."""
+    words = text.rstrip(".").split(" ")
+    for _ in range(4 * high):
+        tokens = count(" ".join(words) + ".")
+        if tokens > high and len(words) > 1:
+            words.pop()
+        elif tokens < low:
+            words.append(WORDS[len(words) % len(WORDS)])
+        elif low <= tokens <= high:
+            return " ".join(words) + "."
+        else:
+            break
+    raise ValueError(f"no words make {low}-{high} tokens of {text[:40]!r}...")
 
 
 def chat_mix(seed: int, mix: ChatMix, chars_per_token: float) -> tuple[Conversation, ...]:

@@ -31,7 +31,7 @@ import attrs
 
 from bench import chatclient
 from bench.chatresults import SideSummary, Turn, side_table, summarize
-from bench.conversations import ChatMix, Conversation, chat_mix, user_text
+from bench.conversations import ChatMix, Conversation, chat_mix, fitted, user_text
 from bench.llamanodes import (
     MODEL,
     LlamaNode,
@@ -74,10 +74,26 @@ def calibrate(model: Path) -> Calibration:
     return Calibration(chars_per_token, reads[0][0], tuple(ms for _, ms in reads))
 
 
-def message_tokens(model: Path, conversations: Sequence[Conversation]) -> list[int]:
-    """Every user message's token count, by the engine's own tokenizer."""
+def fit_messages(
+    model: Path, rounds: Sequence[Sequence[Conversation]], mix: ChatMix
+) -> tuple[list[tuple[Conversation, ...]], list[list[int]]]:
+    """Every round's conversations with each user message brought into the mix's token range
+    by the engine's own tokenizer, and every message's token count."""
+    low, high = mix.user_tokens
     with llama_node("probe", model) as probe:
-        return [token_count(probe.url, m) for c in conversations for m in c.messages]
+
+        def count(text: str) -> int:
+            return token_count(probe.url, text)
+
+        fits = [
+            tuple(
+                attrs.evolve(c, messages=tuple(fitted(m, count, low, high) for m in c.messages))
+                for c in conversations
+            )
+            for conversations in rounds
+        ]
+        counts = [[count(m) for c in conversations for m in c.messages] for conversations in fits]
+    return fits, counts
 
 
 def fleet_text(port: int, nodes: Sequence[LlamaNode], affinity: bool | None) -> str:
@@ -225,11 +241,11 @@ def run(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
         f"multi-turn: a {calibration.read_tokens:,}-token history takes {reads} ms to read "
         f"(one thread, cache bypassed; {calibration.chars_per_token:.3f} characters a token)"
     )
-    rounds = [
+    drawn = [
         chat_mix(plan.multiturn_seed + r, mix, calibration.chars_per_token)
         for r in range(plan.rounds)
     ]
-    counts = [message_tokens(model, conversations) for conversations in rounds]
+    rounds, counts = fit_messages(model, drawn, mix)
     for r, conversations in enumerate(rounds):
         tokens = counts[r]
         _say(

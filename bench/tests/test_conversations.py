@@ -11,6 +11,7 @@ from bench.conversations import (
     WORDS,
     ChatMix,
     chat_mix,
+    fitted,
     history,
     offered_requests_per_second,
     request_body,
@@ -38,24 +39,26 @@ def test_the_default_mix_is_what_the_issue_asks() -> None:
 
 
 def test_messages_are_sized_in_tokens_through_the_measured_ratio() -> None:
-    """150-300 tokens a message: at ``CPT`` characters a token, that many characters times it."""
+    """150-300 tokens a message: at ``CPT`` characters a token, that many characters times it,
+    up to a word (the bench then fits each one with the engine's tokenizer: ``fitted``)."""
     mix = ChatMix()
     lengths = [len(m) for c in chat_mix(5, mix, CPT) for m in c.messages]
     low, high = mix.user_tokens
-    assert min(lengths) >= round(low * CPT) - 1
+    longest = max(len(w) for w in WORDS)
+    assert min(lengths) >= round(low * CPT) - longest - 1
     assert max(lengths) <= round(high * CPT)
     # Uniform between the bounds: both ends are reached over 144 messages.
     assert min(lengths) < round((low + 20) * CPT) and max(lengths) > round((high - 20) * CPT)
 
 
-def test_user_text_is_words_and_a_full_stop_of_the_asked_length() -> None:
+def test_user_text_is_whole_words_and_a_full_stop_of_about_the_asked_length() -> None:
+    longest = max(len(w) for w in WORDS)
     for tokens in (2, 150, 300):
         text = user_text(Random(tokens), tokens, 1.5)
         target = round(tokens * 1.5)
-        assert target - 1 <= len(text) <= target
+        assert target - longest - 1 <= len(text) <= max(target, longest + 1)
         assert text.endswith(".") and ".." not in text and "  " not in text
-    words = user_text(Random(3), 300, 1.0).rstrip(".").split(" ")
-    assert all(w in WORDS for w in words[:-1])  # the last may be cut short
+        assert all(w in WORDS for w in text.rstrip(".").split(" "))
 
 
 def test_every_conversation_opens_with_its_own_message() -> None:
@@ -116,3 +119,26 @@ def test_a_request_is_a_greedy_streamed_chat_completion() -> None:
 
 def test_the_offered_rate_is_conversations_over_the_mean_think_time() -> None:
     assert offered_requests_per_second(ChatMix(conversations=22, think=(2.0, 9.0))) == 4.0
+
+
+def by_characters(text: str) -> int:
+    """A stand-in tokenizer: one token a character."""
+    return len(text)
+
+
+def test_a_message_outside_the_range_is_fitted_into_it_by_whole_words() -> None:
+    long = user_text(Random(1), 320, 1.0)
+    short = user_text(Random(2), 140, 1.0)
+    for text in (long, short):
+        fit = fitted(text, by_characters, 150, 300)
+        assert 150 <= len(fit) <= 300 and fit.endswith(".")
+        assert all(word in WORDS for word in fit.rstrip(".").split(" ")[:-1])
+    within = user_text(Random(3), 200, 1.0)
+    assert fitted(within, by_characters, 150, 300) == within  # nothing to change
+
+
+def test_a_range_no_words_can_reach_is_an_error_not_a_loop() -> None:
+    with pytest.raises(ValueError):
+        fitted("a b c.", lambda text: 1000, 150, 300)  # even one word is too long
+    with pytest.raises(ValueError):
+        fitted("a b c.", lambda text: 0, 150, 300)  # words never count
