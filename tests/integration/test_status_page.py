@@ -172,6 +172,7 @@ function read() {
   const rows = [...document.querySelectorAll("#recent-body tr")].map((row) => ({
     workload: row.dataset.workload,
     state: row.dataset.state,
+    key: row.querySelector(".key")?.textContent ?? null,
     cells: [...row.children].map((cell) => cell.textContent),
     attempts: [...row.querySelectorAll(".attempt")].map((chip) => ({
       node: chip.dataset.node, result: chip.dataset.result,
