@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -96,12 +95,11 @@ def fit_messages(
     return fits, counts
 
 
-def fleet_text(port: int, nodes: Sequence[LlamaNode], affinity: bool | None) -> str:
+def fleet_text(port: int, nodes: Sequence[LlamaNode], affinity: bool) -> str:
     """The fleet file: the llama.cpp facade on ``port``, the nodes, and the affinity switch
-    (None: no ``[scheduling]`` table at all)."""
+    (``affinity-slack`` left at its default)."""
     lines = ["[facades.llamacpp]", f"port = {port}"]
-    if affinity is not None:
-        lines += ["[scheduling]", f"affinity = {'true' if affinity else 'false'}"]
+    lines += ["[scheduling]", f"affinity = {'true' if affinity else 'false'}"]
     for node in nodes:
         lines += ["[[nodes]]", f'id = "{node.name}"', "[nodes.engines]", f'llamacpp = "{node.url}"']
     return "\n".join(lines) + "\n"
@@ -128,7 +126,7 @@ class Proxy:
 
 
 @contextmanager
-def proxy(nodes: Sequence[LlamaNode], affinity: bool | None, work: Path) -> Iterator[Proxy]:
+def proxy(nodes: Sequence[LlamaNode], affinity: bool, work: Path) -> Iterator[Proxy]:
     """nvpair in fleet mode in front of ``nodes``, once every node is up in its ``/status``."""
     port, admin = free_port(), free_port()
     config = work / "fleet.toml"
@@ -163,7 +161,6 @@ def run_side(
     mix: ChatMix,
     model: Path,
     work: Path,
-    affinity_table: bool,
 ) -> SideRun:
     """Three fresh servers, a fresh proxy for ``side``, every conversation played through it."""
     affinity = side != "affinity-off"
@@ -177,7 +174,7 @@ def run_side(
                 name, model, slots=1 if uncached else 2, cache_ram_mib=0 if uncached else None
             )
             nodes.append(stack.enter_context(node))
-        running = stack.enter_context(proxy(nodes, affinity if affinity_table else None, work))
+        running = stack.enter_context(proxy(nodes, affinity, work))
         watch = StatusWatch(running.admin)
         watch.start()
         started = time.monotonic()
@@ -191,23 +188,6 @@ def run_side(
     return SideRun(turns, counters, status, elapsed, first_suspensions(watch.readings))
 
 
-def scheduling_table_accepted() -> bool:
-    """Whether this tree's fleet file takes a ``[scheduling]`` table (the affinity switch)."""
-    from nvpair.fleet.file import FleetFileError, load_fleet
-
-    with tempfile.TemporaryDirectory(prefix="nvpair-bench-") as tmp:
-        probe = Path(tmp) / "fleet.toml"
-        probe.write_text(
-            "[facades.llamacpp]\nport = 1\n[scheduling]\naffinity = true\n"
-            '[[nodes]]\nid = "n0"\n[nodes.engines]\nllamacpp = "http://127.0.0.1:1"\n'
-        )
-        try:
-            load_fleet(probe, {})
-        except FleetFileError:
-            return False
-    return True
-
-
 def _say(text: str) -> None:
     print(text, flush=True)
 
@@ -218,12 +198,6 @@ def run(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
     mix = ChatMix(conversations=plan.multiturn_conversations)
     sides = [*names, CORRECTION] if plan.multiturn_correction else list(names)
     model = model_path()
-    table = scheduling_table_accepted()
-    if not table:
-        results.note(
-            "multi-turn: this tree's fleet file takes no [scheduling] table, so every side ran "
-            "the order without affinity"
-        )
     _say(
         f"multi-turn: 3 llama-servers (-np 2, one thread), {mix.conversations} conversations "
         f"of {mix.turns} turns, {mix.user_tokens[0]}-{mix.user_tokens[1]} tokens a message, "
@@ -258,14 +232,17 @@ def run(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
             sub = work / f"multiturn-{side}-{r}"
             sub.mkdir()
             try:
-                played = run_side(side, conversations, mix, model, sub, table)
+                played = run_side(side, conversations, mix, model, sub)
             except (RuntimeError, OSError) as error:
                 results.note(f"multi-turn round {r + 1} {side} failed: {error}")
                 continue
             summaries[side] = summarize(played.turns, NODES, played.seconds)
             said = affinity_shown(played.status)
-            if table and said != (side != "affinity-off"):
+            if said != (side != "affinity-off"):
                 results.note(f"multi-turn round {r + 1} {side}: /status says affinity {said}")
+            if isinstance(played.status, dict):
+                shown = json.dumps(played.status.get("affinity"))
+                results.note(f"multi-turn round {r + 1} {side}: /status affinity {shown}")
             _record(results, side, r, summaries[side], played)
             _say(f"  round {r + 1} {side}: done in {played.seconds:.0f} s")
             if side == CORRECTION:

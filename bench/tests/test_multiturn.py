@@ -155,8 +155,16 @@ def test_the_fleet_file_names_the_nodes_and_the_side_s_affinity() -> None:
         assert parsed["nodes"][2]["engines"] == {"llamacpp": "http://127.0.0.1:9002"}
 
 
-def test_a_tree_without_the_switch_gets_no_scheduling_table() -> None:
-    assert "scheduling" not in tomllib.loads(fleet_text(4321, NODE_LIST, None))
+def test_the_fleet_file_is_one_the_proxy_takes(tmp_path: Path) -> None:
+    """Read by the proxy's own parser: the side's switch is what the order gets."""
+    from nvpair.fleet.file import load_fleet
+
+    for affinity in (True, False):
+        path = tmp_path / f"fleet-{affinity}.toml"
+        path.write_text(fleet_text(4321, NODE_LIST, affinity))
+        fleet = load_fleet(path, {})
+        assert [n.id for n in fleet.nodes] == list(NODES)
+        assert fleet.affinity.enabled is affinity
 
 
 def test_the_model_is_written_once_into_the_cache_and_reused(tmp_path: Path) -> None:
