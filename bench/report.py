@@ -172,7 +172,10 @@ def _multiturn_table(table: Table) -> list[str]:
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     read = table.get("mt_read_ms", {}).get("calibration", ())
     if read and read[0] is not None:
-        out += ["", f"Reading a 2,000-token history took {fmt(read[0], 0)} ms (one thread)."]
+        out += [
+            "",
+            f"Reading a 2,000-token history took {fmt(read[0], 0)} ms (one thread, no cache).",
+        ]
     return out
 
 
