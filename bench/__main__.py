@@ -7,7 +7,9 @@ Scenarios (bench/README.md): latency at c=1 and req/s at c=32 (non-streaming), 6
 streams/s at c=32 with the proxy's CPU per stream, held streams (2,000 opened at 500/s, 60
 chunks 1 s apart), failover by fault kind, the routing cost against fleet size, and the
 cold-start mix (nvpair's warm-aware fleet order against the default order, in front of
-four simulated Ollama nodes that load models on demand: bench/coldstart.py). Each runs in
+four simulated Ollama nodes that load models on demand: bench/coldstart.py), and the multi-turn
+bench (seeded conversations through fleet mode with prefix affinity on and off, in front of
+three real llama-servers: bench/multiturn.py). Each runs in
 rounds with the contenders taking turns; every target is judged on same-round figures and
 printed PASS/MISS. The table goes to bench/results/<timestamp>.md, the latency distributions to
 <timestamp>.png, every figure to <timestamp>.json. A contender that is not installed is reported
@@ -68,7 +70,10 @@ def _header(plan: Plan, chosen: list[str], first: str) -> list[str]:
         f"({plan.stalls} for the stall, first-byte timeout {plan.stall_timeout:g} s where the "
         f"proxy has one); cold-start mix: {plan.coldstart_seconds:g} s of arrivals per order "
         f"(seed {plan.coldstart_seed} + round, popularity exponent {plan.coldstart_zipf:g}, "
-        f"{plan.coldstart_room} models in memory per node). Scenarios: {', '.join(chosen)}.",
+        f"{plan.coldstart_room} models in memory per node); multi-turn: "
+        f"{plan.multiturn_conversations} conversations (seed {plan.multiturn_seed} + round)"
+        f"{', and the correction run' if plan.multiturn_correction else ''}. "
+        f"Scenarios: {', '.join(chosen)}.",
     ]
 
 
@@ -138,6 +143,16 @@ def main() -> None:
         type=_positive_int,
         help="cold-start mix: models each node holds in memory at once (default 2)",
     )
+    parser.add_argument(
+        "--multiturn-conversations",
+        type=_positive_int,
+        help="multi-turn bench: conversations per side (default 24)",
+    )
+    parser.add_argument(
+        "--multiturn-correction",
+        action="store_true",
+        help="multi-turn bench: also run affinity with one node's prompt cache off (not judged)",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile")
     parser.add_argument(
         "--replot", type=Path, metavar="JSON", help="draw a saved run's table and plot again"
@@ -163,9 +178,12 @@ def main() -> None:
             "failovers",
             "coldstart_zipf",
             "coldstart_room",
+            "multiturn_conversations",
         )
         if getattr(args, name) is not None
     }
+    if args.multiturn_correction:
+        overrides["multiturn_correction"] = True
     plan = attrs.evolve(plan, **overrides)
     chosen = args.only.split(",") if args.only else list(SCENARIOS)
     unknown = set(chosen) - set(SCENARIOS)

@@ -29,7 +29,7 @@ import attrs
 
 from bench.broker import Broker, snapshot
 from bench.contenders import Cold, Node, node
-from bench.held import MAX_HEAD, Dechunker, WireError, _head
+from bench.held import WireError, read_body, read_head
 from bench.mixload import (
     KEEP_ALIVE,
     LOAD_DELAY,
@@ -170,26 +170,11 @@ async def send(port: int, request: Request, timeout: float = REQUEST_TIMEOUT) ->
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             try:
                 writer.write(request_bytes(port, request))
-                raw = await reader.readuntil(b"\r\n\r\n")
-                if len(raw) > MAX_HEAD:
-                    raise WireError("header too long")
-                status, headers = _head(raw[:-4])
+                status, headers = await read_head(reader)
                 served = headers.get(b"x-nvpair-node", b"").decode("latin-1")
-                chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
-                length = headers.get(b"content-length")
-                remaining = int(length) if length is not None and not chunked else -1
-                dechunker = Dechunker()
-                while remaining != 0 and not (chunked and dechunker.done):
-                    data = await reader.read(65536)
-                    if not data:
-                        if chunked or remaining > 0:
-                            raise WireError("the answer ended early")
-                        break
-                    payload = dechunker.feed(data) if chunked else data
+                async for payload in read_body(reader, headers):
                     if payload and first is None:
                         first = loop.time()
-                    if remaining > 0:
-                        remaining -= len(payload)
             finally:
                 writer.close()
     except (TimeoutError, OSError, ValueError, WireError, asyncio.IncompleteReadError) as error:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import attrs
 
@@ -130,6 +130,35 @@ def _head(raw: bytes) -> tuple[int, dict[bytes, bytes]]:
             raise WireError("bad header line")
         headers[name.strip().lower()] = value.strip()
     return int(parts[1]), headers
+
+
+async def read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
+    """An answer's status and headers (names lower-cased)."""
+    raw = await reader.readuntil(b"\r\n\r\n")
+    if len(raw) > MAX_HEAD:
+        raise WireError("header too long")
+    return _head(raw[:-4])
+
+
+async def read_body(
+    reader: asyncio.StreamReader, headers: Mapping[bytes, bytes]
+) -> AsyncIterator[bytes]:
+    """The answer's body as it arrives (chunked, sized or up to the close); WireError when it
+    ends before it should."""
+    chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+    length = headers.get(b"content-length")
+    remaining = int(length) if length is not None and not chunked else -1
+    dechunker = Dechunker()
+    while remaining != 0 and not (chunked and dechunker.done):
+        data = await reader.read(65536)
+        if not data:
+            if chunked or remaining > 0:
+                raise WireError("the answer ended early")
+            break
+        payload = dechunker.feed(data) if chunked else data
+        if remaining > 0:
+            remaining -= len(payload)
+        yield payload
 
 
 def request_bytes(port: int) -> bytes:

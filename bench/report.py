@@ -51,6 +51,26 @@ MIX_ROWS: tuple[tuple[str, str, int], ...] = (
     ("cold starts (the nodes' loads)", "mix_cold_starts", 0),
     ("evictions (loads that unloaded another model)", "mix_evictions", 0),
 )
+#: The multi-turn bench: affinity off and on, and the correction run (one node uncached).
+MT_SIDES = ("affinity-off", "affinity-on", "no-cache-node")
+MT_ROWS: tuple[tuple[str, str, int], ...] = (
+    ("requests", "mt_requests", 0),
+    ("failed requests", "mt_failed", 0),
+    ("TTFT p50 (ms)", "mt_ttft_p50_ms", 0),
+    ("TTFT p90 (ms)", "mt_ttft_p90_ms", 0),
+    ("prompt tokens evaluated (the answers' timings.prompt_n)", "mt_evaluated", 0),
+    ("prompt tokens from cache (timings.cache_n)", "mt_cached", 0),
+    ("least any order evaluates (each conversation's last prompt, once)", "mt_least", 0),
+    ("prompt tokens evaluated (the engines' /metrics)", "mt_engine_evaluated", 0),
+    ("prompt tokens from cache (the engines' /metrics)", "mt_engine_cached", 0),
+    ("busiest node's requests / a fair share", "mt_busiest_share", 2),
+    ("share of follow-up turns on the turn before's node", "mt_stayed", 2),
+    ("requests in flight, mean (6 slots)", "mt_in_flight", 2),
+    *(
+        (f"requests answered by {node}", f"mt_node_requests:{node}", 0)
+        for node in ("n0", "n1", "n2")
+    ),
+)
 #: One colour per contender in every panel.
 COLOURS = {
     "direct": "tab:gray",
@@ -61,6 +81,9 @@ COLOURS = {
     "litellm": "tab:purple",
     "default": "tab:orange",
     "warm-aware": "tab:cyan",
+    "affinity-off": "tab:brown",
+    "affinity-on": "tab:pink",
+    "no-cache-node": "tab:gray",
 }
 
 
@@ -104,6 +127,7 @@ def markdown(
         cells = [fmt(median(table[metric].get(c, ())), decimals) for c in present]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     out += _mix_table(table)
+    out += _multiturn_table(table)
     costs = table.get("route_us", {})
     if costs:
         sizes = sorted(costs, key=int)
@@ -128,6 +152,30 @@ def _mix_table(table: Table) -> list[str]:
     for label, metric, decimals in rows:
         cells = [fmt(median(table[metric].get(side, ())), decimals) for side in MIX_SIDES]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _multiturn_table(table: Table) -> list[str]:
+    """The multi-turn bench's rows, each the median over rounds and every round's figure."""
+    rows = [(label, metric, d) for label, metric, d in MT_ROWS if metric in table]
+    if not rows:
+        return []
+    sides = [side for side in MT_SIDES if any(side in table[m] for _, m, _ in rows)]
+    out = ["", "## Multi-turn: affinity off against affinity on (median over rounds; per round)"]
+    out += ["", "| | " + " | ".join(sides) + " |", "|---" * (len(sides) + 1) + "|"]
+    for label, metric, decimals in rows:
+        cells = []
+        for side in sides:
+            values = table[metric].get(side, ())
+            per_round = " / ".join(fmt(v, decimals) for v in values)
+            cells.append(f"{fmt(median(values), decimals)} ({per_round})")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    read = table.get("mt_read_ms", {}).get("calibration", ())
+    if read and read[0] is not None:
+        out += [
+            "",
+            f"Reading a 2,000-token history took {fmt(read[0], 0)} ms (one thread, no cache).",
+        ]
     return out
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 
 from bench import coldstart as mix_run
-from bench import held, load
+from bench import held, load, multiturn
 from bench.contenders import (
     CONTENDERS,
     FRAMING_EVENTS,
@@ -75,6 +75,10 @@ class Plan:
     coldstart_zipf: float = 1.0
     #: Models each node holds in memory at once.
     coldstart_room: int = MAX_LOADED
+    multiturn_seed: int = 23
+    multiturn_conversations: int = 24
+    #: Also run affinity with one node's prompt cache off (bench/multiturn.py), not judged.
+    multiturn_correction: bool = False
 
     @staticmethod
     def quick() -> Plan:
@@ -553,13 +557,15 @@ RUNNERS: dict[str, Runner] = {
     "failover": failover,
     "held": held_streams,
     "coldstart": coldstart,
+    "multiturn": multiturn.run,
 }
 SCENARIOS = tuple(RUNNERS)
 
 
 def contenders_for(scenario: str) -> tuple[str, ...]:
     """Who takes part: LiteLLM only where the issue compares it (req/s); direct where there
-    is no failover to measure; nvpair's two orders in the cold-start mix."""
+    is no failover to measure; nvpair's two orders in the cold-start mix; affinity off and on
+    in the multi-turn bench."""
     if scenario == "non-streaming":
         return ("direct", "nvpair", "floor", "nginx", "litellm")
     if scenario == "instructions":
@@ -570,4 +576,6 @@ def contenders_for(scenario: str) -> tuple[str, ...]:
         return ("nvpair", "floor", "nginx")
     if scenario == "coldstart":
         return mix_run.SIDES
+    if scenario == "multiturn":
+        return multiturn.SIDES
     return ("direct", "nvpair", "floor", "nginx")

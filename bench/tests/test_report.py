@@ -119,3 +119,18 @@ def test_a_file_that_is_not_a_saved_run_is_refused(tmp_path: Path, text: str) ->
     path.write_text(text)
     with pytest.raises(ValueError):
         load(path)
+
+
+def test_the_multiturn_table_shows_each_side_s_median_and_every_round() -> None:
+    table: dict[str, dict[str, list[float | None]]] = {
+        "mt_ttft_p50_ms": {"affinity-off": [900.0, 600.0], "affinity-on": [300.0, 150.0]},
+        "mt_evaluated": {"affinity-off": [90_000.0, 80_000.0], "affinity-on": [30_000.0, None]},
+        "mt_read_ms": {"calibration": [1234.0, None]},
+    }
+    text = markdown("title", [], table, [], None)
+    assert "| | affinity-off | affinity-on |" in text  # no column for a run that did not happen
+    assert "| TTFT p50 (ms) | 750 (900 / 600) | 225 (300 / 150) |" in text
+    assert "| 85,000 (90,000 / 80,000) | 30,000 (30,000 / —) |" in text
+    assert "Reading a 2,000-token history took 1,234 ms" in text
+    assert "| multi-turn: TTFT p50 >= 3x lower with affinity (off / on) | 3.50x |" in text
+    assert "Multi-turn" not in markdown("title", [], TABLE, [], None)

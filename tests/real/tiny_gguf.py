@@ -1,17 +1,33 @@
 """A tiny random-weight llama GGUF (about 0.5 MB) for a real ``llama-server``.
 
 The output is random bytes, which is all a protocol test needs: real routes, real envelopes,
-real streaming, real usage and timings.
+real streaming, real usage and timings. :func:`write_gguf` writes the same model at another
+:class:`Shape`: the multi-turn bench (bench/README.md) needs one large enough that reading a
+long conversation takes the engine a noticeable time.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from gguf import GGUFWriter, TokenType
 
-EMBED, FFN, BLOCKS, HEADS, CONTEXT = 64, 128, 2, 4, 256
+
+class Shape(NamedTuple):
+    """The model's size: embedding width, feed-forward width, layers, attention heads, and the
+    context it was "trained" for (the most a server may give it)."""
+
+    embed: int
+    ffn: int
+    blocks: int
+    heads: int
+    context: int
+
+
+TINY = Shape(embed=64, ffn=128, blocks=2, heads=4, context=256)
+EMBED, FFN, BLOCKS, HEADS, CONTEXT = TINY
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -35,22 +51,30 @@ def _vocabulary() -> tuple[list[str], list[float], list[int]]:
 
 
 def write_tiny_gguf(path: Path, seed: int = 7) -> Path:
-    """Write the model to ``path`` and return it."""
+    """Write the tiny model to ``path`` and return it."""
+    return write_gguf(path, TINY, seed)
+
+
+def write_gguf(path: Path, shape: Shape, seed: int = 7) -> Path:
+    """Write the model at ``shape`` to ``path`` and return it."""
+    embed, ffn, blocks, heads, context = shape
+    if embed % heads or (embed // heads) % 2:
+        raise ValueError(f"{shape}: the embedding must split into heads of an even width")
     rng = np.random.default_rng(seed)
 
-    def weights(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    def weights(*dims: int) -> np.ndarray:
+        return (rng.standard_normal(dims) * 0.02).astype(np.float32)
 
     tokens, scores, types = _vocabulary()
     writer = GGUFWriter(str(path), "llama")
-    writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(EMBED)
-    writer.add_block_count(BLOCKS)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(HEADS)
+    writer.add_context_length(context)
+    writer.add_embedding_length(embed)
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(EMBED // HEADS)
+    writer.add_rope_dimension_count(embed // heads)
     writer.add_file_type(0)  # ALL_F32
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
@@ -62,18 +86,18 @@ def write_tiny_gguf(path: Path, seed: int = 7) -> Path:
     writer.add_add_bos_token(True)
     writer.add_chat_template(CHAT_TEMPLATE)
     vocab = len(tokens)
-    writer.add_tensor("token_embd.weight", weights(vocab, EMBED))
-    writer.add_tensor("output_norm.weight", np.ones(EMBED, dtype=np.float32))
-    writer.add_tensor("output.weight", weights(vocab, EMBED))
-    for block in range(BLOCKS):
+    writer.add_tensor("token_embd.weight", weights(vocab, embed))
+    writer.add_tensor("output_norm.weight", np.ones(embed, dtype=np.float32))
+    writer.add_tensor("output.weight", weights(vocab, embed))
+    for block in range(blocks):
         prefix = f"blk.{block}."
-        writer.add_tensor(prefix + "attn_norm.weight", np.ones(EMBED, dtype=np.float32))
+        writer.add_tensor(prefix + "attn_norm.weight", np.ones(embed, dtype=np.float32))
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(prefix + name + ".weight", weights(EMBED, EMBED))
-        writer.add_tensor(prefix + "ffn_norm.weight", np.ones(EMBED, dtype=np.float32))
-        writer.add_tensor(prefix + "ffn_gate.weight", weights(FFN, EMBED))
-        writer.add_tensor(prefix + "ffn_up.weight", weights(FFN, EMBED))
-        writer.add_tensor(prefix + "ffn_down.weight", weights(EMBED, FFN))
+            writer.add_tensor(prefix + name + ".weight", weights(embed, embed))
+        writer.add_tensor(prefix + "ffn_norm.weight", np.ones(embed, dtype=np.float32))
+        writer.add_tensor(prefix + "ffn_gate.weight", weights(ffn, embed))
+        writer.add_tensor(prefix + "ffn_up.weight", weights(ffn, embed))
+        writer.add_tensor(prefix + "ffn_down.weight", weights(embed, ffn))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
