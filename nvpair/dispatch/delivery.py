@@ -25,6 +25,7 @@ from nvpair.dispatch.job import Ending, Job, Services
 from nvpair.dispatch.relay import BodyEnd, WriteDeadline
 from nvpair.engines.inferstats import StatsReader
 from nvpair.engines.table import RouteClass
+from nvpair.wire.fields import set_field
 from nvpair.wire.headers import SPENT, framed_by_length, strip_hop_by_hop
 
 log = Logger(namespace="nvpair.dispatch.delivery")
@@ -101,8 +102,8 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
     if framed_by_length(job.admitted.method, response.code) and isinstance(response.length, int):
         # Twisted's client moves Content-Length out of the headers into ``length``; putting
         # it back keeps the engine's framing (else the client would get chunked encoding).
-        headers.setRawHeaders(b"content-length", [b"%d" % response.length])
-    headers.setRawHeaders(b"x-nvpair-node", [_answering_node(services, node).encode()])
+        set_field(headers, b"Content-Length", b"%d" % response.length)
+    set_field(headers, b"X-Nvpair-Node", _answering_node(services, node).encode())
     response.headers = SPENT
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
     clock = services.clock

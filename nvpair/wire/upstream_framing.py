@@ -14,6 +14,7 @@ import re
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
+from nvpair.wire.fields import CANONICAL, Fields, LeanHeaders, canonical
 from nvpair.wire.headers import connection_tokens
 
 #: The most head bytes (status lines, fields, interim answers) read before the final answer's
@@ -133,6 +134,9 @@ def _name_kind(name: bytes) -> _Name:
     return kind
 
 
+#: The same names as ``Headers`` spells them: an answer's names are looked up canonical.
+_CONTROL_NAMES = frozenset(canonical(name) for name in _CONNECTION_CONTROL)
+
 #: ``Connection`` tokens that name no header this answer could carry past the removal above.
 _OPTIONS = frozenset({b"close", b"keep-alive"})
 
@@ -158,22 +162,26 @@ def answer_head(
     :raises BadResponse: for a body in a transfer coding other than chunked alone, which
         this client never offers (it sends no ``TE``).
     """
-    headers = Headers()
+    # The exposed fields are made here directly (docs/performance.md#headers): names canonical,
+    # values as llhttp gave them (it refuses a CR or LF in one).
+    exposed: Fields = {}
     tokens: set[bytes] = set()
     length: int | str = UNKNOWN_LENGTH
     codings: list[bytes] | None = None
     for name, value in fields:
-        lowered = name.lower()
-        if lowered not in _CONNECTION_CONTROL:
+        key = CANONICAL.get(name)
+        if key is None:
+            key = canonical(name)
+        if key not in _CONTROL_NAMES:
             # llhttp strips the leading whitespace of a value but keeps the trailing.
-            headers.addRawHeader(lowered, value.rstrip(b" \t"))
-        elif lowered == b"connection":
+            exposed.setdefault(key, []).append(value.rstrip(b" \t"))
+        elif key == b"Connection":
             tokens |= connection_tokens((value,))
-        elif lowered == b"content-length":
+        elif key == b"Content-Length":
             length = int(value)
             if head and not nothing:
-                headers.addRawHeader(lowered, value.rstrip(b" \t"))
-        elif lowered == b"transfer-encoding":
+                exposed.setdefault(key, []).append(value.rstrip(b" \t"))
+        elif key == b"Transfer-Encoding":
             if codings is None:
                 codings = []
             # Spaces only: llhttp takes ``chunked`` followed by a tab for another coding, so
@@ -181,7 +189,7 @@ def answer_head(
             codings += (c.strip(b" ").lower() for c in value.split(b",") if c.strip(b" "))
     for token in tokens:
         if token not in _OPTIONS:
-            headers.removeHeader(token)
+            exposed.pop(canonical(token), None)
     to_close = False
     if head or nothing:
         length = 0
@@ -198,4 +206,4 @@ def answer_head(
     keep_alive = not to_close and (
         b"keep-alive" in tokens and codings is None if http10 else b"close" not in tokens
     )
-    return headers, length, to_close, keep_alive
+    return LeanHeaders.over(exposed), length, to_close, keep_alive
