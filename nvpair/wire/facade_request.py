@@ -276,25 +276,33 @@ class FacadeRequest:
     def _head(self) -> bytes:
         self.startedWriting = True
         code = self.code
-        headers = self.responseHeaders
         bodiless = code < 200 or code in _BODILESS_STATUS
-        if bodiless and headers.hasHeader(b"content-length"):
-            # RFC 9110 §8.6: none on 1xx and 204; on 304 it could only repeat the engine's
-            # length of another answer, which a HEAD's 204 showed can be wrong.
-            headers.removeHeader(b"content-length")
-        self._no_body = bodiless or self.method == b"HEAD"
+        no_body = self._no_body = bodiless or self.method == b"HEAD"
+        # One pass over the headers (names as Headers gives them: canonical), noting the two
+        # this method decides about (docs/performance.md#headers).
+        fields: list[bytes] = []
+        length = date = False
+        for name, values in self.responseHeaders.getAllRawHeaders():
+            if name == b"Content-Length":
+                if bodiless:
+                    # RFC 9110 §8.6: none on 1xx and 204; on 304 it could only repeat the
+                    # engine's length of another answer, which a HEAD's 204 showed can be wrong.
+                    continue
+                length = True
+            elif name == b"Date":
+                date = True
+            for value in values:
+                fields += (name, b": ", value, b"\r\n")
         lines = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
-        if not self._no_body and not headers.hasHeader(b"content-length"):
+        if not no_body and not length:
             if self.clientproto == b"HTTP/1.1":
                 self._chunked = True
                 lines.append(b"Transfer-Encoding: chunked\r\n")
             else:
                 # An HTTP/1.0 body with no length ends with the connection.
                 self.keep_alive = False
-        for name, values in headers.getAllRawHeaders():
-            for value in values:
-                lines.append(b"%s: %s\r\n" % (name, value))
-        if not headers.hasHeader(b"date"):
+        lines += fields
+        if not date:
             lines.append(b"Date: %s\r\n" % _DATE.now())
         if not self.keep_alive and self.clientproto == b"HTTP/1.1":
             lines.append(b"Connection: close\r\n")
