@@ -279,5 +279,4 @@ class Facade:
 def _client(request: FacadeRequest) -> IAddress | None:
     """The address the request came from (over TLS, the TLS transport's underlying one)."""
     channel = request.channel
-    transport = channel.transport if channel is not None else None
-    return transport.getPeer() if transport is not None else None
+    return channel.peer if channel is not None and channel.transport is not None else None

@@ -99,6 +99,12 @@ class FacadeChannel(Protocol):
         self._last_data = 0.0
 
     @property
+    def peer(self) -> IAddress | None:
+        """The client's address, as the listener accepted it (over TLS, the TCP peer's): read
+        once per connection, where ``transport.getPeer()`` builds a new address per call."""
+        return self._address
+
+    @property
     def _ended(self) -> bool:
         """Nothing more is read: closing or closed."""
         phase = self.phase

@@ -14,7 +14,7 @@ from email.utils import formatdate
 from typing import Protocol
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer, ITransport
+from twisted.internet.interfaces import IAddress, IPushProducer, ITransport
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 from twisted.web.http_headers import Headers
@@ -32,6 +32,11 @@ class Connection(Protocol):
     """What a request uses of the connection it came on."""
 
     transport: ITransport | None
+
+    @property
+    def peer(self) -> IAddress | None:
+        """The client's address, as the listener accepted it (over TLS, the TCP peer's)."""
+
     #: The way out: every write goes through it.
     outlet: Outlet
     #: The client is not reading: a producer registered now starts paused.
