@@ -16,7 +16,6 @@ from collections.abc import Callable
 from attrs import define, field, frozen
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
@@ -298,12 +297,12 @@ class Attempts:
         :param timed: under the first-body cap (an inference 2xx); else without a bound of
             its own, as the body after it would be.
         """
-        gate = relay.first
-        if gate.called and not isinstance(gate.result, Failure):
+        if isinstance(relay.first, First):
             # The first byte (or a clean end) came with the headers — a whole answer in one
-            # read, as most non-streamed ones are: nothing to wait for, no timer armed and
-            # disarmed for it. A failure goes the long way, to be classified.
+            # read, as most non-streamed ones are: nothing to wait for, no Deferred made and no
+            # timer armed and disarmed for it. A failure goes the long way, to be classified.
             return None
+        gate = relay.gate()
         if timed and self._timeout:
             gate.addTimeout(self._timeout, self._clock)
         state.waiting = gate
