@@ -44,6 +44,8 @@ class AttemptState:
     claim returns False and it does nothing.
     """
 
+    #: The node the attempt went to.
+    node: Node
     claim: Claim = Claim.RUNNING
     #: What the attempt awaits now (the response head, then the first body byte): what the
     #: watcher or the header timer cancels.
@@ -70,6 +72,13 @@ class AttemptState:
         if self.waiting is not None:
             self.waiting.cancel()
         return True
+
+    def watch(self, engine: str, snapshot: Discovery) -> None:
+        """A discovery snapshot came: the target left it, so cancel promptly instead of waiting
+        out the first-content timeout while the broker already calls the workload failed."""
+        node = self.node
+        if engine == node.engine and snapshot.node(node.id) is None:
+            self.claim_abandon()
 
     def expire(self) -> None:
         self.expired = True
@@ -185,72 +194,62 @@ class Attempts:
             dial fails with ``ConnectingCancelledError`` or ``ResponseNeverReceived``, which
             would otherwise pass for a transport error and keep a gone requester's loop going.
         """
-        state = AttemptState()
-
-        def watch(engine: str, snapshot: Discovery) -> None:
-            # The target left discovery: cancel promptly instead of waiting out the
-            # first-content timeout while the broker already calls the workload failed.
-            if engine == node.engine and snapshot.node(node.id) is None:
-                state.claim_abandon()
-
+        state = AttemptState(node)
         # A peer's request targets this node's own engine, which is no discovery entry.
         watching = outgoing.route is not RouteClass.PEER
-        unsubscribe = self._control.on_discovery(watch) if watching else None
+        unsubscribe = self._control.on_discovery(state.watch) if watching else None
+        # One coroutine for the whole attempt, not one awaiting another: every frame between
+        # the request path and the Deferred it waits on is suspended and resumed at each wake.
         try:
-            return await self._run(outgoing, node, final, state, cancelled)
+            sent = self._send(outgoing, node, state)
+            if isinstance(sent, Failed):
+                return sent
+            try:
+                response: IResponse = await sent
+            except Exception as error:
+                if cancelled():
+                    raise CancelledError() from error
+                if state.abandoned():
+                    return Failed(Fault.NODE_LEFT)
+                if state.expired:
+                    return Failed(Fault.TRANSPORT, detail="header timeout")
+                return Failed(Fault.TRANSPORT, detail=type(error).__name__)
+            finally:
+                state.stop_timers()
+            if state.abandoned():
+                # The watcher fired while the headers were being delivered.
+                self._discard(response)
+                return Failed(Fault.NODE_LEFT)
+
+            verdict = classify(response.code, outgoing.route)
+            if verdict is Verdict.RETRY and not final:
+                self._discard(response)
+                return Failed(Fault.STATUS, status=response.code)
+
+            relay = BodyRelay()
+            response.deliverBody(relay)
+            # Every answer commits at its first body byte (or its empty body's end): one whose
+            # engine died before it has relayed nothing, and fails as transport. Only an
+            # inference 2xx waits under the first-body cap (docs/request-path.md#the-commit-point).
+            if not isinstance(relay.first, First):
+                # Not when the first byte (or a clean end) came with the headers — a whole answer
+                # in one read, as most non-streamed ones are: nothing to wait for, no Deferred
+                # made and no timer armed and disarmed for it. A failure goes the long way, to
+                # be classified.
+                timed = verdict is Verdict.COMMIT and outgoing.route is RouteClass.INFERENCE
+                failed = await self._first_byte(response, relay, state, cancelled, timed)
+                if failed is not None:
+                    return failed
+            if not state.claim_commit():
+                # A committed first byte wins the claim, so this is the watcher having won
+                # before any byte: retry rather than serve a stream the proxy would truncate.
+                relay.abandon()
+                return Failed(Fault.NODE_LEFT)
+            return Served(response, relay)
         finally:
             state.stop_timers()
             if unsubscribe is not None:
                 unsubscribe()
-
-    async def _run(
-        self,
-        outgoing: Outgoing,
-        node: Node,
-        final: bool,
-        state: AttemptState,
-        cancelled: Callable[[], bool],
-    ) -> Outcome:
-        sent = self._send(outgoing, node, state)
-        if isinstance(sent, Failed):
-            return sent
-        try:
-            response: IResponse = await sent
-        except Exception as error:
-            if cancelled():
-                raise CancelledError() from error
-            if state.abandoned():
-                return Failed(Fault.NODE_LEFT)
-            if state.expired:
-                return Failed(Fault.TRANSPORT, detail="header timeout")
-            return Failed(Fault.TRANSPORT, detail=type(error).__name__)
-        finally:
-            state.stop_timers()
-        if state.abandoned():
-            # The watcher fired while the headers were being delivered.
-            self._discard(response)
-            return Failed(Fault.NODE_LEFT)
-
-        verdict = classify(response.code, outgoing.route)
-        if verdict is Verdict.RETRY and not final:
-            self._discard(response)
-            return Failed(Fault.STATUS, status=response.code)
-
-        relay = BodyRelay()
-        response.deliverBody(relay)
-        # Every answer commits at its first body byte (or its empty body's end): one whose
-        # engine died before it has relayed nothing, and fails as transport. Only an inference
-        # 2xx waits under the first-body cap (docs/request-path.md#the-commit-point).
-        timed = verdict is Verdict.COMMIT and outgoing.route is RouteClass.INFERENCE
-        failed = await self._first_byte(response, relay, state, cancelled, timed)
-        if failed is not None:
-            return failed
-        if not state.claim_commit():
-            # A committed first byte wins the claim, so this is the watcher having won before
-            # any byte: retry rather than serve a stream the proxy would truncate itself.
-            relay.abandon()
-            return Failed(Fault.NODE_LEFT)
-        return Served(response, relay)
 
     def _send(
         self, outgoing: Outgoing, node: Node, state: AttemptState
@@ -297,11 +296,6 @@ class Attempts:
         :param timed: under the first-body cap (an inference 2xx); else without a bound of
             its own, as the body after it would be.
         """
-        if isinstance(relay.first, First):
-            # The first byte (or a clean end) came with the headers — a whole answer in one
-            # read, as most non-streamed ones are: nothing to wait for, no Deferred made and no
-            # timer armed and disarmed for it. A failure goes the long way, to be classified.
-            return None
         gate = relay.gate()
         if timed and self._timeout:
             gate.addTimeout(self._timeout, self._clock)
