@@ -457,17 +457,22 @@ def test_a_streaming_answer_keeps_no_copy_of_its_head_once_written() -> None:
 
 
 def test_no_idle_timer_is_held_while_a_request_is_answered() -> None:
-    """docs/performance.md#held-streams: a stream in flight holds no idle timer (the idle bound
-    never cuts one); its answer arms the bound again, from then."""
+    """docs/performance.md#held-streams: a stream in flight holds no idle deadline (the idle
+    bound never cuts one); its answer arms the bound again, from then. Every connection's idle
+    bound is on the listener's one timer (docs/performance.md#timers)."""
     conn = Conn()
+    idle = conn.protocol.site.idle
+    assert idle is not None and len(idle) == 1  # the connection waits for its first request
     conn.send(get("/a"))
     request = conn.handler.requests[0]
     request.setResponseCode(200)
     request.write(b"data: 1\n\n")
-    assert conn.clock.getDelayedCalls() == []
+    assert len(idle) == 0
     conn.clock.advance(1000.0)
+    assert not conn.closed()
     request.write(b"data: 2\n\n")
     request.finish()
+    assert len(idle) == 1
     (armed,) = conn.clock.getDelayedCalls()
     assert armed.getTime() == 1000.0 + 300.0
     conn.clock.advance(299.0)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from attrs import define, field, frozen
+from attrs import define, frozen
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
+from nvpair.common.deadlines import Deadline, Deadlines
 from nvpair.control.state import ControlState, Discovery, Node
 from nvpair.dispatch.outcome import Verdict, classify
 from nvpair.dispatch.relay import BodyRelay, First
@@ -53,7 +54,8 @@ class AttemptState:
     #: The header budget ran out (a cancelled request fails with whatever the client makes of
     #: a cancel, so the reason is recorded here rather than read off the error).
     expired: bool = False
-    timers: list[IDelayedCall] = field(factory=list)
+    #: The header budget's deadline, from the dial's end to the head.
+    header: Deadline | None = None
 
     def claim_commit(self) -> bool:
         if self.claim is not Claim.RUNNING:
@@ -86,10 +88,9 @@ class AttemptState:
             self.waiting.cancel()
 
     def stop_timers(self) -> None:
-        for timer in self.timers:
-            if timer.active():
-                timer.cancel()
-        self.timers.clear()
+        header, self.header = self.header, None
+        if header is not None:
+            header.cancel()
 
 
 class Fault(enum.Enum):
@@ -176,6 +177,8 @@ class Attempts:
         self._control = control
         self._upstream = upstream
         self._timeout = header_timeout
+        # Every attempt's header budget on one reactor timer (docs/performance.md#timers).
+        self._deadlines = Deadlines(clock, header_timeout) if header_timeout else None
         self._address = address
 
     def _discard(self, response: IResponse) -> None:
@@ -264,8 +267,8 @@ class Attempts:
         def connected() -> None:
             # May run before ``request`` returns (a pooled connection): ``expire`` reads
             # ``state.waiting`` only when it fires.
-            if self._timeout:
-                state.timers.append(self._clock.callLater(self._timeout, state.expire))
+            if self._deadlines is not None:
+                state.header = self._deadlines.add(state.expire)
 
         try:
             base = self._address(node.engine, node)

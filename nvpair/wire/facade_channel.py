@@ -95,7 +95,7 @@ class FacadeChannel(Protocol):
         self.write_paused = False
         #: The way out, once connected (every write goes through it).
         self.outlet: Outlet
-        self._timeouts = Timeouts(self, site.clock, site.head_timeout, site.idle_timeout)
+        self._timeouts = Timeouts(self, site.clock, site.head_timeout, site.idle)
         self._last_data = 0.0
 
     @property
