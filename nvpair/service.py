@@ -256,6 +256,7 @@ def build(
             activity.in_flight,
             liveness,
             owner_wait=config.owner_wait,
+            affinity=config.fleet.affinity,
         )
         if config.fleet is not None
         else None
@@ -291,6 +292,7 @@ def build(
         membership=lambda: cluster.membership,
         access_log=access_log,
         lan=lan,
+        prefix_of=None if scheduler is None else scheduler.prefix_of,
     )
 
     def membership_changed(_: object) -> None:
@@ -319,7 +321,10 @@ def build(
         fleet.setServiceParent(root)
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):
             assert lan is not None
-            also = (lambda reread: lan.reload(reread.access),)
+            also = (
+                lambda reread: lan.reload(reread.access),
+                lambda reread: scheduler.reconfigure(reread.affinity),
+            )
             FleetReloadService(reactor, config.fleet_file, fleet, also).setServiceParent(root)
     else:
         assert isinstance(outbox, BrokerOutbox)

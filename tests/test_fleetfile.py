@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nvpair import examples
+from nvpair.control.affinity import AffinityOptions
 from nvpair.engines.table import served_engines
 from nvpair.fleet.file import FacadeSpec, FleetFileError, base_url_hint, load_fleet, unserved
 
@@ -203,3 +204,34 @@ def test_the_examples_commented_models_table_is_a_usable_one(tmp_path: Path) -> 
     assert load_fleet(path).models.table == (
         ("llama3", ("llama3.1:8b", "Meta-Llama-3.1-8B-Instruct-Q4_K_M")),
     )
+
+
+# -- [scheduling] (docs/fleet-scheduling.md#conversations-go-where-their-cache-is) --------------
+
+
+def test_scheduling_defaults_to_affinity_with_a_slack_of_two(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(HEAD)
+    assert load_fleet(path).affinity == AffinityOptions(True, 2)
+    path.write_text("[scheduling]\naffinity = false\naffinity-slack = 0\n" + HEAD)
+    assert load_fleet(path).affinity == AffinityOptions(False, 0)
+
+
+@pytest.mark.parametrize(
+    ("table", "why"),
+    [
+        ("scheduling = 3", "scheduling: must be a table"),
+        ('[scheduling]\naffinity = "yes"', "scheduling.affinity: must be true or false"),
+        ("[scheduling]\naffinity = 1", "scheduling.affinity: must be true or false"),
+        ("[scheduling]\naffinity-slack = -1", "scheduling.affinity-slack: must be an integer"),
+        ("[scheduling]\naffinity-slack = 2.5", "scheduling.affinity-slack: must be an integer"),
+        ("[scheduling]\naffinity-slack = true", "scheduling.affinity-slack: must be an integer"),
+        (
+            "[scheduling]\naffinity-slack = 99999999999999999",
+            "scheduling.affinity-slack: must be an integer",
+        ),
+        ("[scheduling]\nslack = 2", "scheduling: unknown key"),
+    ],
+)
+def test_a_bad_scheduling_table_says_what_is_wrong(tmp_path: Path, table: str, why: str) -> None:
+    assert why in refusal(tmp_path / "fleet.toml", table + "\n" + HEAD)

@@ -391,3 +391,53 @@ def test_reads_of_many_lines_count_as_their_lines_one_by_one(
         assert stats is not None and stats.completion_tokens == expected and stats.estimated
     else:
         assert stats is None or stats.completion_tokens is None
+
+
+# -- what the engine found in its cache (docs/fleet-scheduling.md#the-correction) --------------
+
+
+def test_llamacpp_timings_say_how_much_of_the_prompt_came_from_cache() -> None:
+    final = {
+        "content": "",
+        "stop": True,
+        "timings": {"cache_n": 112, "prompt_n": 67, "predicted_n": 4},
+    }
+    stats = read(sse({"content": "a"}, final))
+    # prompt_n is what was evaluated: the prompt is that and what came from cache.
+    assert (stats.prompt_tokens, stats.cached_tokens) == (179, 112)
+
+
+def test_openai_usage_details_say_it_and_take_precedence() -> None:
+    body = json.dumps(
+        {
+            "choices": [{"message": {"content": "hi"}}],
+            "usage": {
+                "prompt_tokens": 179,
+                "completion_tokens": 4,
+                "prompt_tokens_details": {"cached_tokens": 112},
+            },
+            "timings": {"cache_n": 100, "prompt_n": 79, "predicted_n": 4},
+        }
+    ).encode()
+    stats = read(body)
+    assert (stats.prompt_tokens, stats.cached_tokens) == (179, 112)
+    assert read(_LLAMACPP_FINAL).cached_tokens == 1187
+
+
+@pytest.mark.parametrize(
+    "details",
+    [{}, {"cached_tokens": -1}, {"cached_tokens": True}, {"cached_tokens": "5"}, None, 7],
+)
+def test_a_cache_report_that_is_no_count_is_no_report(details: object) -> None:
+    usage = {"prompt_tokens": 10, "completion_tokens": 1, "prompt_tokens_details": details}
+    assert read(json.dumps({"usage": usage}).encode()).cached_tokens is None
+
+
+def test_more_cached_than_read_or_no_prompt_count_is_not_believed() -> None:
+    usage = {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 11}}
+    assert read(json.dumps({"usage": usage}).encode()).cached_tokens is None
+    timings = {"cache_n": 5}
+    stats = read(json.dumps({"content": "x", "timings": timings}).encode())
+    assert stats.prompt_tokens is None and stats.cached_tokens is None
+    nothing = read(json.dumps({"usage": {"completion_tokens": 3}}).encode())
+    assert nothing.cached_tokens is None

@@ -104,6 +104,20 @@ def test_tokens_and_rates_from_the_workload_stats() -> None:
     assert got["nvpair_tokens_per_second_bucket"][labels(engine="ollama", le="50.0")] == 1
 
 
+def test_prompt_tokens_read_from_cache_are_counted_as_cached() -> None:
+    """docs/fleet-scheduling.md#what-the-operator-sees"""
+    m = Metrics()
+    m.request_ended(
+        "llamacpp", "inference", "served", 1, 0.5, 0.1, Stats(179, 4, None, 9, False, 112)
+    )
+    m.request_ended("llamacpp", "inference", "served", 1, 0.5, 0.1, Stats(20, 4, None, 9, False, 0))
+    m.request_ended("ollama", "inference", "served", 1, 0.5, 0.1, Stats(20, 4, None, 9, False))
+    got = scrape(m)["nvpair_tokens_total"]
+    assert got[labels(engine="llamacpp", kind="cached")] == 112
+    assert got[labels(engine="llamacpp", kind="prompt")] == 199
+    assert labels(engine="ollama", kind="cached") not in got
+
+
 def test_gauges_read_the_live_state_when_scraped() -> None:
     got = scrape(Metrics())
     assert got["nvpair_in_flight"] == {labels(engine="ollama", node="a"): 3}

@@ -39,6 +39,7 @@ class Backwards:
         pin: str | None,
         model_key: str | None,
         reservations: Mapping[str, int],
+        prefix: Sequence[int] = (),
     ) -> Plan:
         ordered = sorted(eligible, key=lambda n: n.id, reverse=True)
         return Plan(tuple(ordered), False, ordered[0].id if ordered else None)
@@ -48,6 +49,7 @@ class Backwards:
         eligible: Sequence[Node],
         model_key: Callable[[str], str | None],
         reservations: Mapping[str, int],
+        prefix: Sequence[int] = (),
     ) -> Plan:
         return self.plan("", eligible, None, None, reservations)
 
@@ -63,6 +65,17 @@ class Backwards:
 
     def failed(self, engine: str, node: str, trial: bool, why: str) -> None:
         self.told.append(("failed", node, trial, why))
+
+    def answered(
+        self,
+        engine: str,
+        node: str,
+        model_key: str | None,
+        prefix: Sequence[int],
+        stats: object,
+        affine: bool,
+    ) -> None:
+        self.told.append(("answered", node, model_key, affine))
 
 
 def test_the_rounds_order_is_the_schedulings_and_it_hears_each_attempt() -> None:
@@ -82,6 +95,7 @@ def test_the_rounds_order_is_the_schedulings_and_it_hears_each_attempt() -> None
         ("failed", "b", False, "transport"),
         ("dispatching", "a", "m"),
         ("succeeded", "a"),
+        ("answered", "a", "m", False),
     ]
 
 

@@ -9,7 +9,10 @@ import json
 import pytest
 from twisted.internet.task import Clock
 
+from nvpair.control.affinity import ROUTED_WINDOW
 from nvpair.control.state import ControlState, Node, PriorityEntry
+from nvpair.engines.conversation import prefix_keys
+from nvpair.engines.inferstats import Stats
 from nvpair.engines.loadstate import LoadState
 from nvpair.fleet.health import HealthPolicy
 from nvpair.fleet.pairs import PairReport, PollState
@@ -155,6 +158,32 @@ def test_fleet_status_shows_every_configured_node_with_its_state_and_why() -> No
     fleet.clock.advance(5)
     later = status_document(OLLAMA, control, {}, flight, 0, fleet.view, fleet.clock.seconds())
     assert later["nodes"]["ollama"][2]["state"] == "up"  # type: ignore[index]
+
+
+def test_fleet_status_shows_each_nodes_cache_share_and_the_affinity_table() -> None:
+    """docs/fleet-scheduling.md#what-the-operator-sees"""
+    fleet = Fleetish()
+    scheduler, now = fleet.scheduler, fleet.clock.seconds()
+    keys = prefix_keys({"messages": [{"role": "user", "content": "hi"}]})
+    scheduler.answered("ollama", "a", "llama3", keys, Stats(100, 1, None, None, False, 75), False)
+    scheduler.answered("ollama", "a", "llama3", keys, Stats(100, 1, None, None, False, 0), False)
+    for _ in range(ROUTED_WINDOW):
+        scheduler.answered("ollama", "c", "llama3", (), Stats(50, 1, None, None, False, 0), True)
+    doc = status_document(OLLAMA, ControlState(), {}, flight, 0, fleet.view, now)
+    a, b, c, _ = doc["nodes"]["ollama"]  # type: ignore[index]
+    assert a["cache"] == {
+        "share": 0.375,
+        "answers": 2,
+        "promptTokens": 200,
+        "cachedTokens": 75,
+        "suspendedUntil": None,
+    }
+    assert b["cache"] is None
+    assert c["cache"]["share"] == 0.0
+    assert c["cache"]["suspendedUntil"] == "2023-11-14T22:23:20.000+00:00"
+    assert doc["affinity"] == {"enabled": True, "slack": 2, "entries": 1, "bound": 100_000}
+    json.dumps(doc, allow_nan=False)
+    assert "affinity" not in status_document(OLLAMA, ControlState(), {}, flight, 0, None, now)
 
 
 def test_a_node_is_up_while_its_engine_answers_and_it_is_not_held_back() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 
 from attrs import frozen
 
@@ -45,11 +46,15 @@ class Plan:
     :ivar pinned: whether the first candidate is an eligible manual pin.
     :ivar reserve: the node to reserve for this round (the least-loaded scheduler-listed
         candidate), or None when an eligible pin applies or nothing is listed.
+    :ivar affine: in fleet mode, the node that goes first behind any pin because the
+        request's conversation was served there (docs/fleet-scheduling.md#affinity-order);
+        None when affinity chose none.
     """
 
     candidates: tuple[Node, ...]
     pinned: bool
     reserve: str | None
+    affine: str | None = None
 
 
 def estimated_load(priority: Priority, node_id: str, reservations: Mapping[str, int]) -> float:
@@ -157,24 +162,40 @@ def fleet_load(load: LoadState, reserved: int) -> int:
     return reserved + load.busy
 
 
+@frozen
+class Affine:
+    """Where affinity would send a request first (docs/fleet-scheduling.md#affinity-order).
+
+    :ivar engine: the engine of the node its conversation was last served by (a facade
+        reaching several engines ranks nodes of each, and a node id names one per engine).
+    :ivar node: that node.
+    :ivar slack: how much busier than the least-loaded warm owner it may be.
+    """
+
+    engine: str
+    node: str
+    slack: int
+
+
 def fleet_plan(
     eligible: Sequence[Node],
     pin: str | None,
     model_key: str | None,
     standing: Callable[[str], Standing],
     reservations: Mapping[str, int],
+    affine: Affine | None = None,
 ) -> Plan:
     """Order ``eligible`` owners in standalone fleet mode (docs/fleet-scheduling.md#order).
 
     The pin first, then the nodes not held back, by tier (:class:`Tier`), within a tier by
     :func:`fleet_load`, ties by node id; then the held-back nodes in the same order. A node
     whose engine is loading is left out while any other owner is there; when every owner is
-    loading they all stay, least loaded first. The first candidate behind the pin is the one
-    reserved.
+    loading they all stay, least loaded first. ``affine``'s node goes first behind the pin
+    when it may (:func:`ranked_plan`). The first candidate behind the pin is the one reserved.
     """
     pinned = [node for node in eligible if node.id == pin][:1]
     rest = [(node, model_key, standing(node.id)) for node in eligible if node.id != pin]
-    return ranked_plan(pinned, rest, reservations)
+    return ranked_plan(pinned, rest, reservations, affine)
 
 
 #: A candidate as fleet mode ranks it: the node, the requested model as its engine keys it, and
@@ -183,16 +204,28 @@ def fleet_plan(
 Ranked = tuple[Node, str | None, Standing]
 
 
+#: A candidate's place in fleet order: held back, tier, estimated load, node id.
+Rank = tuple[bool, Tier, int, str]
+
+
 def ranked_plan(
-    pinned: Sequence[Node], rest: Sequence[Ranked], reservations: Mapping[str, int]
+    pinned: Sequence[Node],
+    rest: Sequence[Ranked],
+    reservations: Mapping[str, int],
+    affine: Affine | None = None,
 ) -> Plan:
     """``pinned`` (at most one node) first, then ``rest`` in fleet order (:func:`fleet_plan`);
-    the first of ``rest`` is reserved when nothing is pinned. Ties keep ``rest``'s order."""
+    the first of ``rest`` is reserved when nothing is pinned. Ties keep ``rest``'s order.
+
+    ``affine``'s node then goes first among ``rest`` when it is warm, not held back, in the
+    best tier there is, and at most ``affine.slack`` busier than the least-loaded warm owner
+    (docs/fleet-scheduling.md#affinity-order): the order of the others stays as it was.
+    """
     ready = [ranked for ranked in rest if not ranked[2].load.loading]
     if ready or pinned:
         rest = ready
 
-    def rank(ranked: Ranked) -> tuple[bool, Tier, int, str]:
+    def rank(ranked: Ranked) -> Rank:
         node, model_key, state = ranked
         reserved = reservations.get(node.id, 0)
         return (
@@ -202,6 +235,32 @@ def ranked_plan(
             node.id,
         )
 
-    ordered = [node for node, _, _ in sorted(rest, key=rank)]
+    ranks = sorted(((rank(ranked), ranked[0]) for ranked in rest), key=itemgetter(0))
+    chosen = None if affine is None else _affine_first(ranks, affine)
+    ordered = [node for _, node in ranks]
+    if chosen is not None:
+        ordered.remove(chosen)
+        ordered.insert(0, chosen)
     reserve = ordered[0].id if ordered and not pinned else None
-    return Plan(tuple([*pinned, *ordered]), bool(pinned), reserve)
+    return Plan(
+        tuple([*pinned, *ordered]),
+        bool(pinned),
+        reserve,
+        None if chosen is None else chosen.id,
+    )
+
+
+def _affine_first(ranks: Sequence[tuple[Rank, Node]], affine: Affine) -> Node | None:
+    """``affine``'s node, if it may go first among ``ranks`` (sorted best first)."""
+    found = next(
+        (item for item in ranks if item[1].id == affine.node and item[1].engine == affine.engine),
+        None,
+    )
+    if found is None:
+        return None
+    (held, its_tier, load, _), node = found
+    best_held, best_tier = ranks[0][0][0], ranks[0][0][1]
+    if held or its_tier != best_tier or best_held or its_tier is Tier.COLD:
+        return None
+    least = min(rank[2] for rank, _ in ranks if not rank[0] and rank[1] is not Tier.COLD)
+    return node if load <= least + affine.slack else None

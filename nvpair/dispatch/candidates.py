@@ -77,6 +77,7 @@ class Candidates:
             self._control.pin(engine),
             admitted.model_key,
             self._reservations.counts,
+            admitted.prefix,
         )
 
     def _plan_across(self, admitted: Admitted) -> Plan:
@@ -90,7 +91,10 @@ class Candidates:
             if self.dialable(engine, node)
         ]
         return self._scheduling.plan_across(
-            dialable, lambda engine: model_key_on(engine, admitted), self._reservations.counts
+            dialable,
+            lambda engine: model_key_on(engine, admitted),
+            self._reservations.counts,
+            admitted.prefix,
         )
 
     def live(self, admitted: Admitted, node: Node) -> Node | None:

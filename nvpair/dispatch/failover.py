@@ -116,7 +116,8 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
         workload.engine = node.engine
         workload.submitted(node.id)
         dispatched = True
-        failed = await _attempt(services, job, outgoing, node)
+        affine = round_plan.affine == node.id
+        failed = await _attempt(services, job, outgoing, node, affine)
         if failed is None:
             return None
         if job.budget.final:
@@ -147,17 +148,19 @@ def _bound(services: Services, job: Job) -> str:
     return f"the job deadline (--job-deadline {format_duration(deadline)})"
 
 
-async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node) -> Failed | None:
+async def _attempt(
+    services: Services, job: Job, outgoing: Outgoing, node: Node, affine: bool = False
+) -> Failed | None:
     """One dispatch (:func:`~nvpair.dispatch.delivery.try_node`), told to the mode's scheduling as
     it starts and with what its outcome says about the node (in fleet mode: the model counted as
     in memory there, docs/fleet-scheduling.md#dispatched-is-loading, and passive health,
-    docs/fleet-scheduling.md#passive-health). The node is its own engine's, whatever facade
-    the request came to."""
+    docs/fleet-scheduling.md#passive-health), and what the answer says of the node's cache
+    (docs/fleet-scheduling.md#conversations-go-where-their-cache-is); ``affine``: affinity put
+    the node first. The node is its own engine's, whatever facade the request came to."""
     scheduling = services.scheduling
     engine = node.engine
-    trial = scheduling.dispatching(
-        engine, node.id, node.own_key(model_key_on(engine, job.admitted))
-    )
+    model_key = model_key_on(engine, job.admitted)
+    trial = scheduling.dispatching(engine, node.id, node.own_key(model_key))
     failed: Failed | None = None
     try:
         failed = await try_node(services, job, outgoing, node, job.budget.final)
@@ -167,6 +170,10 @@ async def _attempt(services: Services, job: Job, outgoing: Outgoing, node: Node)
         why = _against_node(job, failed)
         if why == "":
             scheduling.succeeded(engine, node.id)
+            if job.served_status is not None and job.served_status < 400:
+                scheduling.answered(
+                    engine, node.id, model_key, job.admitted.prefix, job.stats, affine
+                )
         elif why is not None:
             scheduling.failed(engine, node.id, trial, why)
     return failed

@@ -44,8 +44,10 @@ class Scheduling(Protocol):
         pin: str | None,
         model_key: str | None,
         reservations: Mapping[str, int],
+        prefix: Sequence[int] = (),
     ) -> Plan:
-        """This round's candidates among ``eligible``, in order, and the node to reserve."""
+        """This round's candidates among ``eligible``, in order, and the node to reserve;
+        ``prefix``: the request's prefix keys, for affinity (:attr:`Admitted.prefix`)."""
         ...
 
     def plan_across(
@@ -53,6 +55,7 @@ class Scheduling(Protocol):
         eligible: Sequence[Node],
         model_key: Callable[[str], str | None],
         reservations: Mapping[str, int],
+        prefix: Sequence[int] = (),
     ) -> Plan:
         """A round over several engines' nodes (the ``openai`` facade): no pin, each node
         judged by its own engine's ``model_key(engine)`` (docs/openai-facade.md#owners)."""
@@ -76,6 +79,20 @@ class Scheduling(Protocol):
         """The attempt's node failed, ``why`` in a few words (``status 503``, ``transport``)."""
         ...
 
+    def answered(
+        self,
+        engine: str,
+        node: str,
+        model_key: str | None,
+        prefix: Sequence[int],
+        stats: Stats | None,
+        affine: bool,
+    ) -> None:
+        """``node`` served the request below 400, its body relayed; ``stats``: what was read
+        from it; ``affine``: the plan put the node first for affinity
+        (docs/fleet-scheduling.md#conversations-go-where-their-cache-is)."""
+        ...
+
 
 class PriorityScheduling:
     """Broker mode: the scheduler's priority list orders a round (docs/candidate-order.md#order);
@@ -94,6 +111,7 @@ class PriorityScheduling:
         pin: str | None,
         model_key: str | None,
         reservations: Mapping[str, int],
+        prefix: Sequence[int] = (),
     ) -> Plan:
         return plan(eligible, pin, self._control.priority, reservations)
 
@@ -102,6 +120,7 @@ class PriorityScheduling:
         eligible: Sequence[Node],
         model_key: Callable[[str], str | None],
         reservations: Mapping[str, int],
+        prefix: Sequence[int] = (),
     ) -> Plan:
         return plan(eligible, None, self._control.priority, reservations)
 
@@ -116,6 +135,18 @@ class PriorityScheduling:
         pass
 
     def failed(self, engine: str, node: str, trial: bool, why: str) -> None:
+        pass
+
+    def answered(
+        self,
+        engine: str,
+        node: str,
+        model_key: str | None,
+        prefix: Sequence[int],
+        stats: Stats | None,
+        affine: bool,
+    ) -> None:
+        # The scheduler's priority list ranks; no affinity in broker mode.
         pass
 
 

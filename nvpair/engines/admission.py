@@ -145,7 +145,15 @@ def _document(body: bytes) -> object:
 
 
 def model_from_body(engine: Dialect, route: RouteClass, path: str, body: bytes) -> str | None:
-    """The model an inference (or model-naming other) body names.
+    """The model an inference (or model-naming other) body names (:func:`read_body`)."""
+    return read_body(engine, route, path, body)[0]
+
+
+def read_body(
+    engine: Dialect, route: RouteClass, path: str, body: bytes
+) -> tuple[str | None, object]:
+    """The model an inference (or model-naming other) body names, and the body as parsed (None
+    when it is no JSON), for whoever reads more of it (fleet mode's affinity).
 
     Inference bodies must be JSON objects (``bad-json`` otherwise); Ollama requires a model
     (``model-missing``), the others serve whatever they have loaded. An "other" body is only
@@ -154,16 +162,16 @@ def model_from_body(engine: Dialect, route: RouteClass, path: str, body: bytes) 
     document = _document(body)
     if route is not RouteClass.INFERENCE:
         if not isinstance(document, dict):
-            return None
+            return None, document
         named = document.get("model")
         if not (isinstance(named, str) and named) and path in engine.named_model_paths:
             named = document.get("name")
-        return named if isinstance(named, str) and named else None
+        return (named if isinstance(named, str) and named else None), document
     if not isinstance(document, dict):
         raise BadBody(Reason.BAD_JSON)
     named = document.get("model")
     if isinstance(named, str) and named:
-        return named
+        return named, document
     if engine.model_required:
         raise BadBody(Reason.MODEL_MISSING)
-    return None
+    return None, document

@@ -71,13 +71,20 @@ def _content_pieces(data: bytes) -> int:
 
 @frozen
 class Stats:
-    """What could be measured; fields that could not be are None."""
+    """What could be measured; fields that could not be are None.
+
+    :ivar cached_tokens: of ``prompt_tokens``, how many the engine said it read from its
+        cache (llama.cpp's ``timings.cache_n``, OpenAI's
+        ``usage.prompt_tokens_details.cached_tokens``); None when it did not say
+        (docs/fleet-scheduling.md#conversations-go-where-their-cache-is).
+    """
 
     prompt_tokens: int | None
     completion_tokens: int | None
     tokens_per_second: float | None
     ttft_ms: int | None
     estimated: bool
+    cached_tokens: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """A workload event's ``stats`` object (docs/broker-protocol.md#workload-events): only the
@@ -250,7 +257,7 @@ class StatsReader:
         ttft = None
         if self._first_at is not None:
             ttft = max(0, round((self._first_at - self._admitted_at) * 1000))
-        prompt, completion, rate = self._report()
+        prompt, completion, rate, cached = self._report()
         estimated = False
         if completion is None and self._events:
             completion, estimated = self._events, True
@@ -259,20 +266,31 @@ class StatsReader:
             rate = _rate(completion / span) if span >= MIN_SPAN else None
         if prompt is None and completion is None and ttft is None:
             return None
-        return Stats(prompt, completion, rate, ttft, estimated)
+        if cached is not None and (prompt is None or cached > prompt):
+            cached = None
+        return Stats(prompt, completion, rate, ttft, estimated, cached)
 
-    def _report(self) -> tuple[int | None, int | None, float | None]:
-        """Token counts and decode rate from the engine's own report in the tail."""
+    def _report(self) -> tuple[int | None, int | None, float | None, int | None]:
+        """Token counts, decode rate and prompt tokens from cache from the engine's own report
+        in the tail."""
         tail = b"".join(self._tail)[-TAIL_BYTES:]
-        prompt = completion = None
+        prompt = completion = cached = None
         rate: float | None = None
         usage = _last_object(tail, _USAGE, b'"usage"')
         if usage is not None:
             prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
             completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                cached = _count(details.get("cached_tokens"))
         timings = _last_object(tail, _TIMINGS, b'"timings"')
         if timings is not None:
-            prompt = prompt if prompt is not None else _count(timings.get("prompt_n"))
+            cache_n = _count(timings.get("cache_n"))
+            if prompt is None:
+                # llama.cpp's prompt_n is what it evaluated: the prompt is that and cache_n.
+                prompt_n = _count(timings.get("prompt_n"))
+                prompt = prompt_n if prompt_n is None or cache_n is None else prompt_n + cache_n
+            cached = cached if cached is not None else cache_n
             completion = (
                 completion if completion is not None else _count(timings.get("predicted_n"))
             )
@@ -294,4 +312,4 @@ class StatsReader:
             duration_ns = _last_number(tail, _OLLAMA["eval_duration"])
             if rate is None and duration_ns:
                 rate = _rate(eval_count / (duration_ns / 1e9))
-        return prompt, completion, rate
+        return prompt, completion, rate, cached

@@ -24,8 +24,8 @@ from nvpair.common.reasons import Reason
 from nvpair.engines.admission import (
     BadBody,
     is_loopback,
-    model_from_body,
     ollama_host_allowed,
+    read_body,
     target_host,
 )
 from nvpair.engines.caller import Caller
@@ -65,6 +65,8 @@ class Admitted:
     :ivar model_key: the engine's comparison key for ``model``.
     :ivar caller: who sent it, where fleet mode's ``[access]`` is in force; None elsewhere
         (docs/lan.md#who-may-call).
+    :ivar prefix: an inference body's prefix keys, where fleet mode's affinity wants them
+        (docs/fleet-scheduling.md#conversations-go-where-their-cache-is); () elsewhere.
     """
 
     engine: Dialect
@@ -76,6 +78,7 @@ class Admitted:
     model: str | None
     model_key: str | None
     caller: Caller | None = None
+    prefix: tuple[int, ...] = ()
 
 
 class CallerGate(Protocol):
@@ -113,6 +116,9 @@ class Facade:
         request path writes the rest); None when the access log is off.
     :param lan: fleet mode's ``[access]``: which non-loopback callers are served, with which
         keys (None: none, as in broker mode).
+    :param prefix_of: fleet mode's affinity: an inference body's prefix keys, from the body as
+        admission parsed it (docs/fleet-scheduling.md#conversations-go-where-their-cache-is);
+        None: none are wanted (broker mode).
     """
 
     log = Logger()
@@ -125,6 +131,7 @@ class Facade:
         peer: Callable[[], Membership | None] | None = None,
         access_log: access.AccessLog | None = None,
         lan: CallerGate | None = None,
+        prefix_of: Callable[[object], tuple[int, ...]] | None = None,
     ) -> None:
         """:param peer: serve the cluster personality with this live membership: every request
         is a pinned peer's and goes to the local engine as it is."""
@@ -133,6 +140,7 @@ class Facade:
         self._peer = peer
         self._access = access_log
         self._lan = lan
+        self._prefix_of = prefix_of
 
     def serve(self, request: FacadeRequest) -> None:
         """Admit a whole request (head and body) and hand it to the request path."""
@@ -189,6 +197,7 @@ class Facade:
         path = request.path.decode("latin-1")
         body = request.body()
         caller = None
+        prefix: tuple[int, ...] = ()
         if self._peer is not None:
             route, model = RouteClass.PEER, None
         else:
@@ -210,11 +219,13 @@ class Facade:
                 else engine.classify(request.method, path)
             )
             try:
-                model = model_from_body(engine, route, path, body)
+                model, document = read_body(engine, route, path, body)
             except BadBody as refused:
                 self._refused(request.method, path, refused.reason, route)
                 write_error(request, engine, refused.reason)
                 return
+            if self._prefix_of is not None and route is RouteClass.INFERENCE:
+                prefix = self._prefix_of(document)
         admitted = Admitted(
             engine=engine,
             route=route,
@@ -225,6 +236,7 @@ class Facade:
             model=model,
             model_key=None if model is None else engine.model_key(model),
             caller=caller,
+            prefix=prefix,
         )
         if debug_enabled():
             self.log.debug(

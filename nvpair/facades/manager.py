@@ -96,11 +96,14 @@ class FacadeManager:
         membership: Callable[[], Membership | None] = lambda: None,
         access_log: AccessLog | None = None,
         lan: CallerGate | None = None,
+        prefix_of: Callable[[object], tuple[int, ...]] | None = None,
     ) -> None:
         """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
         :param membership: the live cluster membership (None: plaintext personality only).
         :param access_log: where each facade writes the requests it refuses (None: off).
-        :param lan: fleet mode's ``[access]``, which lets LAN callers in (None: nobody)."""
+        :param lan: fleet mode's ``[access]``, which lets LAN callers in (None: nobody).
+        :param prefix_of: fleet mode's affinity: an inference body's prefix keys (None: not
+            wanted)."""
         self._reactor = reactor
         self._clock = IReactorTime(reactor)
         self._membership = membership
@@ -114,6 +117,7 @@ class FacadeManager:
         self._backlog = backlog
         self._access = access_log
         self._lan = lan
+        self._prefix_of = prefix_of
         self.facades: dict[str, LiveFacade] = {}
 
     def enabled(self, engine: str) -> bool:
@@ -164,7 +168,15 @@ class FacadeManager:
         peers = not engine.spans_engines
         membership = self._membership if peers else _no_membership
         lan = self._lan
-        plain = self._site(Facade(engine, self._handler, access_log=self._access, lan=lan))
+        plain = self._site(
+            Facade(
+                engine,
+                self._handler,
+                access_log=self._access,
+                lan=lan,
+                prefix_of=self._prefix_of,
+            )
+        )
         factory = SniffingFactory(
             self._clock,
             plain,

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from attrs import field, frozen
 
 from nvpair.common.durations import parse_duration
+from nvpair.control.affinity import DEFAULT_AFFINITY, AffinityOptions
 from nvpair.engines.modelnames import NO_ALIASES, AliasError, Aliases
 from nvpair.engines.table import ENGINES, FACADES, served_engines
 from nvpair.facades.ports import ascii_digits, parse_aliases, valid_port
@@ -57,6 +58,8 @@ class Fleet:
     models: Aliases = NO_ALIASES
     #: ``[access]``: who besides this machine may call (docs/lan.md); None: loopback only.
     access: Access | None = None
+    #: ``[scheduling]``: affinity (docs/fleet-scheduling.md#conversations-go-where-their-cache-is).
+    affinity: AffinityOptions = DEFAULT_AFFINITY
 
     def authorizations(self) -> dict[str, bytes]:
         """Engine URL -> the ``Authorization`` value every request to it carries."""
@@ -198,7 +201,10 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         # tomllib parses nested arrays and inline tables recursively.
         raise FleetFileError(f"{path}: not valid TOML: nested too deeply") from None
     _check_keys(
-        path, "top level", document, {"inventory-interval", "facades", "nodes", "models", "access"}
+        path,
+        "top level",
+        document,
+        {"inventory-interval", "facades", "nodes", "models", "access", "scheduling"},
     )
 
     interval_text = document.get("inventory-interval", "5s")
@@ -266,7 +272,26 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         access = parse_access(document.get("access"), path.parent)
     except AccessError as error:
         raise FleetFileError(f"{path}: {error}") from None
-    return Fleet(interval, facades, tuple(nodes), models, access)
+    affinity = _scheduling(path, document.get("scheduling", {}))
+    return Fleet(interval, facades, tuple(nodes), models, access, affinity)
+
+
+#: The largest ``affinity-slack`` taken: past it, every owner is within it anyway.
+MAX_SLACK = 1_000_000
+
+
+def _scheduling(path: Path, table: object) -> AffinityOptions:
+    """``[scheduling]``: whether and how far affinity reorders warm owners."""
+    if not isinstance(table, dict):
+        raise _fail(path, "scheduling", "must be a table")
+    _check_keys(path, "scheduling", table, {"affinity", "affinity-slack"})
+    enabled = table.get("affinity", True)
+    if not isinstance(enabled, bool):
+        raise _fail(path, "scheduling.affinity", "must be true or false")
+    slack = table.get("affinity-slack", DEFAULT_AFFINITY.slack)
+    if isinstance(slack, bool) or not isinstance(slack, int) or not 0 <= slack <= MAX_SLACK:
+        raise _fail(path, "scheduling.affinity-slack", f"must be an integer in 0-{MAX_SLACK}")
+    return AffinityOptions(enabled, slack)
 
 
 def unserved(fleet: Fleet, running: Collection[str]) -> list[tuple[str, str, str]]:

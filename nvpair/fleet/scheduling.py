@@ -11,7 +11,10 @@ on live values), what an attempt's outcome says about its node, and how long to 
 sent to a node counts as in memory there (loading) until a poll asked after the dispatch says
 otherwise (docs/fleet-scheduling.md#dispatched-is-loading). A node whose last liveness probe went
 unanswered (:mod:`nvpair.fleet.liveness`) goes last, as a held-back one does
-(docs/fleet-scheduling.md#hung-nodes).
+(docs/fleet-scheduling.md#hung-nodes). And it keeps a conversation where its cache is: the
+node that served a request's longest known prefix goes first among the warm owners, within a
+slack, unless its own answers say its cache does not keep what it is sent
+(docs/fleet-scheduling.md#conversations-go-where-their-cache-is).
 """
 
 from __future__ import annotations
@@ -21,8 +24,17 @@ from collections.abc import Callable, Mapping, Sequence
 from attrs import evolve
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair.control.routing import Plan, Ranked, Standing, fleet_plan, ranked_plan
+from nvpair.control.affinity import (
+    DEFAULT_AFFINITY,
+    AffinityOptions,
+    CacheLedger,
+    PrefixTable,
+    scope,
+)
+from nvpair.control.routing import Affine, Plan, Ranked, Standing, fleet_plan, ranked_plan
 from nvpair.control.state import Node
+from nvpair.engines.conversation import prefix_keys
+from nvpair.engines.inferstats import Stats
 from nvpair.engines.loadstate import UNKNOWN, LoadState, unseen
 from nvpair.engines.table import ENGINES
 from nvpair.fleet.health import HealthPolicy, PassiveHealth
@@ -41,6 +53,8 @@ class FleetScheduler:
     :param owner_wait: seconds a request waits for an owner once every owner is down
         (``--owner-wait``): no broker's node-loss sweep ends it otherwise
         (docs/fleet-scheduling.md#owner-wait).
+    :param affinity: ``[scheduling]``; a reload replaces it (:attr:`affinity`).
+    :param table: where served requests' prefix keys are kept (bounded).
     """
 
     def __init__(
@@ -51,10 +65,15 @@ class FleetScheduler:
         liveness: LivenessProbes | None = None,
         *,
         owner_wait: float = 0.0,
+        affinity: AffinityOptions = DEFAULT_AFFINITY,
+        table: PrefixTable | None = None,
     ) -> None:
         self.health = PassiveHealth(clock, policy)
         self.liveness = liveness
         self.owner_wait = owner_wait
+        self.affinity = affinity
+        self.table = PrefixTable() if table is None else table
+        self.caches = CacheLedger()
         self._clock = clock
         self._own = own_in_flight
         self._loads: dict[tuple[str, str], LoadState] = {}
@@ -158,6 +177,7 @@ class FleetScheduler:
         self._away.pop((engine, node), None)
         self._sent.pop((engine, node), None)
         self.health.forget(engine, node)
+        self.caches.forget(engine, node)
 
     def standing(self, engine: str, node: str) -> Standing:
         """The node's last reading, with what was dispatched to it since counted in memory,
@@ -180,10 +200,14 @@ class FleetScheduler:
         pin: str | None,
         model_key: str | None,
         reservations: Mapping[str, int],
+        prefix: Sequence[int] = (),
     ) -> Plan:
-        """This round's candidates in fleet order, and the node to reserve."""
+        """This round's candidates in fleet order, and the node to reserve; ``prefix``: the
+        request's prefix keys (:meth:`prefix_of`)."""
+        standing = self.standing
+        affine = self._affine({engine: model_key}, eligible, prefix)
         return fleet_plan(
-            eligible, pin, model_key, lambda node: self.standing(engine, node), reservations
+            eligible, pin, model_key, lambda node: standing(engine, node), reservations, affine
         )
 
     def plan_across(
@@ -191,6 +215,7 @@ class FleetScheduler:
         eligible: Sequence[Node],
         model_key: Callable[[str], str | None],
         reservations: Mapping[str, int],
+        prefix: Sequence[int] = (),
     ) -> Plan:
         """A round over several engines' nodes (the ``openai`` facade), in fleet order, each
         ranked by its own engine's standing and ``model_key(engine)``; no pin."""
@@ -198,4 +223,60 @@ class FleetScheduler:
         ranked: list[Ranked] = [
             (node, keys[node.engine], self.standing(node.engine, node.id)) for node in eligible
         ]
-        return ranked_plan((), ranked, reservations)
+        return ranked_plan((), ranked, reservations, self._affine(keys, eligible, prefix))
+
+    # -- affinity (docs/fleet-scheduling.md#conversations-go-where-their-cache-is) --------------
+
+    def reconfigure(self, affinity: AffinityOptions) -> None:
+        """A reload's ``[scheduling]``. Turned off, affinity forgets what it recorded: turned
+        on again later, it starts from what is served from then on."""
+        if not affinity.enabled and self.affinity.enabled:
+            self.table = PrefixTable(self.table.bound)
+        self.affinity = affinity
+
+    def prefix_of(self, document: object) -> tuple[int, ...]:
+        """An admitted inference body's prefix keys; none while affinity is off."""
+        return prefix_keys(document) if self.affinity.enabled else ()
+
+    def _affine(
+        self, keys: Mapping[str, str | None], eligible: Sequence[Node], prefix: Sequence[int]
+    ) -> Affine | None:
+        """Where the longest known prefix of the request was served, among ``eligible`` nodes
+        whose affinity is not suspended (over every engine in ``keys``: the longest wins)."""
+        if not prefix or not self.affinity.enabled:
+            return None
+        now = self._clock.seconds()
+        best: tuple[str, str, int] | None = None
+        for engine, model_key in keys.items():
+            ids = {node.id for node in eligible if node.engine == engine}
+
+            def usable(node: str, engine: str = engine, ids: set[str] = ids) -> bool:
+                return node in ids and not self.caches.suspended(engine, node, now)
+
+            found = self.table.owner(scope(engine, model_key), prefix, usable)
+            if found is not None and (best is None or found[1] > best[2]):
+                best = (engine, *found)
+        return None if best is None else Affine(best[0], best[1], self.affinity.slack)
+
+    def answered(
+        self,
+        engine: str,
+        node: str,
+        model_key: str | None,
+        prefix: Sequence[int],
+        stats: Stats | None,
+        affine: bool,
+    ) -> None:
+        """``node`` served a request below 400: its prefix keys now name the node, and what
+        its answer said of its cache is noted (``affine``: affinity sent it there)."""
+        if prefix and self.affinity.enabled:
+            self.table.record(scope(engine, model_key), prefix, node)
+        if stats is not None and stats.cached_tokens is not None and stats.prompt_tokens:
+            self.caches.reported(
+                engine,
+                node,
+                stats.prompt_tokens,
+                stats.cached_tokens,
+                affine and self.affinity.enabled,
+                self._clock.seconds(),
+            )

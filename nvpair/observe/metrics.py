@@ -38,6 +38,7 @@ class _Ended:
     scraped."""
 
     __slots__ = (
+        "cached",
         "completion",
         "count",
         "duration",
@@ -59,6 +60,7 @@ class _Ended:
         self.first_byte = [0] * (len(LATENCY_BUCKETS) + 1)
         self.first_byte_sum = 0.0
         self.prompt = 0
+        self.cached = 0
         self.completion = 0
         self.rate = [0] * (len(RATE_BUCKETS) + 1)
         self.rate_sum = 0.0
@@ -132,6 +134,7 @@ class Metrics:
             ended.first_byte_sum += first_byte
         if stats is not None:
             ended.prompt += stats.prompt_tokens or 0
+            ended.cached += stats.cached_tokens or 0
             ended.completion += stats.completion_tokens or 0
             rate = stats.tokens_per_second
             if rate is not None:
@@ -161,7 +164,12 @@ class Metrics:
     def tokens(self) -> dict[tuple[str, str], int]:
         out: dict[tuple[str, str], int] = {}
         for (engine, _, _), ended in self._ended.items():
-            for kind, count in (("prompt", ended.prompt), ("completion", ended.completion)):
+            kinds = (
+                ("prompt", ended.prompt),
+                ("cached", ended.cached),
+                ("completion", ended.completion),
+            )
+            for kind, count in kinds:
                 if count:
                     out[(engine, kind)] = out.get((engine, kind), 0) + count
         return out

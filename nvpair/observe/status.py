@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from attrs import frozen
 
+from nvpair.control.affinity import CacheShare
 from nvpair.control.state import ControlState
 from nvpair.engines.loadstate import LoadState
 from nvpair.engines.table import ENGINES, FACADES
@@ -202,9 +203,35 @@ def fleet_nodes(
                     "heldUntil": _when(health.held_until) if held else None,
                     "lastFailure": last_failure,
                 },
+                "cache": _cache(fleet.scheduler.caches.share(engine, report.node, now)),
             }
         )
     return out
+
+
+def _cache(share: CacheShare | None) -> dict[str, object] | None:
+    """What a node's answers said of its cache
+    (docs/fleet-scheduling.md#what-the-operator-sees); None before any said."""
+    if share is None:
+        return None
+    ratio = share.share
+    return {
+        "share": None if ratio is None else round(ratio, 3),
+        "answers": share.answers,
+        "promptTokens": share.prompt_tokens,
+        "cachedTokens": share.cached_tokens,
+        "suspendedUntil": _when(share.suspended_until),
+    }
+
+
+def affinity_document(scheduler: FleetScheduler) -> dict[str, object]:
+    """``affinity``: fleet mode's ``[scheduling]`` and its table's fill."""
+    return {
+        "enabled": scheduler.affinity.enabled,
+        "slack": scheduler.affinity.slack,
+        "entries": len(scheduler.table),
+        "bound": scheduler.table.bound,
+    }
 
 
 def _when_ms(milliseconds: int | None) -> str | None:
@@ -294,6 +321,7 @@ def status_document(
         "inFlight": total_in_flight,
         "reservations": {node: count for node, count in reservations.items() if count},
         "recent": recent_document(recent),
+        **({} if fleet is None else {"affinity": affinity_document(fleet.scheduler)}),
     }
 
 

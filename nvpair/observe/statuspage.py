@@ -118,6 +118,17 @@ SCRIPT = """
     return parts.join(", ");
   }
 
+  // What the node's answers said of its cache, and whether affinity skips it for now
+  // (fleet mode: docs/fleet-scheduling.md#what-the-operator-sees).
+  function cacheText(node) {
+    const cache = node.cache;
+    if (!cache || typeof cache.share !== "number") return "";
+    let text = "cache " + Math.round(cache.share * 100) + "% of " + cache.promptTokens
+      + " prompt tokens (" + cache.answers + (cache.answers === 1 ? " answer)" : " answers)");
+    if (cache.suspendedUntil) text += ", affinity suspended until " + clock(cache.suspendedUntil);
+    return text;
+  }
+
   function nodeCell(engine, node, mode) {
     const cell = el("td", "cell");
     cell.dataset.engine = engine;
@@ -138,6 +149,8 @@ SCRIPT = """
     }
     const load = loadText(node);
     if (load) cell.append(el("div", "load", load));
+    const cache = cacheText(node);
+    if (cache) cell.append(el("div", "load cache", cache));
     const inMemory = node.load ? node.load.inMemory : null;
     // inMemory holds the engine's model keys (Ollama's carry the registry host and
     // namespace: "registry.ollama.ai/library/llama3:latest"), models the names it lists.

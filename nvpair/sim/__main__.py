@@ -6,7 +6,8 @@
 ``--cold --load-delay 2 --keep-alive 30`` starts every engine with no model in memory: a model's
 first request waits two seconds for its load, and a model unused for thirty seconds is unloaded.
 ``--max-loaded 2`` holds at most two models in memory per engine, as a GPU's memory does: a
-third evicts one first (:mod:`nvpair.sim.memory`).
+third evicts one first (:mod:`nvpair.sim.memory`). ``--cache-ram 0`` turns llama.cpp's RAM
+prompt cache off (:mod:`nvpair.sim.promptcache`), as ``llama-server --cache-ram 0`` does.
 
 Two of the fault knobs (:class:`~nvpair.sim.engine.Faults`) are worked by signal while it runs,
 for every engine of the process: ``SIGUSR1`` turns failing on and off (each inference answers
@@ -32,6 +33,7 @@ from twisted.logger import (
 )
 
 from nvpair.sim.engine import DIALECTS, SimEngine
+from nvpair.sim.promptcache import DEFAULT_CACHE_RAM_MIB
 
 #: The status every inference answers while SIGUSR1 has the process failing.
 FAIL_STATUS = 503
@@ -89,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
         "more evicts one first (default: any number)",
     )
     parser.add_argument(
+        "--cache-ram",
+        type=int,
+        default=DEFAULT_CACHE_RAM_MIB,
+        metavar="MIB",
+        help="llama.cpp's RAM prompt cache, as llama-server's --cache-ram: 0 off, -1 no limit "
+        f"(default {DEFAULT_CACHE_RAM_MIB})",
+    )
+    parser.add_argument(
         "--cold",
         action="store_true",
         help="start with no model in memory (default: every model loaded)",
@@ -103,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--load-delay and --keep-alive must not be negative")
     if args.max_loaded is not None and args.max_loaded < 1:
         parser.error("--max-loaded must be at least 1")
+    if args.cache_ram < -1:
+        parser.error("--cache-ram is MiB, 0 (off) or -1 (no limit)")
     specs: list[tuple[str, int, str, list[str]]] = []
     for engine, port, node, models in args.serve:
         if engine not in DIALECTS:
@@ -134,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep_alive=args.keep_alive,
             warm=() if args.cold else None,
             max_loaded=args.max_loaded,
+            cache_ram=args.cache_ram,
         )
         try:
             bound = sim.listen(port, "127.0.0.1")

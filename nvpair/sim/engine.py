@@ -40,6 +40,7 @@ from nvpair.sim.llamacpp import LlamaCppDialect
 from nvpair.sim.lmstudio import LMStudioDialect
 from nvpair.sim.memory import Claim, Memory
 from nvpair.sim.ollama import OllamaDialect
+from nvpair.sim.promptcache import DEFAULT_CACHE_RAM_MIB, PromptCache
 from nvpair.sim.wire import Call, Dialect, Reply, RouteKind
 
 DIALECTS = ("ollama", "lmstudio", "llamacpp")
@@ -377,7 +378,10 @@ class SimEngine:
         ``keep_alive``, LM Studio's idle TTL); None keeps it for good. llama.cpp never unloads.
     :param warm: the models in memory at the start (default: every model, or the first
         ``max_loaded``), so a cold start is ``warm=()``.
-    :param parallel: requests the engine runs at once, as llama.cpp's ``/slots`` lists them.
+    :param parallel: requests the engine runs at once, as llama.cpp's ``/slots`` lists them;
+        llama.cpp keeps a prompt per slot (:mod:`nvpair.sim.promptcache`).
+    :param cache_ram: llama.cpp's RAM prompt cache in MiB (``--cache-ram``): 0 off, -1
+        unbounded; the other dialects ignore it.
     :param max_loaded: how many models may be in memory at once (Ollama's
         ``OLLAMA_MAX_LOADED_MODELS``, and in practice its GPU's memory); None: any number.
         Loading one more evicts a model first, by Ollama's rules (:mod:`nvpair.sim.memory`),
@@ -400,6 +404,7 @@ class SimEngine:
         warm: Iterable[str] | None = None,
         parallel: int = 1,
         max_loaded: int | None = None,
+        cache_ram: int = DEFAULT_CACHE_RAM_MIB,
     ) -> None:
         self._reactor = reactor
         self._impl = _dialect(dialect)
@@ -422,13 +427,14 @@ class SimEngine:
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
         self._parallel = parallel
+        self._prompts = PromptCache(parallel, cache_ram)
         self.requests: list[RecordedRequest] = []
         self.abandoned = 0
         """How many answers the client abandoned (disconnected) before they were complete."""
         self.headers_sent = 0
         """How many answers have had their status line and headers written (any route)."""
         self._ids = itertools.count(1)
-        self._deliveries: dict[_Delivery, tuple[RouteKind, Claim | None]] = {}
+        self._deliveries: dict[_Delivery, tuple[RouteKind, Claim | None, int | None]] = {}
         self._resource = _SimResource(self._render)
         self._connections = _Connections(_QuietSite(self._resource, reactor=reactor))
         self._listening: IListeningPort | None = None
@@ -440,7 +446,7 @@ class SimEngine:
     @property
     def in_flight(self) -> int:
         """Inference answers still being delivered (delayed, streaming or stalled)."""
-        return sum(1 for kind, _ in self._deliveries.values() if kind is RouteKind.INFERENCE)
+        return sum(1 for kind, *_ in self._deliveries.values() if kind is RouteKind.INFERENCE)
 
     @property
     def memory(self) -> Memory:
@@ -450,6 +456,11 @@ class SimEngine:
     @property
     def parallel(self) -> int:
         return self._parallel
+
+    @property
+    def prompts(self) -> PromptCache:
+        """The slots' kept prompts and the RAM prompt cache (llama.cpp)."""
+        return self._prompts
 
     def now(self) -> float:
         return self._reactor.seconds()
@@ -559,6 +570,8 @@ class SimEngine:
         if plan.immediate and not reply.streamed and gate is _Gate.NONE:
             if claim is not None:
                 self._memory.release(claim)
+            if reply.slot is not None:
+                self._prompts.release(reply.slot)
             return self._send_now(request, reply)
         delivery = _Delivery(
             self._reactor,
@@ -570,7 +583,7 @@ class SimEngine:
             self._headers_written,
             gate,
         )
-        self._deliveries[delivery] = (kind, claim)
+        self._deliveries[delivery] = (kind, claim, reply.slot)
         if gate is not _Gate.NONE:
             assert claim is not None
             claim.admitted = delivery.open
@@ -606,9 +619,11 @@ class SimEngine:
         self.headers_sent += 1
 
     def _delivery_ended(self, delivery: _Delivery, abandoned: bool) -> None:
-        _, claim = self._deliveries.pop(delivery, (RouteKind.OTHER, None))
+        _, claim, slot = self._deliveries.pop(delivery, (RouteKind.OTHER, None, None))
         if claim is not None:
             self._memory.release(claim)
+        if slot is not None:
+            self._prompts.release(slot)
         if abandoned:
             self.abandoned += 1
 

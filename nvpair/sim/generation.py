@@ -9,9 +9,14 @@ Every number here is exact so tests can assert it:
 - prompt tokens = number of whitespace-separated words in the request's prompt text: the string(s)
   in ``prompt`` / ``input`` / ``content``, or each message's ``content`` (a string, or the ``text``
   of its parts), whichever field the route reads;
-- the simulated model takes :data:`PROMPT_MS_PER_TOKEN` per prompt token, :data:`EVAL_MS_PER_TOKEN`
-  per generated token and :data:`LOAD_MS` to load; dialects report durations, speeds and timings
-  computed from these (never from the wall clock).
+- the prompt's tokens themselves, where an engine compares prompts (llama.cpp's prompt cache,
+  :mod:`nvpair.sim.promptcache`), are those words (:func:`prompt_words`); a chat's are its
+  template's rendering (:func:`chat_words`), each message ``<|role|>content``, so roles and
+  message boundaries are part of the prompt while the count stays the contents' words;
+- the simulated model takes :data:`PROMPT_MS_PER_TOKEN` per prompt token it evaluates (tokens
+  read from cache are free), :data:`EVAL_MS_PER_TOKEN` per generated token and :data:`LOAD_MS` to
+  load; dialects report durations, speeds and timings computed from these (never from the wall
+  clock).
 """
 
 from __future__ import annotations
@@ -34,11 +39,14 @@ class Generation:
     :param tokens: the generated tokens, one streamed chunk each.
     :param prompt_tokens: the prompt's token count.
     :param truncated: whether the request's token limit cut the completion short.
+    :param cached_tokens: of the prompt's tokens, how many were read from cache rather than
+        evaluated (llama.cpp's prompt cache).
     """
 
     tokens: tuple[str, ...]
     prompt_tokens: int
     truncated: bool = False
+    cached_tokens: int = 0
 
     @property
     def completion_tokens(self) -> int:
@@ -53,8 +61,13 @@ class Generation:
         return "".join(self.tokens)
 
     @property
+    def evaluated_tokens(self) -> int:
+        """The prompt tokens the model read (those not found in cache)."""
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
     def prompt_ms(self) -> int:
-        return self.prompt_tokens * PROMPT_MS_PER_TOKEN
+        return self.evaluated_tokens * PROMPT_MS_PER_TOKEN
 
     @property
     def eval_ms(self) -> int:
@@ -65,15 +78,18 @@ class Generation:
         return 1000.0 / EVAL_MS_PER_TOKEN
 
 
-def generate(tokens: Sequence[str], prompt_tokens: int, limit: int | None) -> Generation:
-    """The completion for a prompt of ``prompt_tokens`` under an optional token ``limit``.
+def generate(
+    tokens: Sequence[str], prompt_tokens: int, limit: int | None, cached: int = 0
+) -> Generation:
+    """The completion for a prompt of ``prompt_tokens`` (``cached`` of them read from cache)
+    under an optional token ``limit``.
 
     A negative limit means "no limit", as ``n_predict: -1`` / ``num_predict: -1`` do.
     """
     produced = tuple(tokens)
     if limit is not None and 0 <= limit < len(produced):
-        return Generation(produced[:limit], prompt_tokens, truncated=True)
-    return Generation(produced, prompt_tokens)
+        return Generation(produced[:limit], prompt_tokens, truncated=True, cached_tokens=cached)
+    return Generation(produced, prompt_tokens, cached_tokens=cached)
 
 
 def count_words(value: object) -> int:
@@ -89,6 +105,37 @@ def count_words(value: object) -> int:
     if isinstance(value, dict):
         return count_words(value.get("content")) + count_words(value.get("text"))
     return 0
+
+
+def prompt_words(value: object) -> list[str]:
+    """The words :func:`count_words` counts, in order."""
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, list):
+        return [word for item in value for word in prompt_words(item)]
+    if isinstance(value, dict):
+        return prompt_words(value.get("content")) + prompt_words(value.get("text"))
+    return []
+
+
+def chat_words(messages: object) -> list[str]:
+    """A chat's prompt as the simulated chat template renders it, in words: each message
+    ``<|role|>`` followed directly by its content, so the marker joins the content's first word
+    (a message with no words is its marker alone). The next turn of a conversation (the same
+    messages, a reply, a new message) starts with the words of the turn before."""
+    if not isinstance(messages, list):
+        return prompt_words(messages)
+    words: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            words.extend(prompt_words(message))
+            continue
+        role = message.get("role")
+        marker = f"<|{role if isinstance(role, str) else ''}|>"
+        content = prompt_words(message)
+        words.append(marker + content[0] if content else marker)
+        words.extend(content[1:])
+    return words
 
 
 def texts(value: object) -> list[str]:

@@ -10,20 +10,34 @@ the server behaves as while loading: inference answers 503 ``Loading model``. Wh
 loads its model (a cold start: from :meth:`~nvpair.sim.SimEngine.listen` for the engine's load
 delay) every route, ``/health`` included, answers 503 ``Loading model``, as current builds do.
 ``/slots`` lists the engine's ``parallel`` slots, as many busy as answers are being delivered.
+
+Completions and chats go through the prompt cache (:mod:`nvpair.sim.promptcache`): each is
+given a slot, reads from cache the prefix its prompt shares with what that slot (or the RAM
+prompt cache) kept, and reports it as llama-server does: ``timings.cache_n`` read from cache,
+``timings.prompt_n`` evaluated, ``usage.prompt_tokens_details.cached_tokens`` = ``cache_n``,
+``usage.prompt_tokens`` = both. A chat's prompt is its template's rendering
+(:func:`~nvpair.sim.generation.chat_words`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
 
 from nvpair.sim import openai
 from nvpair.sim.generation import (
     EVAL_MS_PER_TOKEN,
     PROMPT_MS_PER_TOKEN,
     Generation,
+    chat_words,
     count_words,
     embedding,
     generate,
+    prompt_words,
     texts,
 )
+from nvpair.sim.promptcache import Reuse
 from nvpair.sim.wire import (
     SSE_TYPE,
     BadJSON,
@@ -68,12 +82,13 @@ def error_reply(status: int, message: str) -> Reply:
 
 
 def timings(gen: Generation) -> Json:
-    """``server_slot_stats`` for ``gen``, from the simulated model's fixed speeds."""
+    """``server_slot_stats`` for ``gen``, from the simulated model's fixed speeds: ``cache_n``
+    prompt tokens read from cache, ``prompt_n`` (and its time) the ones evaluated."""
     prompt_per_token = float(PROMPT_MS_PER_TOKEN)
     predicted_per_token = float(EVAL_MS_PER_TOKEN)
     return {
-        "cache_n": 0,
-        "prompt_n": gen.prompt_tokens,
+        "cache_n": gen.cached_tokens,
+        "prompt_n": gen.evaluated_tokens,
         "prompt_ms": float(gen.prompt_ms),
         "prompt_per_token_ms": prompt_per_token,
         "prompt_per_second": 1000.0 / prompt_per_token,
@@ -231,7 +246,9 @@ class LlamaCppDialect:
             "model_alias": model,
             "model_path": f"/models/{model}.gguf",
             "modalities": {"vision": False, "audio": False},
-            "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+            "chat_template": (
+                "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }} {% endfor %}"
+            ),
             "bos_token": "<s>",
             "eos_token": "</s>",
             "build_info": BUILD,
@@ -274,10 +291,12 @@ class LlamaCppDialect:
         else:
             return error_reply(400, "'prompt' is required")
         limit = get_int(body, "n_predict")
-        gen = generate(view.tokens, count_words(prompt), limit)
-        final = _native_final(model, gen, prompt, limit)
+        words = prompt_words(prompt)
+        reuse = _take(view, body, words)
+        gen = generate(view.tokens, len(words), limit, reuse.cached)
+        final = _native_final(model, gen, prompt, limit, reuse.slot)
         if body.get("stream") is not True:
-            return json_reply(200, {**final, "content": gen.text})
+            return attrs.evolve(json_reply(200, {**final, "content": gen.text}), slot=reuse.slot)
         events = [
             sse_data(
                 {
@@ -294,7 +313,7 @@ class LlamaCppDialect:
         ]
         # The native stream ends with the stop chunk; it sends no [DONE].
         events.append(sse_data(final))
-        return Reply(200, tuple(events), SSE_TYPE, streamed=True)
+        return Reply(200, tuple(events), SSE_TYPE, streamed=True, slot=reuse.slot)
 
     def _native_embeddings(self, view: EngineView, call: Call) -> Reply:
         prepared = self._prepare(view, call)
@@ -319,14 +338,18 @@ class LlamaCppDialect:
         limit = get_int(body, "max_tokens")
         if limit is None:
             limit = get_int(body, "max_completion_tokens")
-        gen = generate(view.tokens, count_words(body[key]), limit)
+        words = chat_words(body[key]) if chat else prompt_words(body[key])
+        reuse = _take(view, body, words)
+        gen = generate(view.tokens, len(words), limit, reuse.cached)
         prefix = "chatcmpl" if chat else "cmpl"
         head = openai.Head(f"{prefix}-{view.next_id()}", int(view.now()), model)
         if body.get("stream") is True:
             stream = openai.chat_stream if chat else openai.text_stream
-            return stream(FLAVOR, head, gen, include_usage(body))
-        build = openai.chat_body if chat else openai.text_body
-        return json_reply(200, build(FLAVOR, head, gen, {}))
+            reply = stream(FLAVOR, head, gen, include_usage(body))
+        else:
+            build = openai.chat_body if chat else openai.text_body
+            reply = json_reply(200, build(FLAVOR, head, gen, {}))
+        return attrs.evolve(reply, slot=reuse.slot)
 
     def _oai_chat(self, view: EngineView, call: Call) -> Reply:
         return self._oai(view, call, chat=True)
@@ -373,13 +396,22 @@ class LlamaCppDialect:
         return json_reply(200, answer)
 
 
-def _native_final(model: str, gen: Generation, prompt: object, limit: int | None) -> Json:
+def _take(view: EngineView, body: dict[str, object], words: Sequence[str]) -> Reuse:
+    """The slot a completion runs in and what it reads from cache: ``cache_prompt: false``
+    reads nothing, ``id_slot`` names a slot."""
+    slot = get_int(body, "id_slot")
+    return view.prompts.take(words, reuse=body.get("cache_prompt") is not False, slot=slot)
+
+
+def _native_final(
+    model: str, gen: Generation, prompt: object, limit: int | None, slot: int
+) -> Json:
     """The last (``stop``) object of a native completion, without the content."""
     return {
         "index": 0,
         "content": "",
         "tokens": [],
-        "id_slot": 0,
+        "id_slot": slot,
         "stop": True,
         "model": model,
         "tokens_predicted": gen.completion_tokens,

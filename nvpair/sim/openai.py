@@ -28,7 +28,8 @@ class Flavor:
     :param logprobs: whether choices carry ``"logprobs": null``.
     :param zero_usage_on_text_chunks: Ollama's ``/v1/completions`` quirk: with ``include_usage``
         every chunk carries an all-zero ``usage``.
-    :param usage_details: whether ``usage`` has ``prompt_tokens_details`` (llama.cpp).
+    :param usage_details: whether ``usage`` has ``prompt_tokens_details`` (llama.cpp): the
+        prompt tokens read from cache.
     :param extra: fields added to the final result: the whole body, the usage chunk, or (without
         ``include_usage``) the finish chunk — llama.cpp's ``timings``.
     """
@@ -58,7 +59,7 @@ def usage(flavor: Flavor, gen: Generation) -> Json:
         "total_tokens": gen.total_tokens,
     }
     if flavor.usage_details:
-        result["prompt_tokens_details"] = {"cached_tokens": 0}
+        result["prompt_tokens_details"] = {"cached_tokens": gen.cached_tokens}
     return result
 
 

@@ -17,6 +17,7 @@ from typing import Protocol
 import attrs
 
 from nvpair.sim.memory import Memory
+from nvpair.sim.promptcache import PromptCache
 
 JSON_TYPE = "application/json; charset=utf-8"
 NDJSON_TYPE = "application/x-ndjson"
@@ -67,6 +68,8 @@ class Reply:
     :param content_type: the ``Content-Type``, or ``None`` for none (empty bodies).
     :param headers: extra response headers.
     :param streamed: whether the body is a stream of pieces (chunked, no ``Content-Length``).
+    :param slot: the slot of the engine's prompt cache (:class:`PromptCache`) the answer runs
+        in, busy until the reply is delivered or abandoned (llama.cpp); None for none.
     """
 
     status: int
@@ -74,6 +77,7 @@ class Reply:
     content_type: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     streamed: bool = False
+    slot: int | None = None
 
     @property
     def body(self) -> bytes:
@@ -110,6 +114,11 @@ class EngineView(Protocol):
     @property
     def parallel(self) -> int:
         """How many requests the engine says it runs at once (llama.cpp ``/slots``)."""
+        ...
+
+    @property
+    def prompts(self) -> PromptCache:
+        """Its slots' kept prompts and its RAM prompt cache (llama.cpp)."""
         ...
 
     def now(self) -> float:

@@ -6,6 +6,7 @@ gives up after ``--owner-wait``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,11 +49,18 @@ async def polled(sims: Sequence[SimEngine], path: str, times: int = 2) -> None:
     await eventually(done, f"polls of {path}")
 
 
+#: Each generation's prompt is its own: a new conversation, which no node served before, so
+#: the fleet order decides where it goes, not affinity (docs/fleet-scheduling.md#affinity-order).
+PROMPTS = itertools.count()
+
+
 async def generate(port: int, model: str = "llama3") -> tuple[int, str | None, str | None]:
-    """POST /api/generate; (status, the X-Nvpair-Node that answered, X-Nvpair-Error)."""
+    """POST /api/generate of a new prompt; (status, the X-Nvpair-Node that answered,
+    X-Nvpair-Error)."""
+    prompt = f"hi {next(PROMPTS)}"
     response = await treq.post(
         f"http://127.0.0.1:{port}/api/generate",
-        json.dumps({"model": model, "prompt": "hi", "stream": False}).encode(),
+        json.dumps({"model": model, "prompt": prompt, "stream": False}).encode(),
         timeout=20,
     )
     await response.content()

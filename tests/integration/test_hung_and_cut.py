@@ -7,7 +7,8 @@ final chunk, a ``Content-Length`` body short of its length) is a ``completed`` w
 attempt is ``truncated`` in ``/status`` and in ``nvpair_attempts_total``. A simulated engine
 in a process of its own, stopped with SIGSTOP, is found hung by the liveness probes: the
 request waiting on it fails over, ``/status`` says ``hung`` and why, ``nvpair_node_up`` is 0,
-and with SIGCONT it is back.
+and with SIGCONT it is back. The status page shows the two together with a keyed caller's
+request, as issue 22's closing note asks.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import treq
 from twisted.internet import reactor
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.threads import deferToThread
+from twisted.web.http_headers import Headers
 
+from nvpair.fleet.lanconfig import new_key
 from nvpair.sim import SimEngine
 from tests.integration.browser import Browser
 from tests.integration.conftest import running_proxy
@@ -40,7 +43,12 @@ from tests.integration.test_fleet import eventually
 from tests.integration.test_fleet_operator import admin_get, by_id
 from tests.integration.test_fleet_schedules import generate, started, stopped
 from tests.integration.test_metrics_endpoint import labels, scrape
-from tests.integration.test_status_page import READ_PAGE, browser, keep_screenshot, settled
+from tests.integration.test_status_page import (
+    browser,
+    keep_screenshot,
+    page_and_screenshot,
+    settled,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,12 +60,15 @@ __all__ = ["browser"]  # the module's headless Chromium, a fixture of test_statu
 
 @contextlib.asynccontextmanager
 async def fleet_with_admin(
-    tmp_path: Path, nodes: dict[str, str], *args: str
+    tmp_path: Path, nodes: dict[str, str], *args: str, access: str = ""
 ) -> AsyncIterator[tuple[ProxyProcess, int, int]]:
-    """The proxy's Ollama facade over ``nodes`` with an admin listener, once every node is up;
-    yields the proxy, the facade's port and the admin port."""
+    """The proxy's Ollama facade over ``nodes`` with an admin listener (and ``access``, an
+    ``[access]`` table, at the fleet file's end), once every node is up; yields the proxy, the
+    facade's port and the admin port."""
     port, admin = free_port(), free_port()
     fleet = write_fleet(tmp_path / "fleet.toml", port, nodes)
+    with fleet.open("a") as text:
+        text.write(access)
     async with running_proxy(
         tmp_path, "--fleet", str(fleet), "--admin-port", str(admin), *args
     ) as proxy:
@@ -269,16 +280,25 @@ async def test_with_every_owner_hung_the_client_gets_its_503_after_the_owner_wai
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_status_page_shows_a_hung_node_and_a_truncated_stream(
+async def test_the_status_page_shows_a_keyed_caller_a_truncated_stream_and_a_hung_node(
     tmp_path: Path, browser: Browser
 ) -> None:
-    """In headless Chromium: ``a`` stopped shows ``hung`` with its reason, and a stream ``b``
-    cut shows its attempt ``truncated 200`` in a ``completed`` row. A screenshot is kept."""
+    """In headless Chromium, one page (issue 22's closing note): ``a`` stopped shows ``hung``
+    with its reason; a request with the fleet key ``laptop`` (a loopback caller showing a valid
+    key counts as that key, docs/lan.md#keys) is served by ``b`` and its row names the key; a
+    stream ``b`` then cuts shows its attempt ``truncated 200`` in a ``completed`` row. A
+    screenshot is kept."""
     (b,) = started(SimEngine(reactor, "ollama", models=["llama3:latest"], node="b"))
-    b.faults.die_after_chunks = 2
+    secret, block = new_key("laptop")
+    (tmp_path / "keys.toml").write_text(block)
+    access = '[access]\nnetworks = ["192.0.2.0/24"]\nkeys = "keys.toml"\n'
     try:
         with sim_process("a") as (url, frozen):
-            async with fleet_with_admin(tmp_path, {"a": url, "b": b.url}) as (proxy, port, admin):
+            async with fleet_with_admin(tmp_path, {"a": url, "b": b.url}, access=access) as (
+                proxy,
+                port,
+                admin,
+            ):
                 os.kill(frozen.pid, signal.SIGSTOP)
 
                 async def hung() -> bool:
@@ -286,25 +306,40 @@ async def test_the_status_page_shows_a_hung_node_and_a_truncated_stream(
                     return bool(by_id(status)["a"]["state"] == "hung")
 
                 await eventually(hung, "a hung")
+                keyed = await treq.post(
+                    f"http://127.0.0.1:{port}/api/generate",
+                    json.dumps({"model": "llama3", "prompt": "hi", "stream": False}).encode(),
+                    headers=Headers({b"authorization": [b"Bearer " + secret.encode()]}),
+                    timeout=20,
+                )
+                await keyed.content()
+                assert keyed.code == 200
+                await settled(admin)
+                b.faults.die_after_chunks = 2
                 code, ended = await cut_answer(port, stream=True)
                 assert code == 200 and ended != "whole", ended
 
-                def look() -> tuple[Any, bytes]:
-                    browser.navigate(f"http://127.0.0.1:{admin}/")
-                    seen = browser.execute_async(READ_PAGE, 10_000, True)
-                    return seen, browser.screenshot()
+                async def both_ended() -> bool:
+                    _, status = await admin_get(admin, "/status")
+                    recent = status["recent"]
+                    return len(recent) == 2 and recent[0]["endedAt"] is not None
 
-                seen, png = await deferToThread(look)
-                keep_screenshot(png, tmp_path / "status-page-hung-truncated.png")
+                await eventually(both_ended, "the cut workload's end in /status")
+                seen, png = await deferToThread(page_and_screenshot, browser, admin)
+                keep_screenshot(png, tmp_path / "status-page-key-truncated-hung.png")
                 cells = {c["node"]: c for c in seen["cells"]}
                 assert cells["a"]["state"] == "hung", seen
                 assert HUNG_WHY.search(cells["a"]["text"])
                 assert cells["b"]["state"] == "up", seen
-                (row,) = seen["rows"]
-                assert row["state"] == "completed", seen
+                cut, served = seen["rows"]
+                assert (cut["state"], cut["key"]) == ("completed", None), seen
                 assert [
-                    (x["node"], x["result"], x["status"], x["text"]) for x in row["attempts"]
+                    (x["node"], x["result"], x["status"], x["text"]) for x in cut["attempts"]
                 ] == [("b", "truncated", 200, "b truncated 200")], seen
+                assert (served["state"], served["key"]) == ("completed", "key laptop"), seen
+                assert [(x["node"], x["result"]) for x in served["attempts"]] == [
+                    ("b", "served")
+                ], seen
                 assert [p for p in log_problems(proxy) if "is hung" not in p] == []
     finally:
         await stopped([b])

@@ -163,7 +163,7 @@ def browser() -> Iterator[Browser]:
 
 #: Waits (up to ``arguments[0]`` ms) until ``#recent-body`` has a completed first row, or
 #: until the page has refreshed at least once when ``arguments[1]`` is false; then reports
-#: what the page shows.
+#: what the page shows: each node's cell with its ``.cache`` line (None without one).
 READ_PAGE = """
 const [patience, wantRow] = arguments;
 const done = arguments[arguments.length - 1];
@@ -172,6 +172,7 @@ function read() {
   const rows = [...document.querySelectorAll("#recent-body tr")].map((row) => ({
     workload: row.dataset.workload,
     state: row.dataset.state,
+    key: row.querySelector(".key")?.textContent ?? null,
     cells: [...row.children].map((cell) => cell.textContent),
     attempts: [...row.querySelectorAll(".attempt")].map((chip) => ({
       node: chip.dataset.node, result: chip.dataset.result,
@@ -188,6 +189,7 @@ function read() {
       state: cell.querySelector(".badge").textContent,
       models: [...cell.querySelectorAll("ul.models li")].map((li) => li.textContent),
       warm: [...cell.querySelectorAll("ul.models li.warm")].map((li) => li.textContent),
+      cache: cell.querySelector(".cache")?.textContent ?? null,
       text: cell.textContent})),
     injected: document.querySelectorAll("img, b, td td").length,
     rows,
@@ -200,6 +202,14 @@ function read() {
   if (ready || Date.now() > deadline) done(seen); else setTimeout(look, 100);
 })();
 """
+
+
+def page_and_screenshot(browser: Browser, admin: int) -> tuple[Any, bytes]:
+    """The status page loaded afresh: what :data:`READ_PAGE` reads once its first recent row
+    has completed, and a screenshot (blocking: run it in a thread)."""
+    browser.navigate(f"http://127.0.0.1:{admin}/")
+    seen = browser.execute_async(READ_PAGE, 10_000, True)
+    return seen, browser.screenshot()
 
 
 def keep_screenshot(png: bytes, shot: Path) -> Path:

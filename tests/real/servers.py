@@ -13,6 +13,7 @@ skipping the real engine.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -145,14 +146,18 @@ def running_llama_server(
         yield server.url
 
 
+#: Numbers each chat of :func:`post_chat` its own.
+CHATS = itertools.count()
+
+
 async def post_chat(port: int, model: str = "tiny", timeout: float = 30) -> tuple[Any, bytes]:
     """A short non-streaming chat completion for ``model`` through the proxy on ``port``;
-    the response and its body."""
+    the response and its body. Each is a new conversation, so that the fleet order places
+    it, not affinity (docs/fleet-scheduling.md#affinity-order)."""
+    message = {"role": "user", "content": f"hi {next(CHATS)}"}
     response = await treq.post(
         f"http://127.0.0.1:{port}/v1/chat/completions",
-        json.dumps(
-            {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        ).encode(),
+        json.dumps({"model": model, "messages": [message], "max_tokens": 4}).encode(),
         headers=Headers({b"Content-Type": [b"application/json"]}),
         timeout=timeout,
     )

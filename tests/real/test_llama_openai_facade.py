@@ -13,6 +13,7 @@ the module's.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -34,7 +35,17 @@ from tests.real.tiny_gguf import write_tiny_gguf
 
 T = TypeVar("T")
 
-CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
+#: Each request's conversation is its own, so the fleet order places it, not affinity
+#: (docs/fleet-scheduling.md#affinity-order).
+CONVERSATIONS = itertools.count()
+
+
+#: llama.cpp's ``ignore_eos``: generate ``max_tokens`` whatever is sampled.
+UNTIL_MAX = {"ignore_eos": True}
+
+
+def new_chat() -> list[ChatCompletionMessageParam]:
+    return [{"role": "user", "content": f"hello there {next(CONVERSATIONS)}"}]
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +133,9 @@ async def in_thread(call: Callable[[], T]) -> T:
 
 def chat(client: openai.OpenAI, model: str) -> tuple[str, str, int | None]:
     """A whole chat completion: the node that answered, its text, its completion tokens."""
-    raw = client.chat.completions.with_raw_response.create(model=model, messages=CHAT, max_tokens=8)
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=new_chat(), max_tokens=8
+    )
     completion = raw.parse()
     usage = completion.usage.completion_tokens if completion.usage else None
     return raw.headers["x-nvpair-node"], completion.choices[0].message.content or "", usage
@@ -132,8 +145,9 @@ def streamed(client: openai.OpenAI, model: str) -> tuple[str, str, int | None]:
     """A streamed chat completion: the node that answered, the text, its completion tokens."""
     with client.chat.completions.with_streaming_response.create(
         model=model,
-        messages=CHAT,
+        messages=new_chat(),
         max_tokens=8,
+        extra_body=UNTIL_MAX,
         stream=True,
         stream_options={"include_usage": True},
     ) as response:
@@ -155,7 +169,9 @@ async def test_one_base_url_reaches_every_engine_s_models(tmp_path: Path, llama:
         client = fleet.client()
         hello = "".join(fleet.ollama.tokens)
         assert await in_thread(lambda: chat(client, "llama3")) == ("a-ollama", hello, 4)
-        assert fleet.ollama.requests[-1].path == "/v1/chat/completions"
+        # Its last POST: a load poll may have come since.
+        posted = [r.path for r in fleet.ollama.requests if r.method == "POST"]
+        assert posted[-1] == "/v1/chat/completions"
         studio = "".join(fleet.studio.tokens)
         assert await in_thread(lambda: streamed(client, "qwen2.5-7b-instruct")) == (
             "b-studio",
