@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import NamedTuple
 
-from attrs import define, frozen
+from attrs import define
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
@@ -115,16 +116,19 @@ SERVED = "served"
 TRUNCATED = "truncated"
 
 
-@frozen
-class Served:
+# Served, Failed and Outgoing are made per attempt or per request: immutable as tuples
+# (NamedTuple), which a frozen attrs class costs several times more to make, each field set
+# through object.__setattr__ (docs/performance.md#per-dispatch-overheads).
+
+
+class Served(NamedTuple):
     """The response is the client's answer; ``relay`` holds its body, not yet attached."""
 
     response: IResponse
     relay: BodyRelay
 
 
-@frozen
-class Failed:
+class Failed(NamedTuple):
     """A retryable failure: the loop moves on (or, for the final attempt, answers for it)."""
 
     why: Fault
@@ -141,8 +145,7 @@ DISCARD_SECONDS = 10.0
 DISCARD_BYTES = 1024 * 1024
 
 
-@frozen
-class Outgoing:
+class Outgoing(NamedTuple):
     """What every attempt of one request sends upstream, to whichever node (each dialled as
     its own engine's, :attr:`nvpair.control.state.Node.engine`)."""
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 
-from attrs import evolve
 from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
@@ -80,7 +79,7 @@ def _for_node(job: Job, outgoing: Outgoing, node: Node) -> Outgoing:
         return outgoing
     fallback = "name" if admitted.path in admitted.engine.named_model_paths else None
     body = renamed(outgoing.body, own, fallback)
-    return outgoing if body is None else evolve(outgoing, body=body)
+    return outgoing if body is None else outgoing._replace(body=body)
 
 
 def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bool) -> None:
