@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-
-from attrs import frozen
+from typing import NamedTuple
 
 #: How much of the body's end is kept for reading the engine's report. Every engine's report
 #: (usage, timings, stats, Ollama's counts) begins within its last 700 bytes or so (LM Studio's
@@ -69,9 +68,10 @@ def _content_pieces(data: bytes) -> int:
     return count
 
 
-@frozen
-class Stats:
-    """What could be measured; fields that could not be are None.
+class Stats(NamedTuple):
+    """What could be measured; fields that could not be are None. (A NamedTuple: one is made
+    for every answer measured, immutable for a fraction of a frozen attrs class's cost;
+    docs/performance.md#per-dispatch-overheads.)
 
     :ivar cached_tokens: of ``prompt_tokens``, how many the engine said it read from its
         cache (llama.cpp's ``timings.cache_n``, OpenAI's
