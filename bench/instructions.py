@@ -84,9 +84,11 @@ class _Answer:
         self.complete = True
 
 
-def total(argv: Sequence[str], work: Path, port: int, warmup: int, count: int) -> int:
+def total(
+    argv: Sequence[str], work: Path, port: int, warmup: int, count: int, body: bytes = BODY
+) -> int:
     """Instructions callgrind counted in the process of ``argv`` serving ``count`` requests
-    after ``warmup``."""
+    of ``body`` after ``warmup``."""
     out = work / f"callgrind.{count}"
     child = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv],
@@ -99,8 +101,8 @@ def total(argv: Sequence[str], work: Path, port: int, warmup: int, count: int) -
     try:
         wait_for(port, 300)
         answered(port)
-        serve(port, warmup)
-        serve(port, count)
+        serve(port, warmup, body)
+        serve(port, count, body)
     finally:
         child.terminate()
         child.wait(timeout=120)
@@ -111,13 +113,21 @@ def total(argv: Sequence[str], work: Path, port: int, warmup: int, count: int) -
 
 
 def per_request(
-    name: str, setup: Setup, work: Path, few: int = 100, many: int = 600, warmup: int = 20
+    name: str,
+    setup: Setup,
+    work: Path,
+    few: int = 100,
+    many: int = 600,
+    warmup: int = 20,
+    body: bytes = BODY,
 ) -> float:
-    """Instructions one request costs ``name`` (see the module docstring)."""
+    """Instructions one request of ``body`` costs ``name`` (see the module docstring): a
+    streamed one with :data:`bench.contenders.STREAM_BODY` in front of nodes that stream as
+    many tokens as the stream should have."""
     totals = []
     for count in (few, many):
         sub = work / f"{name}-{count}"
         sub.mkdir(parents=True)
         port = free_port()
-        totals.append(total(ARGV[name](setup, sub, port), sub, port, warmup, count))
+        totals.append(total(ARGV[name](setup, sub, port), sub, port, warmup, count, body))
     return (totals[1] - totals[0]) / (many - few)

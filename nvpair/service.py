@@ -245,7 +245,7 @@ def build(
     control.on_priority(lambda priority: reservations.new_snapshot(priority.generation))
     outbox: BrokerOutbox | LogOutbox = LogOutbox() if config.fleet else BrokerOutbox()
     workloads = Workloads(outbox.notify, lambda: int(clock.seconds() * 1000), wanted=outbox.wanted)
-    activity = NodeActivity(clock, outbox.notify)
+    activity = NodeActivity(clock, outbox.notify, wanted=outbox.wanted)
     # Fleet mode has no scheduler: the proxy ranks nodes itself (docs/fleet-scheduling.md),
     # and finds hung nodes itself (docs/fleet-scheduling.md#hung-nodes).
     liveness = LivenessProbes(clock, upstream) if config.fleet is not None else None

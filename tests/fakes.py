@@ -99,6 +99,9 @@ class ClientRequest:
         self._finish_waiters.append(d)
         return d
 
+    def on_lost(self, lost: Callable[[Failure], None]) -> None:
+        self.notifyFinish().addErrback(lost)
+
     def registerProducer(self, producer: Any, streaming: bool) -> None:
         assert self.producer is None and streaming
         self.producer = producer

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 
-from nvpair.engines.admission import BadBody, is_loopback, model_from_body
+from nvpair.engines.admission import BadBody, _document, is_loopback, model_from_body
 from nvpair.engines.table import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
 
 INF, OTHER = RouteClass.INFERENCE, RouteClass.OTHER
@@ -59,3 +63,34 @@ def test_other_routes_are_never_refused_and_may_name_a_model() -> None:
 def test_loopback_gate_unwraps_v4_mapped(address: object, loopback: bool) -> None:
     """On 3.11 ::ffff:127.0.0.1 is not is_loopback by itself: it is unwrapped first."""
     assert is_loopback(address) is loopback
+
+
+def _reference_document(body: bytes) -> object:
+    try:
+        return json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+_JSON_TEXT = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=6,
+).map(json.dumps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=12).map(lambda tail: b"{" + tail),
+        st.binary(max_size=12),
+        st.tuples(_JSON_TEXT, st.sampled_from(["utf-8", "utf-16", "utf-16-le", "utf-32"])).map(
+            lambda text: text[0].encode(text[1])
+        ),
+        st.sampled_from([b'{"model": "\\ud800"}', b'{"model": "\xed\xa0\x80"}', b"{\x00}"]),
+    )
+)
+def test_a_body_reads_as_json_loads_reads_it(body: bytes) -> None:
+    """The UTF-8 shortcut for a body opening with ``{`` reads what ``json.loads`` reads, and
+    refuses what it refuses, in any encoding it detects."""
+    assert repr(_document(body)) == repr(_reference_document(body))

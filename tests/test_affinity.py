@@ -4,7 +4,11 @@ node first only when warm, in the best tier and within the slack."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from nvpair.control.affinity import (
@@ -272,3 +276,57 @@ def test_the_openai_facades_round_takes_the_longest_match_over_engines() -> None
     fleet.answered("ollama", "a", "m", turn("x", "y"), None, affine=False)
     plan = fleet.plan_across((A, a_ollama, C), lambda engine: "m", {}, turn("x", "y", "z"))
     assert plan.candidates[0] is a_ollama
+
+
+class _SummingLedger:
+    """The suspension rule as written first: the routed window summed anew at every answer."""
+
+    def __init__(self) -> None:
+        self.routed: deque[tuple[int, int]] = deque(maxlen=ROUTED_WINDOW)
+        self.until: float | None = None
+
+    def reported(self, prompt: int, cached: int, routed: bool, now: float) -> None:
+        if prompt <= 0:
+            return
+        cached = max(0, min(cached, prompt))
+        if not routed or self.suspended(now):
+            return
+        self.routed.append((prompt, cached))
+        if len(self.routed) == ROUTED_WINDOW:
+            total = sum(tokens for tokens, _ in self.routed)
+            found = sum(hits for _, hits in self.routed)
+            if found < MIN_ROUTED_SHARE * total:
+                self.until = now + SUSPENSION
+                self.routed.clear()
+
+    def suspended(self, now: float) -> bool:
+        if self.until is None:
+            return False
+        if now < self.until:
+            return True
+        self.until = None
+        return False
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=-5, max_value=2000),
+            st.integers(min_value=-5, max_value=2500),
+            st.booleans(),
+            st.sampled_from([0.0, 1.0, 30.0, SUSPENSION]),
+        ),
+        max_size=120,
+    )
+)
+def test_the_routed_window_kept_as_running_sums_suspends_as_summing_it_did(
+    answers: list[tuple[int, int, bool, float]],
+) -> None:
+    ledger, reference = CacheLedger(), _SummingLedger()
+    now = 0.0
+    for prompt, cached, routed, step in answers:
+        now += step
+        ledger.reported(ENGINE, "a", prompt, cached, routed=routed, now=now)
+        reference.reported(prompt, cached, routed, now)
+        assert ledger.suspended(ENGINE, "a", now) == reference.suspended(now)

@@ -244,6 +244,29 @@ def test_a_client_that_leaves_stops_the_producer_and_fails_notify_finish() -> No
     assert request.notifyFinish().called
 
 
+def test_on_lost_is_told_once_of_a_client_that_leaves_and_never_of_an_answer_finished() -> None:
+    conn = Conn()
+    conn.send(get("/a") + get("/b"))
+    first = conn.handler.requests[0]
+    told: list[Failure] = []
+    first.on_lost(told.append)
+    first.finish()
+    conn.protocol.connectionLost(Failure(ConnectionError("reset")))
+    assert told == []  # its answer was finished before the client left
+    second = conn.handler.requests[1]
+    second.on_lost(told.append)
+    assert len(told) == 1 and told[0].check(ConnectionError)
+    # Asked after the client left: told at once, and only once.
+    third: list[Failure] = []
+    leaving = Conn()
+    leaving.send(get("/c"))
+    request = leaving.handler.requests[0]
+    request.on_lost(third.append)
+    leaving.protocol.connectionLost(Failure(ConnectionError("reset")))
+    request.on_lost(third.append)
+    assert len(third) == 2 and all(f.check(ConnectionError) for f in third)
+
+
 def test_a_head_over_16_kib_is_400_whether_in_many_headers_or_one_unfinished_line() -> None:
     many = Conn()
     headers = "".join(f"X-H{i}: {'v' * 100}\r\n" for i in range(MAX_HEAD_BYTES // 100))
@@ -434,17 +457,22 @@ def test_a_streaming_answer_keeps_no_copy_of_its_head_once_written() -> None:
 
 
 def test_no_idle_timer_is_held_while_a_request_is_answered() -> None:
-    """docs/performance.md#held-streams: a stream in flight holds no idle timer (the idle bound
-    never cuts one); its answer arms the bound again, from then."""
+    """docs/performance.md#held-streams: a stream in flight holds no idle deadline (the idle
+    bound never cuts one); its answer arms the bound again, from then. Every connection's idle
+    bound is on the listener's one timer (docs/performance.md#timers)."""
     conn = Conn()
+    idle = conn.protocol.site.idle
+    assert idle is not None and len(idle) == 1  # the connection waits for its first request
     conn.send(get("/a"))
     request = conn.handler.requests[0]
     request.setResponseCode(200)
     request.write(b"data: 1\n\n")
-    assert conn.clock.getDelayedCalls() == []
+    assert len(idle) == 0
     conn.clock.advance(1000.0)
+    assert not conn.closed()
     request.write(b"data: 2\n\n")
     request.finish()
+    assert len(idle) == 1
     (armed,) = conn.clock.getDelayedCalls()
     assert armed.getTime() == 1000.0 + 300.0
     conn.clock.advance(299.0)

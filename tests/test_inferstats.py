@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvpair.engines.inferstats import _LINE_CARRY, _TAIL_PIECES, TAIL_BYTES, Stats, StatsReader
+from nvpair.engines.inferstats import (
+    _CONTENT_PIECES,
+    _LINE_CARRY,
+    _TAIL_PIECES,
+    TAIL_BYTES,
+    Stats,
+    StatsReader,
+)
 
 
 def read(body: bytes, *, first: float = 1.25, end: float = 2.25, admitted: float = 1.0) -> Stats:
@@ -340,6 +347,50 @@ def test_a_stream_holds_under_two_kib_of_its_tail() -> None:
     for _ in range(100):
         reader.feed(sse(chunk("a token or two ")), 1.0)
         assert reader._tail_size < 2048
+
+
+#: Lines as a stream's reads bring them: short events, and lines past the kept prefix (a long
+#: piece of content, or many pieces on one line), which count as one piece each.
+_LINES = st.one_of(
+    st.sampled_from([line for line, _ in PIECES]),
+    st.integers(min_value=_LINE_CARRY - 40, max_value=_LINE_CARRY + 40).map(
+        lambda size: (b'data: {"content":"' + b"x" * size + b'"}')[:size]
+    ),
+    st.integers(min_value=1, max_value=40).map(lambda n: b'{"response":"a"} ' * n),
+)
+
+
+def _reference_count(body: bytes) -> int:
+    """The estimate's definition, line by line: a line past the kept prefix is one piece, any
+    other counts the pieces in it (the last line too, unterminated)."""
+    patterns = [pattern for _, pattern in _CONTENT_PIECES]
+    return sum(
+        1 if len(line) > _LINE_CARRY else sum(len(p.findall(line)) for p in patterns)
+        for line in body.split(b"\n")
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(_LINES, max_size=12),
+    cuts=st.lists(st.integers(min_value=0), max_size=12),
+)
+def test_reads_of_many_lines_count_as_their_lines_one_by_one(
+    lines: list[bytes], cuts: list[int]
+) -> None:
+    """A read holding many lines is counted in one pass; the count is the definition's, line by
+    line, whatever the lines' lengths and wherever the reads were split."""
+    body = b"\n".join(lines)
+    points = sorted({c % (len(body) + 1) for c in cuts})
+    reader = StatsReader(0.0)
+    for a, b in zip([0, *points], [*points, len(body)], strict=True):
+        reader.feed(body[a:b], 1.0)
+    stats = reader.finish(2.0)
+    expected = _reference_count(body)
+    if expected:
+        assert stats is not None and stats.completion_tokens == expected and stats.estimated
+    else:
+        assert stats is None or stats.completion_tokens is None
 
 
 # -- what the engine found in its cache (docs/fleet-scheduling.md#the-correction) --------------

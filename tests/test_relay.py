@@ -36,11 +36,17 @@ def result(d: Any) -> Any:
     return out[0]
 
 
+def opened(relay: BodyRelay) -> object:
+    """What opened the gate, read anew (mypy would keep an earlier reading)."""
+    return relay.first
+
+
 def test_first_byte_opens_the_gate_and_pauses_the_upstream() -> None:
     relay, upstream = connected()
-    assert not relay.first.called
+    waiting = relay.gate()
+    assert not waiting.called and opened(relay) is None
     relay.dataReceived(b"{")
-    assert result(relay.first) is First.BYTE
+    assert result(waiting) is First.BYTE and opened(relay) is First.BYTE
     assert upstream.state == "paused"
 
 
@@ -70,7 +76,8 @@ def test_attach_registers_upstream_as_streaming_producer() -> None:
 def test_eof_without_bytes_commits_as_empty() -> None:
     relay, _ = connected()
     relay.connectionLost(Failure(ResponseDone()))
-    assert result(relay.first) is First.EMPTY
+    # A wait that begins once the gate opened ends at once.
+    assert relay.first is First.EMPTY and result(relay.gate()) is First.EMPTY
     request = ClientRequest()
     relay.attach(request)
     assert request.finished and request.written == []
@@ -78,13 +85,18 @@ def test_eof_without_bytes_commits_as_empty() -> None:
 
 def test_transport_error_before_first_byte_fails_the_gate() -> None:
     relay, _ = connected()
+    waiting = relay.gate()
     relay.connectionLost(Failure(ConnectionLost()))
-    assert isinstance(result(relay.first), Failure)
+    assert isinstance(result(waiting), Failure) and isinstance(relay.first, Failure)
+    # A wait that begins after the failure fails at once.
+    late, _ = connected()
+    late.connectionLost(Failure(ConnectionLost()))
+    assert isinstance(result(late.gate()), Failure)
 
 
 def test_cancelling_the_wait_abandons_the_upstream() -> None:
     relay, upstream = connected()
-    relay.first.cancel()
+    relay.gate().cancel()
     assert upstream.state == "stopped"
     relay.dataReceived(b"late")  # ignored, no AlreadyCalledError
     relay.connectionLost(Failure(ConnectionLost()))

@@ -28,6 +28,7 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
+from nvpair.wire import upstream_framing
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_framing import MAX_HEAD, BadResponse, answer_head, request_head
 from nvpair.wire.upstream_types import Key, Phase
@@ -101,6 +102,23 @@ def test_a_malformed_request_line_or_host_is_refused(
 ) -> None:
     with pytest.raises(ValueError):
         request_head(method, target, host, Headers(), None)
+
+
+def test_a_target_found_well_formed_is_remembered_a_bounded_while_and_a_bad_one_never(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(upstream_framing, "_TARGETS", set())
+    monkeypatch.setattr(upstream_framing, "_METHODS", set())
+    monkeypatch.setattr(upstream_framing, "_MAX_KNOWN", 2)
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            request_head(b"GET", b"/a b", b"h", Headers(), None)
+        with pytest.raises(ValueError):
+            request_head(b"GE T", b"/", b"h", Headers(), None)
+    for target in (b"/1", b"/2", b"/3"):
+        request_head(b"GET", target, b"h", Headers(), None)
+    assert {b"/3"} == upstream_framing._TARGETS
+    assert {b"GET"} == upstream_framing._METHODS
 
 
 @given(

@@ -258,3 +258,24 @@ def test_no_event_is_built_when_nobody_consumes_it() -> None:
     wanted[0] = True
     workload.started("a")
     assert sent == ["workload:started"] and workload.seq == 3
+
+
+def test_node_activity_is_counted_but_never_reported_or_timed_when_nobody_consumes_it() -> None:
+    """Fleet mode below debug level: the in-flight counts (which the fleet's order reads) are
+    kept, no report is built and no coalescing timer armed; once wanted, reports resume from
+    the counts as they are."""
+    from twisted.internet.task import Clock
+
+    clock = Clock()
+    sent: list[dict[str, object]] = []
+    wanted = [False]
+    activity = NodeActivity(clock, lambda method, params: sent.append(params), lambda: wanted[0])
+    blocks = [activity.tracking("ollama", "a") for _ in range(3)]
+    for block in blocks:
+        block.__enter__()
+    blocks[0].__exit__(None, None, None)
+    assert activity.in_flight("ollama", "a") == 2
+    assert sent == [] and clock.getDelayedCalls() == []
+    wanted[0] = True
+    blocks[1].__exit__(None, None, None)
+    assert sent == [{"nodeId": "a", "engine": "ollama", "inFlight": 1}]

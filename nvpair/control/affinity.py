@@ -103,6 +103,10 @@ class _NodeCache:
     reports: deque[tuple[int, int]] = field(factory=lambda: deque(maxlen=SHARE_WINDOW))
     #: The same, of the answers affinity sent there, since the last suspension.
     routed: deque[tuple[int, int]] = field(factory=lambda: deque(maxlen=ROUTED_WINDOW))
+    #: ``routed``'s sums, kept as it moves (summed anew, the window cost every answer twenty
+    #: steps twice; docs/performance.md#per-dispatch-overheads).
+    routed_tokens: int = 0
+    routed_found: int = 0
     suspended_until: float | None = None
 
 
@@ -152,13 +156,19 @@ class CacheLedger:
         entry.reports.append((prompt, cached))
         if not routed or self.suspended(engine, node, now):
             return
-        entry.routed.append((prompt, cached))
-        if len(entry.routed) == ROUTED_WINDOW:
-            total = sum(tokens for tokens, _ in entry.routed)
-            found = sum(hits for _, hits in entry.routed)
-            if found < MIN_ROUTED_SHARE * total:
-                entry.suspended_until = now + SUSPENSION
-                entry.routed.clear()
+        window = entry.routed
+        if len(window) == ROUTED_WINDOW:
+            gone_tokens, gone_found = window[0]  # appending drops it
+            entry.routed_tokens -= gone_tokens
+            entry.routed_found -= gone_found
+        window.append((prompt, cached))
+        entry.routed_tokens += prompt
+        entry.routed_found += cached
+        full = len(window) == ROUTED_WINDOW
+        if full and entry.routed_found < MIN_ROUTED_SHARE * entry.routed_tokens:
+            entry.suspended_until = now + SUSPENSION
+            window.clear()
+            entry.routed_tokens = entry.routed_found = 0
 
     def suspended(self, engine: str, node: str, now: float) -> bool:
         """Whether affinity skips ``node`` now."""

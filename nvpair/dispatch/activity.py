@@ -20,11 +20,18 @@ Emit = Callable[[str, dict[str, object]], None]
 
 
 class NodeActivity:
-    """Counts in-flight dispatches per (engine, node) and reports changes, coalesced."""
+    """Counts in-flight dispatches per (engine, node) and reports changes, coalesced.
 
-    def __init__(self, clock: IReactorTime, emit: Emit) -> None:
+    :param wanted: whether anyone consumes the reports now; when not (fleet mode below debug
+        level), only the counts are kept: no report is built and no coalescing timer armed.
+    """
+
+    def __init__(
+        self, clock: IReactorTime, emit: Emit, wanted: Callable[[], bool] = lambda: True
+    ) -> None:
         self._clock = clock
         self._emit = emit
+        self._wanted = wanted
         self._counts: dict[tuple[str, str], int] = {}
         self._reported: dict[tuple[str, str], int] = {}
         self._last_sent: dict[tuple[str, str], float] = {}
@@ -48,7 +55,7 @@ class NodeActivity:
             self._counts[key] = count
         else:
             self._counts.pop(key, None)
-        if key in self._pending:
+        if key in self._pending or not self._wanted():
             return
         wait = self._last_sent.get(key, -MIN_INTERVAL) + MIN_INTERVAL - self._clock.seconds()
         if wait <= 0:

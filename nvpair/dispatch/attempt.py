@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import NamedTuple
 
-from attrs import define, field, frozen
+from attrs import define
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.python.failure import Failure
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
+from nvpair.common.deadlines import Deadline, Deadlines
 from nvpair.control.state import ControlState, Discovery, Node
 from nvpair.dispatch.outcome import Verdict, classify
 from nvpair.dispatch.relay import BodyRelay, First
@@ -45,6 +46,8 @@ class AttemptState:
     claim returns False and it does nothing.
     """
 
+    #: The node the attempt went to.
+    node: Node
     claim: Claim = Claim.RUNNING
     #: What the attempt awaits now (the response head, then the first body byte): what the
     #: watcher or the header timer cancels.
@@ -52,7 +55,8 @@ class AttemptState:
     #: The header budget ran out (a cancelled request fails with whatever the client makes of
     #: a cancel, so the reason is recorded here rather than read off the error).
     expired: bool = False
-    timers: list[IDelayedCall] = field(factory=list)
+    #: The header budget's deadline, from the dial's end to the head.
+    header: Deadline | None = None
 
     def claim_commit(self) -> bool:
         if self.claim is not Claim.RUNNING:
@@ -72,16 +76,22 @@ class AttemptState:
             self.waiting.cancel()
         return True
 
+    def watch(self, engine: str, snapshot: Discovery) -> None:
+        """A discovery snapshot came: the target left it, so cancel promptly instead of waiting
+        out the first-content timeout while the broker already calls the workload failed."""
+        node = self.node
+        if engine == node.engine and snapshot.node(node.id) is None:
+            self.claim_abandon()
+
     def expire(self) -> None:
         self.expired = True
         if self.waiting is not None:
             self.waiting.cancel()
 
     def stop_timers(self) -> None:
-        for timer in self.timers:
-            if timer.active():
-                timer.cancel()
-        self.timers.clear()
+        header, self.header = self.header, None
+        if header is not None:
+            header.cancel()
 
 
 class Fault(enum.Enum):
@@ -106,16 +116,19 @@ SERVED = "served"
 TRUNCATED = "truncated"
 
 
-@frozen
-class Served:
+# Served, Failed and Outgoing are made per attempt or per request: immutable as tuples
+# (NamedTuple), which a frozen attrs class costs several times more to make, each field set
+# through object.__setattr__ (docs/performance.md#per-dispatch-overheads).
+
+
+class Served(NamedTuple):
     """The response is the client's answer; ``relay`` holds its body, not yet attached."""
 
     response: IResponse
     relay: BodyRelay
 
 
-@frozen
-class Failed:
+class Failed(NamedTuple):
     """A retryable failure: the loop moves on (or, for the final attempt, answers for it)."""
 
     why: Fault
@@ -132,8 +145,7 @@ DISCARD_SECONDS = 10.0
 DISCARD_BYTES = 1024 * 1024
 
 
-@frozen
-class Outgoing:
+class Outgoing(NamedTuple):
     """What every attempt of one request sends upstream, to whichever node (each dialled as
     its own engine's, :attr:`nvpair.control.state.Node.engine`)."""
 
@@ -168,6 +180,8 @@ class Attempts:
         self._control = control
         self._upstream = upstream
         self._timeout = header_timeout
+        # Every attempt's header budget on one reactor timer (docs/performance.md#timers).
+        self._deadlines = Deadlines(clock, header_timeout) if header_timeout else None
         self._address = address
 
     def _discard(self, response: IResponse) -> None:
@@ -186,72 +200,62 @@ class Attempts:
             dial fails with ``ConnectingCancelledError`` or ``ResponseNeverReceived``, which
             would otherwise pass for a transport error and keep a gone requester's loop going.
         """
-        state = AttemptState()
-
-        def watch(engine: str, snapshot: Discovery) -> None:
-            # The target left discovery: cancel promptly instead of waiting out the
-            # first-content timeout while the broker already calls the workload failed.
-            if engine == node.engine and snapshot.node(node.id) is None:
-                state.claim_abandon()
-
+        state = AttemptState(node)
         # A peer's request targets this node's own engine, which is no discovery entry.
         watching = outgoing.route is not RouteClass.PEER
-        unsubscribe = self._control.on_discovery(watch) if watching else None
+        unsubscribe = self._control.on_discovery(state.watch) if watching else None
+        # One coroutine for the whole attempt, not one awaiting another: every frame between
+        # the request path and the Deferred it waits on is suspended and resumed at each wake.
         try:
-            return await self._run(outgoing, node, final, state, cancelled)
+            sent = self._send(outgoing, node, state)
+            if isinstance(sent, Failed):
+                return sent
+            try:
+                response: IResponse = await sent
+            except Exception as error:
+                if cancelled():
+                    raise CancelledError() from error
+                if state.abandoned():
+                    return Failed(Fault.NODE_LEFT)
+                if state.expired:
+                    return Failed(Fault.TRANSPORT, detail="header timeout")
+                return Failed(Fault.TRANSPORT, detail=type(error).__name__)
+            finally:
+                state.stop_timers()
+            if state.abandoned():
+                # The watcher fired while the headers were being delivered.
+                self._discard(response)
+                return Failed(Fault.NODE_LEFT)
+
+            verdict = classify(response.code, outgoing.route)
+            if verdict is Verdict.RETRY and not final:
+                self._discard(response)
+                return Failed(Fault.STATUS, status=response.code)
+
+            relay = BodyRelay()
+            response.deliverBody(relay)
+            # Every answer commits at its first body byte (or its empty body's end): one whose
+            # engine died before it has relayed nothing, and fails as transport. Only an
+            # inference 2xx waits under the first-body cap (docs/request-path.md#the-commit-point).
+            if not isinstance(relay.first, First):
+                # Not when the first byte (or a clean end) came with the headers — a whole answer
+                # in one read, as most non-streamed ones are: nothing to wait for, no Deferred
+                # made and no timer armed and disarmed for it. A failure goes the long way, to
+                # be classified.
+                timed = verdict is Verdict.COMMIT and outgoing.route is RouteClass.INFERENCE
+                failed = await self._first_byte(response, relay, state, cancelled, timed)
+                if failed is not None:
+                    return failed
+            if not state.claim_commit():
+                # A committed first byte wins the claim, so this is the watcher having won
+                # before any byte: retry rather than serve a stream the proxy would truncate.
+                relay.abandon()
+                return Failed(Fault.NODE_LEFT)
+            return Served(response, relay)
         finally:
             state.stop_timers()
             if unsubscribe is not None:
                 unsubscribe()
-
-    async def _run(
-        self,
-        outgoing: Outgoing,
-        node: Node,
-        final: bool,
-        state: AttemptState,
-        cancelled: Callable[[], bool],
-    ) -> Outcome:
-        sent = self._send(outgoing, node, state)
-        if isinstance(sent, Failed):
-            return sent
-        try:
-            response: IResponse = await sent
-        except Exception as error:
-            if cancelled():
-                raise CancelledError() from error
-            if state.abandoned():
-                return Failed(Fault.NODE_LEFT)
-            if state.expired:
-                return Failed(Fault.TRANSPORT, detail="header timeout")
-            return Failed(Fault.TRANSPORT, detail=type(error).__name__)
-        finally:
-            state.stop_timers()
-        if state.abandoned():
-            # The watcher fired while the headers were being delivered.
-            self._discard(response)
-            return Failed(Fault.NODE_LEFT)
-
-        verdict = classify(response.code, outgoing.route)
-        if verdict is Verdict.RETRY and not final:
-            self._discard(response)
-            return Failed(Fault.STATUS, status=response.code)
-
-        relay = BodyRelay()
-        response.deliverBody(relay)
-        # Every answer commits at its first body byte (or its empty body's end): one whose
-        # engine died before it has relayed nothing, and fails as transport. Only an inference
-        # 2xx waits under the first-body cap (docs/request-path.md#the-commit-point).
-        timed = verdict is Verdict.COMMIT and outgoing.route is RouteClass.INFERENCE
-        failed = await self._first_byte(response, relay, state, cancelled, timed)
-        if failed is not None:
-            return failed
-        if not state.claim_commit():
-            # A committed first byte wins the claim, so this is the watcher having won before
-            # any byte: retry rather than serve a stream the proxy would truncate itself.
-            relay.abandon()
-            return Failed(Fault.NODE_LEFT)
-        return Served(response, relay)
 
     def _send(
         self, outgoing: Outgoing, node: Node, state: AttemptState
@@ -266,8 +270,8 @@ class Attempts:
         def connected() -> None:
             # May run before ``request`` returns (a pooled connection): ``expire`` reads
             # ``state.waiting`` only when it fires.
-            if self._timeout:
-                state.timers.append(self._clock.callLater(self._timeout, state.expire))
+            if self._deadlines is not None:
+                state.header = self._deadlines.add(state.expire)
 
         try:
             base = self._address(node.engine, node)
@@ -298,12 +302,7 @@ class Attempts:
         :param timed: under the first-body cap (an inference 2xx); else without a bound of
             its own, as the body after it would be.
         """
-        gate = relay.first
-        if gate.called and not isinstance(gate.result, Failure):
-            # The first byte (or a clean end) came with the headers — a whole answer in one
-            # read, as most non-streamed ones are: nothing to wait for, no timer armed and
-            # disarmed for it. A failure goes the long way, to be classified.
-            return None
+        gate = relay.gate()
         if timed and self._timeout:
             gate.addTimeout(self._timeout, self._clock)
         state.waiting = gate

@@ -14,8 +14,9 @@ value, which the process builds from its command line.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
-from attrs import evolve, field, frozen
+from attrs import frozen
 
 from nvpair.common.reasons import Reason
 
@@ -23,9 +24,13 @@ from nvpair.common.reasons import Reason
 BACKOFF_CAP = 8
 
 
-@frozen
-class RetryBudget:
+class RetryBudget(NamedTuple):
     """What one request may still spend.
+
+    A NamedTuple: two are made per request (at admission and at its dispatch), immutable for
+    a fraction of what a frozen attrs class costs to make
+    (docs/performance.md#per-dispatch-overheads). Made by :meth:`start` (or
+    :meth:`Bounds.budget`), which set :attr:`backoff` to the first one.
 
     :ivar max_attempts: dispatches allowed in all.
     :ivar deadline: the clock time after which no new dispatch starts.
@@ -39,20 +44,16 @@ class RetryBudget:
     max_attempts: int
     deadline: float
     first_backoff: float
-    used: int = 0
-    backoff: float = field()
-    owner_deadline: float | None = field(default=None, kw_only=True)
-
-    @backoff.default
-    def _first(self) -> float:
-        return self.first_backoff
+    used: int
+    backoff: float
+    owner_deadline: float | None = None
 
     @classmethod
     def start(
         cls, created: float, job_deadline: float, max_attempts: int, retry_backoff: float
     ) -> RetryBudget:
         """A fresh budget for a request admitted at ``created``."""
-        return cls(max_attempts, created + job_deadline, retry_backoff)
+        return cls(max_attempts, created + job_deadline, retry_backoff, 0, retry_backoff)
 
     def refusal(self, now: float) -> Reason | None:
         """Why no dispatch may start now (docs/retry-budget.md#the-bounds), or None when one may."""
@@ -64,8 +65,8 @@ class RetryBudget:
 
     def spend(self) -> RetryBudget:
         """One dispatch started."""
-        # Built directly rather than with attrs.evolve, which inspects the class on every
-        # call: this runs once per dispatch (bench/README.md, request-path cost).
+        # Built directly rather than with _replace, which goes through keywords: this runs
+        # once per dispatch (bench/README.md, request-path cost).
         return RetryBudget(
             self.max_attempts, self.deadline, self.first_backoff, self.used + 1, self.backoff
         )
@@ -91,13 +92,13 @@ class RetryBudget:
         (0: only the deadline bounds it). A wait already running keeps its bound."""
         if self.owner_deadline is not None or limit <= 0:
             return self
-        return evolve(self, owner_deadline=now + limit)
+        return self._replace(owner_deadline=now + limit)
 
     def owners_back(self) -> RetryBudget:
         """An owner is there again: should every owner go once more, the wait starts afresh."""
         if self.owner_deadline is None:
             return self
-        return evolve(self, owner_deadline=None)
+        return self._replace(owner_deadline=None)
 
     def owner_wait(self, now: float) -> float | None:
         """How long to wait for an owner to come back; None when the deadline, or the owner
@@ -123,7 +124,7 @@ class RetryBudget:
 
     def backed_off(self) -> RetryBudget:
         """The budget after one pause: the next one is twice as long, up to the cap."""
-        return evolve(self, backoff=min(self.backoff * 2, self.first_backoff * BACKOFF_CAP))
+        return self._replace(backoff=min(self.backoff * 2, self.first_backoff * BACKOFF_CAP))
 
     def retry_after(self) -> int:
         """``Retry-After`` for a refusal: whole seconds, at least 1."""
@@ -154,5 +155,9 @@ class Bounds:
     def budget(self, created: float) -> RetryBudget:
         """A fresh budget for a request admitted at ``created``."""
         return RetryBudget(
-            self.max_dispatch_attempts, created + self.job_deadline, self.retry_backoff
+            self.max_dispatch_attempts,
+            created + self.job_deadline,
+            self.retry_backoff,
+            0,
+            self.retry_backoff,
         )

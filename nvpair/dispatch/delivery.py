@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 
-from attrs import evolve
 from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
@@ -25,6 +24,7 @@ from nvpair.dispatch.job import Ending, Job, Services
 from nvpair.dispatch.relay import BodyEnd, WriteDeadline
 from nvpair.engines.inferstats import StatsReader
 from nvpair.engines.table import RouteClass
+from nvpair.wire.fields import set_field
 from nvpair.wire.headers import SPENT, framed_by_length, strip_hop_by_hop
 
 log = Logger(namespace="nvpair.dispatch.delivery")
@@ -79,7 +79,7 @@ def _for_node(job: Job, outgoing: Outgoing, node: Node) -> Outgoing:
         return outgoing
     fallback = "name" if admitted.path in admitted.engine.named_model_paths else None
     body = renamed(outgoing.body, own, fallback)
-    return outgoing if body is None else evolve(outgoing, body=body)
+    return outgoing if body is None else outgoing._replace(body=body)
 
 
 def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bool) -> None:
@@ -101,8 +101,8 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
     if framed_by_length(job.admitted.method, response.code) and isinstance(response.length, int):
         # Twisted's client moves Content-Length out of the headers into ``length``; putting
         # it back keeps the engine's framing (else the client would get chunked encoding).
-        headers.setRawHeaders(b"content-length", [b"%d" % response.length])
-    headers.setRawHeaders(b"x-nvpair-node", [_answering_node(services, node).encode()])
+        set_field(headers, b"Content-Length", b"%d" % response.length)
+    set_field(headers, b"X-Nvpair-Node", _answering_node(services, node).encode())
     response.headers = SPENT
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
     clock = services.clock

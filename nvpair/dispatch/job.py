@@ -30,6 +30,7 @@ from typing import Any
 from attrs import define, frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
 
 from nvpair.common.reasons import Reason
 from nvpair.control.reservations import Reservation, Reservations
@@ -99,6 +100,10 @@ class Job:
             self.ending = ending
         if self.deferred is not None:
             self.deferred.cancel()
+
+    def requester_gone(self, _: Failure) -> None:
+        """The client left before its answer was finished."""
+        self.cancel(Ending.REQUESTER_GONE)
 
     def refuse(
         self,

@@ -13,9 +13,8 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable
-from typing import cast
+from typing import NamedTuple, cast
 
-from attrs import frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime, ITransport
 from twisted.internet.protocol import Protocol, connectionDone
@@ -38,9 +37,9 @@ class First(enum.Enum):
     EMPTY = "empty"
 
 
-@frozen
-class BodyEnd:
-    """How a relayed body ended.
+class BodyEnd(NamedTuple):
+    """How a relayed body ended (a NamedTuple: made for every answer, it is immutable for a
+    fraction of a frozen attrs class's cost; docs/performance.md#per-dispatch-overheads).
 
     :ivar complete: the upstream finished the body cleanly.
     :ivar reason: the failure when it did not (upstream died, client left).
@@ -66,6 +65,10 @@ def _clean_end(reason: Failure) -> bool:
     # legitimately use; the body is as complete as the upstream meant it. (isinstance, not
     # Failure.check, which compares qualified class names as strings: once per body.)
     return isinstance(reason.value, ResponseDone | PotentialDataLoss)
+
+
+def _ignored(_: Failure) -> None:
+    return None
 
 
 @implementer(IPushProducer)
@@ -130,8 +133,8 @@ class WriteDeadline:
 class BodyRelay(Protocol):
     """Receives one upstream body (``response.deliverBody(relay)``).
 
-    :ivar first: fires with :class:`First` when the gate opens, or fails with the transport
-        error that ended the body before any byte.
+    :ivar first: what opened the gate (:class:`First`), or the transport error that ended the
+        body before any byte; None until one of them came. :meth:`gate` waits for it.
     :ivar done: fires with :class:`BodyEnd` once the relayed body has ended (only after
         :meth:`attach`).
     """
@@ -141,6 +144,7 @@ class BodyRelay(Protocol):
         "_client_gone",
         "_deadline",
         "_ended",
+        "_gate",
         "_guard",
         "_held",
         "_producer",
@@ -162,8 +166,10 @@ class BodyRelay(Protocol):
         self._deadline: Callable[[IPushProducer], WriteDeadline] | None = None
         self._guard: WriteDeadline | None = None
         self._tap: Callable[[bytes], None] | None = None
-        # Cancelling the wait (first-body timeout, watcher, requester gone) abandons the body.
-        self.first: Deferred[First] = Deferred(lambda _: self.abandon())
+        self.first: First | Failure | None = None
+        # Made only for a wait: most answers bring their first byte with their head, and nobody
+        # waits (docs/performance.md#one-wake-per-answer).
+        self._gate: Deferred[First] | None = None
         self.done: Deferred[BodyEnd] = Deferred()
         self._state = _State.WAITING
         self._held = b""
@@ -200,7 +206,7 @@ class BodyRelay(Protocol):
             self._state = _State.HELD
             # Hold the engine where it is until the attempt decides: commit or abandon.
             self._pause()
-            self.first.callback(First.BYTE)
+            self._open(First.BYTE)
         elif self._state is _State.HELD:
             # A transport may deliver what it already had buffered despite the pause.
             self._held += data
@@ -209,16 +215,23 @@ class BodyRelay(Protocol):
         if self._state is _State.WAITING:
             self._state = _State.HELD
             self._ended = reason
-            if _clean_end(reason):
-                self.first.callback(First.EMPTY)
-            else:
-                self.first.errback(reason)
+            self._open(First.EMPTY if _clean_end(reason) else reason)
         elif self._state is _State.HELD:
             self._ended = reason
         elif self._state is _State.RELAYING:
             self._finish(reason)
 
     # -- the attempt's side ----------------------------------------------------------------
+
+    def gate(self) -> Deferred[First]:
+        """Fires with :attr:`first` once it came (at once if it has), or fails with it;
+        cancelling the wait (first-body timeout, watcher, requester gone) abandons the body."""
+        gate = self._gate
+        if gate is None:
+            gate = self._gate = Deferred(self._wait_cancelled)
+            if self.first is not None:
+                self._fire(gate, self.first)
+        return gate
 
     def set_deadline(self, wrap: Callable[[IPushProducer], WriteDeadline]) -> None:
         """Wrap the upstream before it is registered as the client's producer (for a
@@ -240,7 +253,8 @@ class BodyRelay(Protocol):
         self._state = _State.RELAYING
         # Nobody waits on the gate once the body is being relayed; a failure it holds (the
         # body ended badly before attach) is reported by ``done`` instead.
-        self.first.addErrback(lambda _: None)
+        if self._gate is not None:
+            self._gate.addErrback(_ignored)
         self._request = request
         if self._held:
             if self._tap is not None:
@@ -282,6 +296,23 @@ class BodyRelay(Protocol):
             upstream.stopProducing()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _open(self, first: First | Failure) -> None:
+        self.first = first
+        if self._gate is not None:
+            self._fire(self._gate, first)
+
+    @staticmethod
+    def _fire(gate: Deferred[First], first: First | Failure) -> None:
+        if gate.called:
+            return  # the wait was cancelled
+        if isinstance(first, Failure):
+            gate.errback(first)
+        else:
+            gate.callback(first)
+
+    def _wait_cancelled(self, _: Deferred[First]) -> None:
+        self.abandon()
 
     def _copy_failed(self, failure: Failure) -> None:
         """Copying to the client failed: close the client, stop the upstream

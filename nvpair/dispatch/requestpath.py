@@ -130,7 +130,7 @@ class RequestPath(RequestHandler):
         self._jobs.add(job)
         # The requester leaving ends the job at once: whatever it is waiting on is cancelled,
         # and the cleanup below closes the upstream.
-        request.notifyFinish().addErrback(_requester_gone, job)
+        request.on_lost(job.requester_gone)
         # Bound methods and module functions, not closures: one job of each is held for every
         # stream in flight (docs/performance.md#held-streams).
         d.addBoth(self._ended, job)
@@ -168,10 +168,6 @@ class Unanswered(RuntimeError):
 def _accounted(job: Job) -> bool:
     """Whether the job says how it ended: served, refused, or cancelled."""
     return job.served_status is not None or job.refused is not None or job.ending is not None
-
-
-def _requester_gone(_: Failure, job: Job) -> None:
-    job.cancel(Ending.REQUESTER_GONE)
 
 
 def _cancelled(failure: Failure, request: ProxiedRequest) -> None:

@@ -134,6 +134,10 @@ class BadBody(Exception):
 
 def _document(body: bytes) -> object:
     try:
+        if body[:1] == b"{" and body[1:2] != b"\0":
+            # What json.loads would decode it as (no BOM, no NUL in the second byte: UTF-8),
+            # without its Python-level look at the first bytes on every request.
+            return json.loads(body.decode("utf-8", "surrogatepass"))
         return json.loads(body) if body else None
     except (ValueError, UnicodeDecodeError, RecursionError):
         # RecursionError: "[[[[..." nested past the parser's limit is no JSON object either.

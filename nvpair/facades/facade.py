@@ -10,9 +10,8 @@ asks this facade through its :class:`~nvpair.wire.facade_server.Gate`. A request
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from attrs import frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
@@ -57,9 +56,10 @@ def preflight_head(method: bytes, headers: Headers) -> bool:
     )
 
 
-@frozen
-class Admitted:
-    """A request that passed admission, ready for the request path.
+class Admitted(NamedTuple):
+    """A request that passed admission, ready for the request path (a NamedTuple: one is
+    made per request, immutable for a fraction of a frozen attrs class's cost;
+    docs/performance.md#per-dispatch-overheads).
 
     :ivar model: the model as named in the body (None: the body names none).
     :ivar model_key: the engine's comparison key for ``model``.
@@ -291,5 +291,4 @@ class Facade:
 def _client(request: FacadeRequest) -> IAddress | None:
     """The address the request came from (over TLS, the TLS transport's underlying one)."""
     channel = request.channel
-    transport = channel.transport if channel is not None else None
-    return transport.getPeer() if transport is not None else None
+    return channel.peer if channel is not None and channel.transport is not None else None

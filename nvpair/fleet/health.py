@@ -114,12 +114,18 @@ class PassiveHealth:
 
     def held(self, engine: str, node: str) -> bool:
         """Whether the node is held back now (to the end of the order)."""
-        return self.of(engine, node).held(self._clock.seconds())
+        # Asked for every candidate of every round: a node with nothing on record (nearly
+        # every one) is answered by the lookup alone, with no clock read.
+        health = self._nodes.get((engine, node))
+        return health is not None and health.held(self._clock.seconds())
 
     def dispatching(self, engine: str, node: str) -> bool:
         """A dispatch to the node starts; returns whether it is the trial after a cool-down."""
-        key, now = (engine, node), self._clock.seconds()
-        health = self.of(engine, node)
+        key = (engine, node)
+        health = self._nodes.get(key)
+        if health is None:
+            return False  # nothing on record: no trial is due
+        now = self._clock.seconds()
         if not health.due(now, self.policy):
             return False
         self._nodes[key] = health.trial(now, self.policy)

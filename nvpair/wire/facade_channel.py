@@ -95,8 +95,14 @@ class FacadeChannel(Protocol):
         self.write_paused = False
         #: The way out, once connected (every write goes through it).
         self.outlet: Outlet
-        self._timeouts = Timeouts(self, site.clock, site.head_timeout, site.idle_timeout)
+        self._timeouts = Timeouts(self, site.clock, site.head_timeout, site.idle)
         self._last_data = 0.0
+
+    @property
+    def peer(self) -> IAddress | None:
+        """The client's address, as the listener accepted it (over TLS, the TCP peer's): read
+        once per connection, where ``transport.getPeer()`` builds a new address per call."""
+        return self._address
 
     @property
     def _ended(self) -> bool:

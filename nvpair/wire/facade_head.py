@@ -21,9 +21,9 @@ from httptools.parser.errors import (
     HttpParserInvalidURLError,
 )
 from httptools.parser.parser import HttpRequestParser
-from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
+from nvpair.wire.fields import Fields
 
 #: Request line plus headers, as twisted.web bounds them: past this a head is 400. Trailer
 #: fields, and chunk framing that carries no body byte, get the same bound.
@@ -153,7 +153,8 @@ class Head(Protocol):
 
     method: bytes
     uri: bytes
-    requestHeaders: Headers
+    #: The head's fields as read (``requestHeaders``' storage), read here directly.
+    fields: Fields
     path: bytes
     clientproto: bytes
     keep_alive: bool
@@ -175,9 +176,9 @@ def http_refusal(request: Head, parser: HttpRequestParser) -> Refusal | None:
         return BAD_VERSION
     # HTTP/1.0 connections are not kept alive, as twisted.web did before: one answer each.
     request.keep_alive = version == "1.1" and parser.should_keep_alive()
-    headers = request.requestHeaders
-    codings = headers.getRawHeaders(b"transfer-encoding")
-    if codings is not None:
+    fields = request.fields
+    codings = fields.get(b"Transfer-Encoding")
+    if codings:
         if version == "1.0":
             # RFC 9112 §6.1: its framing is to be taken as faulty; nginx refuses it too.
             return FRAMING_IN_1_0
@@ -186,12 +187,12 @@ def http_refusal(request: Head, parser: HttpRequestParser) -> Refusal | None:
             return NOT_CHUNKED
         request.declared = CHUNKED
     else:
-        lengths = headers.getRawHeaders(b"content-length")
+        lengths = fields.get(b"Content-Length")
         if lengths:
             # llhttp has already refused a malformed or conflicting length.
             request.declared = int(lengths[0])
-    hosts = headers.getRawHeaders(b"host")
-    if hosts is None:
+    hosts = fields.get(b"Host")
+    if not hosts:
         if version == "1.1":
             return NO_HOST
     elif len(hosts) > 1:
@@ -212,6 +213,6 @@ def admit_head(request: Head) -> None:
     assert target is not None
     request.uri = target
     request.path = target.split(b"?", 1)[0]
-    expect = request.requestHeaders.getRawHeaders(b"expect")
+    expect = request.fields.get(b"Expect")
     if expect and request.clientproto == b"HTTP/1.1" and b"100-continue" in expect[0].lower():
         request.expects_continue = True

@@ -38,6 +38,7 @@ from nvpair.wire.facade_head import (
 )
 from nvpair.wire.facade_request import FacadeRequest
 from nvpair.wire.facade_types import Phase
+from nvpair.wire.fields import CANONICAL, canonical
 
 #: After a refusal, the refused body is read and dropped for at most this many bytes and
 #: seconds before the close (docs/robustness.md#refusals-at-the-request-head).
@@ -246,8 +247,12 @@ class RequestReader:
             self._channel.unparsable(HEAD_TOO_LARGE)
             raise _Stop()
         # RFC 9112 §5: whitespace after the value is not part of it (llhttp drops only what
-        # precedes it). rstrip returns the value itself when there is none.
-        request.requestHeaders.addRawHeader(name, value.rstrip(b" \t"))
+        # precedes it). rstrip returns the value itself when there is none. Into the head's
+        # fields directly: llhttp has refused a name that is no token and a CR or LF in a value.
+        key = CANONICAL.get(name)
+        if key is None:
+            key = canonical(name)
+        request.fields.setdefault(key, []).append(value.rstrip(b" \t"))
 
     def on_headers_complete(self) -> None:
         request = self.parsing

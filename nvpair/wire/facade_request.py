@@ -10,16 +10,18 @@ next request once this one's answer is finished.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from email.utils import formatdate
 from typing import Protocol
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer, ITransport
+from twisted.internet.interfaces import IAddress, IPushProducer, ITransport
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 from twisted.web.http_headers import Headers
 
 from nvpair.wire.facade_head import Refusal
+from nvpair.wire.fields import Fields, LeanHeaders
 from nvpair.wire.headers import SPENT
 from nvpair.wire.outlet import Outlet
 
@@ -31,6 +33,11 @@ class Connection(Protocol):
     """What a request uses of the connection it came on."""
 
     transport: ITransport | None
+
+    @property
+    def peer(self) -> IAddress | None:
+        """The client's address, as the listener accepted it (over TLS, the TCP peer's)."""
+
     #: The way out: every write goes through it.
     outlet: Outlet
     #: The client is not reading: a producer registered now starts paused.
@@ -85,6 +92,7 @@ class FacadeRequest:
         "declared",
         "dispatched",
         "expects_continue",
+        "fields",
         "finished",
         "head_bytes",
         "keep_alive",
@@ -106,8 +114,12 @@ class FacadeRequest:
         self.uri = b""
         self.path = b""
         self.clientproto = b"HTTP/1.1"
-        self.requestHeaders = Headers()
-        self.responseHeaders = Headers()
+        head = LeanHeaders()
+        self.requestHeaders: Headers = head
+        #: The head's fields as they are read: the storage of ``requestHeaders`` as made here,
+        #: which the wire reads and fills directly (docs/performance.md#headers).
+        self.fields: Fields = head.fields
+        self.responseHeaders: Headers = LeanHeaders()
         self.code = 200
         self.code_message = b"OK"
         self.keep_alive = True
@@ -132,7 +144,9 @@ class FacadeRequest:
         self.head_bytes = 0
         self.stalled = 0
         self._producer: IPushProducer | None = None
-        self._finish_waiters: list[Deferred[None]] = []
+        #: Told when the answer is done or the client left first: notifyFinish's Deferreds,
+        #: and on_lost's callables (told only of the client leaving). One list for both.
+        self._finish_waiters: list[Deferred[None] | Callable[[Failure], None]] = []
 
     # -- the request -------------------------------------------------------------------------
 
@@ -192,7 +206,8 @@ class FacadeRequest:
         self.finished = True
         waiters, self._finish_waiters = self._finish_waiters, []
         for waiter in waiters:
-            waiter.callback(None)
+            if isinstance(waiter, Deferred):
+                waiter.callback(None)
         channel.answered(self)
 
     def loseConnection(self) -> None:
@@ -217,6 +232,17 @@ class FacadeRequest:
         else:
             self._finish_waiters.append(waiter)
         return waiter
+
+    def on_lost(self, lost: Callable[[Failure], None]) -> None:
+        """Call ``lost`` once, should the client leave before the answer is finished: what
+        ``notifyFinish().addErrback(lost)`` does, without a Deferred made and fired for every
+        request (docs/performance.md#per-dispatch-overheads)."""
+        if self.finished:
+            return
+        if self.channel is None:
+            lost(Failure(ConnectionError("the client connection was lost")))
+        else:
+            self._finish_waiters.append(lost)
 
     def registerProducer(self, producer: IPushProducer, streaming: bool) -> None:
         channel = self.channel
@@ -265,30 +291,41 @@ class FacadeRequest:
             producer.stopProducing()
         waiters, self._finish_waiters = self._finish_waiters, []
         for waiter in waiters:
-            waiter.errback(reason)
+            if isinstance(waiter, Deferred):
+                waiter.errback(reason)
+            else:
+                waiter(reason)
 
     def _head(self) -> bytes:
         self.startedWriting = True
         code = self.code
-        headers = self.responseHeaders
         bodiless = code < 200 or code in _BODILESS_STATUS
-        if bodiless and headers.hasHeader(b"content-length"):
-            # RFC 9110 §8.6: none on 1xx and 204; on 304 it could only repeat the engine's
-            # length of another answer, which a HEAD's 204 showed can be wrong.
-            headers.removeHeader(b"content-length")
-        self._no_body = bodiless or self.method == b"HEAD"
+        no_body = self._no_body = bodiless or self.method == b"HEAD"
+        # One pass over the headers (names as Headers gives them: canonical), noting the two
+        # this method decides about (docs/performance.md#headers).
+        fields: list[bytes] = []
+        length = date = False
+        for name, values in self.responseHeaders.getAllRawHeaders():
+            if name == b"Content-Length":
+                if bodiless:
+                    # RFC 9110 §8.6: none on 1xx and 204; on 304 it could only repeat the
+                    # engine's length of another answer, which a HEAD's 204 showed can be wrong.
+                    continue
+                length = True
+            elif name == b"Date":
+                date = True
+            for value in values:
+                fields += (name, b": ", value, b"\r\n")
         lines = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
-        if not self._no_body and not headers.hasHeader(b"content-length"):
+        if not no_body and not length:
             if self.clientproto == b"HTTP/1.1":
                 self._chunked = True
                 lines.append(b"Transfer-Encoding: chunked\r\n")
             else:
                 # An HTTP/1.0 body with no length ends with the connection.
                 self.keep_alive = False
-        for name, values in headers.getAllRawHeaders():
-            for value in values:
-                lines.append(b"%s: %s\r\n" % (name, value))
-        if not headers.hasHeader(b"date"):
+        lines += fields
+        if not date:
             lines.append(b"Date: %s\r\n" % _DATE.now())
         if not self.keep_alive and self.clientproto == b"HTTP/1.1":
             lines.append(b"Connection: close\r\n")

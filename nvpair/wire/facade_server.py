@@ -24,6 +24,7 @@ from __future__ import annotations
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import ServerFactory
 
+from nvpair.common.deadlines import Deadlines
 from nvpair.wire.facade_channel import FacadeChannel
 from nvpair.wire.facade_head import Refusal, origin_form
 from nvpair.wire.facade_request import FacadeRequest
@@ -64,6 +65,8 @@ class FacadeSite(ServerFactory):
         self.head_timeout = head_timeout
         self.idle_timeout = idle_timeout
         self.clock: IReactorTime = clock
+        # Every connection's idle bound on one reactor timer (docs/performance.md#timers).
+        self.idle = Deadlines(clock, idle_timeout) if idle_timeout > 0 else None
 
     def buildProtocol(self, addr: IAddress | None) -> FacadeChannel:
         return FacadeChannel(self, addr)

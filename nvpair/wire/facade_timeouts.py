@@ -12,6 +12,8 @@ from typing import Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
+from nvpair.common.deadlines import Deadline, Deadlines
+
 
 class Bounded(Protocol):
     """The connection the bounds are kept for."""
@@ -26,7 +28,7 @@ class Bounded(Protocol):
         """The idle bound has passed since it was armed: close, unless something happened."""
 
 
-def _cancel(timer: IDelayedCall) -> None:
+def _cancel(timer: IDelayedCall | Deadline) -> None:
     if timer.active():
         timer.cancel()
 
@@ -35,7 +37,8 @@ class Timeouts:
     """The timers of one connection, each armed at most once at a time.
 
     :param head_timeout: seconds a request head may take from its first byte (0: no bound).
-    :param idle_timeout: seconds a connection may wait for its next request (0: no bound).
+    :param idle: the listener's idle bound, shared by its connections (None: no bound): how
+        long a connection may wait for its next request.
     """
 
     # One per connection: no per-instance dictionary (docs/performance.md#held-streams).
@@ -46,7 +49,7 @@ class Timeouts:
         "_head",
         "_head_timeout",
         "_idle",
-        "_idle_timeout",
+        "_idle_deadlines",
         "_linger",
     )
 
@@ -55,14 +58,15 @@ class Timeouts:
         connection: Bounded,
         clock: IReactorTime,
         head_timeout: float,
-        idle_timeout: float,
+        idle: Deadlines | None,
     ) -> None:
         self._connection = connection
         self._clock = clock
         self._head_timeout = head_timeout
-        self._idle_timeout = idle_timeout
+        self._idle_deadlines = idle
         self._head: IDelayedCall | None = None
-        self._idle: IDelayedCall | None = None
+        # The listener's shared deadline, or (asked again after activity) a timer of its own.
+        self._idle: Deadline | IDelayedCall | None = None
         self._linger: IDelayedCall | None = None
         self._abort: IDelayedCall | None = None
 
@@ -79,9 +83,9 @@ class Timeouts:
 
     def arm_idle(self) -> None:
         """Nothing is in flight: the connection may wait ``idle_timeout`` for its next byte."""
-        timeout = self._idle_timeout
-        if timeout > 0 and self._idle is None:
-            self._idle = self._clock.callLater(timeout, self._idle_passed)
+        deadlines = self._idle_deadlines
+        if deadlines is not None and self._idle is None:
+            self._idle = deadlines.add(self._idle_passed)
 
     def idle_in(self, seconds: float) -> None:
         """Ask again in ``seconds``: something happened since the idle bound was armed."""

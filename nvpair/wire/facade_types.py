@@ -12,6 +12,7 @@ from typing import Protocol
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.web.http_headers import Headers
 
+from nvpair.common.deadlines import Deadlines
 from nvpair.wire.facade_head import Refusal
 from nvpair.wire.facade_request import FacadeRequest
 
@@ -70,3 +71,5 @@ class Listener(Protocol):
     head_timeout: float
     idle_timeout: float
     clock: IReactorTime
+    #: The idle bound of every connection, on one timer (None: no idle bound).
+    idle: Deadlines | None

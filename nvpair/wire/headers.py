@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from twisted.web.http_headers import Headers
+
+from nvpair.wire.fields import LeanHeaders, canonical
 
 
 class _Spent(Headers):
@@ -80,15 +82,43 @@ def end_to_end(
     return [(name, values) for name, values in pairs if name.lower() not in drop]
 
 
+#: What :func:`strip_hop_by_hop` drops by name, as ``Headers`` spells names (``TE``): the names
+#: it gives are compared as they are, with no lower-casing per name.
+_HOP_NAMES = frozenset(canonical(name) for name in HOP_BY_HOP)
+_REQUEST_HOP_NAMES = _HOP_NAMES | {canonical(name) for name in _REQUEST_OWNED}
+
+
 def strip_hop_by_hop(headers: Headers, *, request: bool) -> Headers:
     """``headers`` less what :func:`end_to_end` drops, removed in place: one hop's headers
-    handed on whole to the next, with no copy made."""
-    pairs = list(headers.getAllRawHeaders())
-    drop = _dropped(pairs, request)
-    for name, _ in pairs:
-        if name.lower() in drop:
-            headers.removeHeader(name)
+    handed on whole to the next, with no copy made.
+
+    The names are judged as ``Headers`` gives them (canonical: a name is hop-by-hop in any
+    case exactly when its canonical form is), a ``LeanHeaders``' in its own dictionary
+    (docs/performance.md#headers).
+    """
+    if isinstance(headers, LeanHeaders):
+        fields = headers.fields
+        for name in _hop_names(fields.items(), request):
+            fields.pop(name, None)
+        return headers
+    for name in _hop_names(list(headers.getAllRawHeaders()), request):
+        headers.removeHeader(name)
     return headers
+
+
+def _hop_names(pairs: Collection[tuple[bytes, Sequence[bytes]]], request: bool) -> list[bytes]:
+    """The names of ``pairs`` (canonical, as ``Headers`` gives them) that are not forwarded."""
+    hop = _REQUEST_HOP_NAMES if request else _HOP_NAMES
+    dropped = []
+    listed: set[bytes] = set()
+    for name, values in pairs:
+        if name in hop:
+            dropped.append(name)
+            if name == b"Connection":
+                listed = connection_tokens(values)
+    if listed:
+        dropped += (name for name, _ in pairs if name.lower() in listed)
+    return dropped
 
 
 def framed_by_length(method: bytes, status: int) -> bool:

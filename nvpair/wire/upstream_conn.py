@@ -259,6 +259,18 @@ class UpstreamConnection(AnswerReader):
                 chunks, self._chunks = self._chunks, []
                 pending.data(b"".join(chunks))
             deferred, self._deferred = self._deferred, None
+            if self.phase is _BODY_DONE:
+                # The whole answer came in this read: its body is ended (held in the answer)
+                # and the connection reused or closed before the answer is handed on, so whoever
+                # waits for it finds its body whole at once, with no second wake of the request
+                # path (docs/performance.md#one-wake-per-answer).
+                if problem is not None:
+                    # Bytes past the end that llhttp refused: a confused server.
+                    self._extra = True
+                self._finish(pending)
+                if deferred is not None:
+                    deferred.callback(pending)
+                return
             if deferred is not None:
                 deferred.callback(pending)
             if self.phase is _CLOSED:

@@ -14,6 +14,7 @@ import re
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
+from nvpair.wire.fields import CANONICAL, Fields, LeanHeaders, canonical
 from nvpair.wire.headers import connection_tokens
 
 #: The most head bytes (status lines, fields, interim answers) read before the final answer's
@@ -68,10 +69,14 @@ def request_head(
         any the headers carry (docs/fleet-scheduling.md#node-credentials).
     :raises ValueError: for anything that would not be a well-formed head.
     """
-    if _TOKEN.fullmatch(method) is None:
-        raise ValueError(f"invalid method {method!r}")
-    if _TARGET.fullmatch(target) is None:
-        raise ValueError(f"invalid request target {target!r}")
+    if method not in _METHODS:
+        if _TOKEN.fullmatch(method) is None:
+            raise ValueError(f"invalid method {method!r}")
+        _remember(_METHODS, method)
+    if target not in _TARGETS:
+        if _TARGET.fullmatch(target) is None:
+            raise ValueError(f"invalid request target {target!r}")
+        _remember(_TARGETS, target)
     fields: list[bytes] = []
     hosts = 0
     for name, values in headers.getAllRawHeaders():
@@ -97,12 +102,27 @@ def request_head(
         parts.append(b"Content-Length: %d\r\n" % length)
     parts.append(b"\r\n")
     head = b"".join(parts)
-    # Every line break in the head is one this function wrote: a CR, LF or NUL from a value
-    # (or the host) would show as one too many, so three scans check every value at once.
+    # Every line break in the head is one this function wrote, a CR and an LF each: a CR, LF or
+    # NUL from a value (or the host) would show as one too many, so one pass that drops all
+    # three checks every value at once.
     breaks = len(fields) // 4 + (2 if not hosts else 1) + (length is not None) + 1
-    if head.count(b"\n") != breaks or head.count(b"\r") != breaks or b"\0" in head:
+    if len(head) - len(head.translate(None, b"\r\n\0")) != 2 * breaks:
         raise ValueError("a header value (or the host) holds CR, LF or NUL")
     return head
+
+
+#: Methods and request targets found well formed before: judged again by a set lookup rather
+#: than a regex (a request's target is checked on every attempt).
+_METHODS: set[bytes] = set()
+_TARGETS: set[bytes] = set()
+#: Past this many, a set starts again: a client inventing targets cannot grow it.
+_MAX_KNOWN = 1024
+
+
+def _remember(known: set[bytes], value: bytes) -> None:
+    if len(known) >= _MAX_KNOWN:
+        known.clear()
+    known.add(value)
 
 
 class _Name(enum.Enum):
@@ -133,6 +153,9 @@ def _name_kind(name: bytes) -> _Name:
     return kind
 
 
+#: The same names as ``Headers`` spells them: an answer's names are looked up canonical.
+_CONTROL_NAMES = frozenset(canonical(name) for name in _CONNECTION_CONTROL)
+
 #: ``Connection`` tokens that name no header this answer could carry past the removal above.
 _OPTIONS = frozenset({b"close", b"keep-alive"})
 
@@ -158,22 +181,26 @@ def answer_head(
     :raises BadResponse: for a body in a transfer coding other than chunked alone, which
         this client never offers (it sends no ``TE``).
     """
-    headers = Headers()
+    # The exposed fields are made here directly (docs/performance.md#headers): names canonical,
+    # values as llhttp gave them (it refuses a CR or LF in one).
+    exposed: Fields = {}
     tokens: set[bytes] = set()
     length: int | str = UNKNOWN_LENGTH
     codings: list[bytes] | None = None
     for name, value in fields:
-        lowered = name.lower()
-        if lowered not in _CONNECTION_CONTROL:
+        key = CANONICAL.get(name)
+        if key is None:
+            key = canonical(name)
+        if key not in _CONTROL_NAMES:
             # llhttp strips the leading whitespace of a value but keeps the trailing.
-            headers.addRawHeader(lowered, value.rstrip(b" \t"))
-        elif lowered == b"connection":
+            exposed.setdefault(key, []).append(value.rstrip(b" \t"))
+        elif key == b"Connection":
             tokens |= connection_tokens((value,))
-        elif lowered == b"content-length":
+        elif key == b"Content-Length":
             length = int(value)
             if head and not nothing:
-                headers.addRawHeader(lowered, value.rstrip(b" \t"))
-        elif lowered == b"transfer-encoding":
+                exposed.setdefault(key, []).append(value.rstrip(b" \t"))
+        elif key == b"Transfer-Encoding":
             if codings is None:
                 codings = []
             # Spaces only: llhttp takes ``chunked`` followed by a tab for another coding, so
@@ -181,7 +208,7 @@ def answer_head(
             codings += (c.strip(b" ").lower() for c in value.split(b",") if c.strip(b" "))
     for token in tokens:
         if token not in _OPTIONS:
-            headers.removeHeader(token)
+            exposed.pop(canonical(token), None)
     to_close = False
     if head or nothing:
         length = 0
@@ -198,4 +225,4 @@ def answer_head(
     keep_alive = not to_close and (
         b"keep-alive" in tokens and codings is None if http10 else b"close" not in tokens
     )
-    return headers, length, to_close, keep_alive
+    return LeanHeaders.over(exposed), length, to_close, keep_alive

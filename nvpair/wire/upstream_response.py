@@ -25,6 +25,11 @@ from zope.interface import implementer
 from nvpair.wire.upstream_framing import BadResponse, answer_head
 from nvpair.wire.upstream_types import BodySource, Wire
 
+#: Why every body that ended by its own framing ended: one ``Failure`` for all of them, as a
+#: body's reader only asks what it holds (made per answer, as Twisted's client does, it cost
+#: some 9,000 instructions; docs/performance.md#per-dispatch-overheads).
+BODY_DONE = Failure(ResponseDone("Response body fully received"))
+
 
 class ReadFlow:
     """Whether a connection reads its socket: a body's reader pauses and resumes it.
@@ -239,7 +244,7 @@ class UpstreamResponse:
 
     def done(self) -> None:
         """The body ended by its own framing."""
-        self.end(Failure(ResponseDone("Response body fully received")))
+        self.end(BODY_DONE)
 
     def failed(self, reason: Failure) -> None:
         """The body cannot be read to its end (bad framing, a reader that broke)."""

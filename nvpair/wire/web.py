@@ -14,6 +14,7 @@ from typing import Protocol
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
+from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
@@ -57,6 +58,9 @@ class ProxiedRequest(Protocol):
 
     def notifyFinish(self) -> Deferred[None]:
         """Fires when the answer is done; fails when the client left first."""
+
+    def on_lost(self, lost: Callable[[Failure], None]) -> None:
+        """Calls ``lost`` once, should the client leave before the answer is finished."""
 
     def registerProducer(self, producer: IPushProducer, streaming: bool) -> None: ...
 
