@@ -116,7 +116,12 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
         workload.engine = node.engine
         workload.submitted(node.id)
         dispatched = True
-        affine = round_plan.affine == node.id
+        # Affinity's node is the first behind any pin: an id alone could name a node of another
+        # engine in a round over several (the openai facade).
+        affine = (
+            round_plan.affine is not None
+            and planned is round_plan.candidates[int(round_plan.pinned)]
+        )
         failed = await _attempt(services, job, outgoing, node, affine)
         if failed is None:
             return None
