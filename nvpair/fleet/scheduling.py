@@ -246,12 +246,14 @@ class FleetScheduler:
         if not prefix or not self.affinity.enabled:
             return None
         now = self._clock.seconds()
+        suspended = self.caches.suspended
         best: tuple[str, str, int] | None = None
         for engine, model_key in keys.items():
-            ids = {node.id for node in eligible if node.engine == engine}
+            # A handful of owners: a list is searched faster than a set is built.
+            ids = [node.id for node in eligible if node.engine == engine]
 
-            def usable(node: str, engine: str = engine, ids: set[str] = ids) -> bool:
-                return node in ids and not self.caches.suspended(engine, node, now)
+            def usable(node: str, engine: str = engine, ids: list[str] = ids) -> bool:
+                return node in ids and not suspended(engine, node, now)
 
             found = self.table.owner(scope(engine, model_key), prefix, usable)
             if found is not None and (best is None or found[1] > best[2]):
