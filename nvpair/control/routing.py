@@ -223,18 +223,12 @@ def ranked_plan(
     ready = [ranked for ranked in rest if not ranked[2].load.loading]
     if ready or pinned:
         rest = ready
-
-    def rank(ranked: Ranked) -> Rank:
-        node, model_key, state = ranked
+    ranks: list[tuple[Rank, Node]] = []
+    for node, model_key, (load, held) in rest:
         reserved = reservations.get(node.id, 0)
-        return (
-            state.held,
-            tier(node, model_key, state.load, reserved),
-            fleet_load(state.load, reserved),
-            node.id,
-        )
-
-    ranks = sorted(((rank(ranked), ranked[0]) for ranked in rest), key=itemgetter(0))
+        rank = (held, tier(node, model_key, load, reserved), fleet_load(load, reserved), node.id)
+        ranks.append((rank, node))
+    ranks.sort(key=itemgetter(0))
     chosen = None if affine is None else _affine_first(ranks, affine)
     ordered = [node for _, node in ranks]
     if chosen is not None:
