@@ -6,6 +6,9 @@ pause and resume a push producer — all through public interfaces."""
 
 from __future__ import annotations
 
+import fcntl
+import struct
+import termios
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +22,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from nvpair.wire.outlet import HIGH_WATER, Outlet
+from nvpair.wire.outlet import GATHER, HIGH_WATER, Outlet
 
 BIG = bytes(range(256)) * (32 * 1024)  # 8 MiB: far more than loopback buffers hold
 
@@ -113,6 +116,20 @@ async def pair() -> AsyncIterator[Pair]:
     if client.transport is not None:
         client.transport.loseConnection()
     await port.stopListening()
+
+
+def readable(pair: Pair) -> int:
+    """Bytes the kernel holds for the client to read: what has been sent so far."""
+    transport: Any = pair.client.transport
+    answer = fcntl.ioctl(transport.fileno(), termios.FIONREAD, struct.pack("i", 0))
+    return int(struct.unpack("i", answer)[0])
+
+
+def gathering(depth: int) -> None:
+    """Enter (1) or leave (-1) a handled read as the upstream connection does."""
+    GATHER.depth += depth
+    if not GATHER.depth and GATHER.outlets:
+        GATHER.release()
 
 
 def paused(outlet: Outlet) -> bool:
@@ -240,3 +257,55 @@ def test_any_other_transport_is_written_to_as_usual_with_its_own_backpressure() 
     assert producer.paused == 1 and outlet.paused
     outlet.resumeProducing()
     assert producer.resumed == 1 and not outlet.paused
+
+
+@pytest_twisted.ensureDeferred
+async def test_while_a_read_is_handled_sends_are_gathered_and_leave_as_one(pair: Pair) -> None:
+    """What a handled read makes an outlet send stays in this process until the read has been
+    handled, then leaves in one send, in order (a stream's last piece and its terminator);
+    a read inside another releases nothing."""
+    last, end = b"data: last\n\n", b"0\r\n\r\n"
+    gathering(1)
+    try:
+        pair.outlet.send(last)
+        gathering(1)
+        pair.outlet.send(end)
+        gathering(-1)
+        assert readable(pair) == 0 and not pair.writing()
+    finally:
+        gathering(-1)
+    assert readable(pair) == len(last + end)
+    assert not pair.writing() and not GATHER.outlets
+    await received(pair, len(last + end))
+    assert pair.client.received == last + end
+    pair.outlet.send(b"later")  # no read handled: at once
+    assert readable(pair) == 5
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_close_while_a_read_is_handled_sends_what_was_gathered_first(pair: Pair) -> None:
+    gathering(1)
+    try:
+        pair.outlet.send(b"the end")
+        pair.outlet.close()
+    finally:
+        gathering(-1)
+    await pair.client.closed
+    assert pair.client.received == b"the end"
+
+
+@pytest_twisted.ensureDeferred
+async def test_behind_queued_bytes_nothing_is_gathered(pair: Pair) -> None:
+    """Bytes already queued in the transport go first: a send behind them is queued too, never
+    held back and sent ahead of them."""
+    pair.client.reading(False)
+    pair.outlet.send(BIG)
+    gathering(1)
+    try:
+        pair.outlet.send(b"tail")
+        assert not GATHER.outlets
+    finally:
+        gathering(-1)
+    pair.client.reading(True)
+    await received(pair, len(BIG) + 4)
+    assert bytes(pair.client.received) == BIG + b"tail"

@@ -154,8 +154,13 @@ class CacheLedger:
         if entry is None:
             entry = self._nodes[(engine, node)] = _NodeCache()
         entry.reports.append((prompt, cached))
-        if not routed or self.suspended(engine, node, now):
+        if not routed:
             return
+        until = entry.suspended_until
+        if until is not None:
+            if now < until:
+                return
+            entry.suspended_until = None
         window = entry.routed
         if len(window) == ROUTED_WINDOW:
             gone_tokens, gone_found = window[0]  # appending drops it

@@ -12,8 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
-
-from attrs import frozen
+from typing import NamedTuple
 
 from nvpair.control.state import Discovery, Node, Priority
 from nvpair.engines.loadstate import UNKNOWN, LoadState
@@ -38,9 +37,9 @@ def default_order(nodes: Sequence[Node]) -> list[Node]:
     return sorted(nodes, key=lambda node: (not node.local, node.id))
 
 
-@frozen
-class Plan:
-    """One round's candidates in dispatch order.
+class Plan(NamedTuple):
+    """One round's candidates in dispatch order (a NamedTuple, as every value made per request:
+    docs/performance.md#per-dispatch-overheads).
 
     :ivar candidates: the order to try them in.
     :ivar pinned: whether the first candidate is an eligible manual pin.
@@ -130,9 +129,9 @@ class Tier(enum.IntEnum):
     COLD = 2
 
 
-@frozen
-class Standing:
-    """What fleet mode knows about one candidate besides its inventory.
+class Standing(NamedTuple):
+    """What fleet mode knows about one candidate besides its inventory (one per owner per
+    round: a NamedTuple).
 
     :ivar load: what the engine's last poll said about its load, with the models this proxy
         has dispatched to it since counted in memory
@@ -162,9 +161,9 @@ def fleet_load(load: LoadState, reserved: int) -> int:
     return reserved + load.busy
 
 
-@frozen
-class Affine:
-    """Where affinity would send a request first (docs/fleet-scheduling.md#affinity-order).
+class Affine(NamedTuple):
+    """Where affinity would send a request first (docs/fleet-scheduling.md#affinity-order; one
+    per request: a NamedTuple).
 
     :ivar engine: the engine of the node its conversation was last served by (a facade
         reaching several engines ranks nodes of each, and a node id names one per engine).
@@ -224,18 +223,12 @@ def ranked_plan(
     ready = [ranked for ranked in rest if not ranked[2].load.loading]
     if ready or pinned:
         rest = ready
-
-    def rank(ranked: Ranked) -> Rank:
-        node, model_key, state = ranked
+    ranks: list[tuple[Rank, Node]] = []
+    for node, model_key, (load, held) in rest:
         reserved = reservations.get(node.id, 0)
-        return (
-            state.held,
-            tier(node, model_key, state.load, reserved),
-            fleet_load(state.load, reserved),
-            node.id,
-        )
-
-    ranks = sorted(((rank(ranked), ranked[0]) for ranked in rest), key=itemgetter(0))
+        rank = (held, tier(node, model_key, load, reserved), fleet_load(load, reserved), node.id)
+        ranks.append((rank, node))
+    ranks.sort(key=itemgetter(0))
     chosen = None if affine is None else _affine_first(ranks, affine)
     ordered = [node for _, node in ranks]
     if chosen is not None:
@@ -252,15 +245,21 @@ def ranked_plan(
 
 def _affine_first(ranks: Sequence[tuple[Rank, Node]], affine: Affine) -> Node | None:
     """``affine``'s node, if it may go first among ``ranks`` (sorted best first)."""
-    found = next(
-        (item for item in ranks if item[1].id == affine.node and item[1].engine == affine.engine),
-        None,
-    )
-    if found is None:
+    engine, wanted, slack = affine
+    for rank, node in ranks:
+        if node.id == wanted and node.engine == engine:
+            held, its_tier, load, _ = rank
+            break
+    else:
         return None
-    (held, its_tier, load, _), node = found
     best_held, best_tier = ranks[0][0][0], ranks[0][0][1]
     if held or its_tier != best_tier or best_held or its_tier is Tier.COLD:
         return None
-    least = min(rank[2] for rank, _ in ranks if not rank[0] and rank[1] is not Tier.COLD)
-    return node if load <= least + affine.slack else None
+    # Sorted best first: the warm owners not held back lead (of either warm tier).
+    least = load
+    for (other_held, other_tier, other_load, _), _node in ranks:
+        if other_held or other_tier is Tier.COLD:
+            break
+        if other_load < least:
+            least = other_load
+    return node if load <= least + slack else None

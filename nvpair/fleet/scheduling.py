@@ -20,6 +20,7 @@ slack, unless its own answers say its cache does not keep what it is sent
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from attrs import evolve
 from twisted.internet.interfaces import IReactorTime
@@ -190,7 +191,7 @@ class FleetScheduler:
             load = load.assuming(sent.keys())
         held = self.health.held(engine, node)
         if not held and self.liveness is not None:
-            held = self.liveness.of(engine, node).suspect
+            held = self.liveness.suspect(engine, node)
         return Standing(load, held)
 
     def plan(
@@ -204,10 +205,9 @@ class FleetScheduler:
     ) -> Plan:
         """This round's candidates in fleet order, and the node to reserve; ``prefix``: the
         request's prefix keys (:meth:`prefix_of`)."""
-        standing = self.standing
         affine = self._affine({engine: model_key}, eligible, prefix)
         return fleet_plan(
-            eligible, pin, model_key, lambda node: standing(engine, node), reservations, affine
+            eligible, pin, model_key, partial(self.standing, engine), reservations, affine
         )
 
     def plan_across(
@@ -246,12 +246,14 @@ class FleetScheduler:
         if not prefix or not self.affinity.enabled:
             return None
         now = self._clock.seconds()
+        suspended = self.caches.suspended
         best: tuple[str, str, int] | None = None
         for engine, model_key in keys.items():
-            ids = {node.id for node in eligible if node.engine == engine}
+            # A handful of owners: a list is searched faster than a set is built.
+            ids = [node.id for node in eligible if node.engine == engine]
 
-            def usable(node: str, engine: str = engine, ids: set[str] = ids) -> bool:
-                return node in ids and not self.caches.suspended(engine, node, now)
+            def usable(node: str, engine: str = engine, ids: list[str] = ids) -> bool:
+                return node in ids and not suspended(engine, node, now)
 
             found = self.table.owner(scope(engine, model_key), prefix, usable)
             if found is not None and (best is None or found[1] > best[2]):

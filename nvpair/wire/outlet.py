@@ -16,6 +16,11 @@ only: on a TCP transport it registers as a *pull* producer, which the transport 
 push producer (pause past :data:`HIGH_WATER` bytes, resume once drained), passed on to the
 connection's own producer. Any other transport (TLS, in-memory, a test's) is written to as usual
 and its push-producer backpressure passed on unchanged.
+
+While an upstream read is handled (:data:`GATHER`), what each outlet sends is gathered and
+leaves in one send once the read has been handled, before the reactor runs anything else: a
+stream's last piece and the chunked terminator its end writes are one send, not two
+(docs/performance.md#one-send-per-read).
 """
 
 from __future__ import annotations
@@ -57,6 +62,28 @@ class _Transport(Protocol):
     def unregisterProducer(self) -> None: ...
 
 
+class Gathering:
+    """Whether sends are being gathered, and the outlets holding some (see the module
+    docstring). One per process: :data:`GATHER`."""
+
+    __slots__ = ("depth", "outlets")
+
+    def __init__(self) -> None:
+        #: Reads being handled that gather (one inside another is possible, never needed).
+        self.depth = 0
+        self.outlets: list[Outlet] = []
+
+    def release(self) -> None:
+        """Send what each outlet gathered (the outermost read has been handled)."""
+        outlets, self.outlets = self.outlets, []
+        for outlet in outlets:
+            outlet.release()
+
+
+#: Entered by the upstream connection's ``dataReceived`` (nvpair.wire.upstream_conn).
+GATHER = Gathering()
+
+
 class _Mode(enum.Enum):
     #: A plain TCP connection with nothing queued: a send goes to the kernel now.
     DIRECT = "direct"
@@ -80,6 +107,7 @@ class Outlet:
 
     __slots__ = (
         "_direct",
+        "_gathered",
         "_mode",
         "_paused",
         "_producer",
@@ -94,6 +122,7 @@ class Outlet:
         self._producer = producer
         self._queued = 0
         self._paused = False
+        self._gathered: list[bytes] | None = None
         # Only Twisted's own TCP connection is known to send what ``write`` queued in order
         # after what the kernel already took; TLS runs its own buffer (docs/performance.md).
         self._direct = isinstance(transport, tcp.Connection)
@@ -107,7 +136,25 @@ class Outlet:
             self._transport.registerProducer(self, not self._direct)
 
     def send(self, data: bytes) -> None:
-        """Write ``data``: to the kernel now when nothing is queued ahead, else behind."""
+        """Write ``data``: to the kernel now when nothing is queued ahead, else behind; while a
+        read is handled, once it has been (:class:`Gathering`)."""
+        if GATHER.depth and self._mode is _Mode.DIRECT:
+            gathered = self._gathered
+            if gathered is None:
+                self._gathered = [data]
+                GATHER.outlets.append(self)
+            else:
+                gathered.append(data)
+            return
+        self._send_now(data)
+
+    def release(self) -> None:
+        """Send what was gathered (:class:`Gathering`), in one piece."""
+        gathered, self._gathered = self._gathered, None
+        if gathered:
+            self._send_now(gathered[0] if len(gathered) == 1 else b"".join(gathered))
+
+    def _send_now(self, data: bytes) -> None:
         if self._mode is _Mode.DIRECT and not self._transport.disconnecting:
             assert self._socket is not None
             try:
@@ -140,6 +187,9 @@ class Outlet:
         A transport holds its close while a producer is registered (TLS waits for it to
         unregister), so the outlet lets go first.
         """
+        if self._gathered is not None:
+            # What was written before the close goes first.
+            self.release()
         self._mode = _Mode.DONE
         if self._registered:
             self._registered = False

@@ -24,7 +24,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
 from twisted.web.iweb import IResponse
 
-from nvpair.wire.outlet import Outlet
+from nvpair.wire.outlet import GATHER, Outlet
 from nvpair.wire.upstream_framing import MAX_HEAD, BadResponse
 from nvpair.wire.upstream_reading import AnswerReader
 from nvpair.wire.upstream_response import ReadFlow, UpstreamResponse
@@ -208,6 +208,10 @@ class UpstreamConnection(AnswerReader):
         problem: Exception | None = None
         flow = self._flow
         flow.feeding = True
+        # What this read makes anyone send leaves once it has been handled: a stream's last
+        # piece with the terminator its end writes (docs/performance.md#one-send-per-read).
+        gather = GATHER
+        gather.depth += 1
         try:
             try:
                 parser.feed_data(data)
@@ -220,6 +224,9 @@ class UpstreamConnection(AnswerReader):
             self._after_feed(problem)
         finally:
             flow.feeding = False
+            gather.depth -= 1
+            if not gather.depth and gather.outlets:
+                gather.release()
         if flow.want_pause:
             flow.settle(self._response is not None)
 
