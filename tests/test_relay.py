@@ -61,7 +61,7 @@ def test_held_bytes_are_spliced_back_in_front() -> None:
     relay.connectionLost(Failure(ResponseDone()))
     assert b"".join(request.written) == b"abcde"
     assert request.finished and request.producer is None
-    assert result(relay.done) == BodyEnd(True)
+    assert result(relay.ended()) == BodyEnd(True)
 
 
 def test_attach_registers_upstream_as_streaming_producer() -> None:
@@ -110,7 +110,7 @@ def test_truncated_body_closes_the_client_without_finishing() -> None:
     relay.attach(request)
     relay.connectionLost(Failure(ConnectionLost()))
     assert request.lost and not request.finished
-    end = result(relay.done)
+    end = result(relay.ended())
     assert end.complete is False and end.reason is not None
 
 
@@ -124,7 +124,7 @@ def test_client_gone_stops_the_upstream_and_writes_nothing_more() -> None:
     relay.dataReceived(b"more")
     relay.connectionLost(Failure(ConnectionLost()))
     assert request.written == [b"x"] and not request.finished
-    assert result(relay.done).complete is False
+    assert result(relay.ended()).complete is False
 
 
 @pytest.mark.parametrize("error", [AttributeError, RuntimeError])
@@ -139,7 +139,7 @@ def test_finish_after_an_unreported_disconnect_is_tolerated(error: type[Exceptio
     request.finish = boom  # type: ignore[method-assign]
     relay.attach(request)
     relay.connectionLost(Failure(ResponseDone()))
-    assert result(relay.done).complete is True
+    assert result(relay.ended()).complete is True
 
 
 def test_every_attribute_of_a_relay_is_a_slot() -> None:

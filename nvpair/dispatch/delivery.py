@@ -117,7 +117,7 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
             relay.set_tap(lambda chunk: feed(chunk, clock.seconds()))
     relay.attach(request)
     try:
-        end = await relay.done
+        end = relay.end if relay.end is not None else await relay.ended()
     except CancelledError:
         relay.client_gone()
         raise
