@@ -64,6 +64,26 @@ def test_held_bytes_are_spliced_back_in_front() -> None:
     assert result(relay.ended()) == BodyEnd(True)
 
 
+def test_a_whole_body_has_its_end_at_attach_and_one_still_coming_is_waited_for() -> None:
+    """A body that ended before the commit: its end is there to read once attached, with no
+    wait (docs/performance.md#one-wake-per-answer). A body still coming: the wait fires at its
+    end, with the same end."""
+    whole, _ = connected()
+    whole.dataReceived(b"{}")
+    whole.connectionLost(Failure(ResponseDone()))
+    request = ClientRequest()
+    whole.attach(request)
+    assert whole.end == BodyEnd(True) and request.finished
+    coming, _ = connected()
+    coming.dataReceived(b"{")
+    coming.attach(ClientRequest())
+    waiting = coming.ended()
+    assert coming.end is None and not waiting.called
+    coming.dataReceived(b"}")
+    coming.connectionLost(Failure(ResponseDone()))
+    assert result(waiting) == BodyEnd(True) == coming.end
+
+
 def test_attach_registers_upstream_as_streaming_producer() -> None:
     """Backpressure: the client's channel pauses the upstream, not this process's memory."""
     relay, upstream = connected()
