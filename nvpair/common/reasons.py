@@ -60,6 +60,11 @@ class Reason(enum.StrEnum):
     INTERNAL = "internal", 500, "internal error in the proxy"
     UNAUTHORIZED = "unauthorized", 401, "a valid key is required: Authorization: Bearer <key>"
     FORBIDDEN_MODEL = "forbidden-model", 403, "this key may not use this model"
+    OVERLOADED = (
+        "overloaded",
+        503,
+        "the request bodies this proxy holds are at its bound: try again later",
+    )
     TOO_MANY_AUTH_FAILURES = (
         "too-many-auth-failures",
         429,

@@ -132,8 +132,13 @@ class BadBody(Exception):
         self.reason = reason
 
 
-def _document(body: bytes) -> object:
+def _document(body: bytes | str) -> object:
+    """The body as parsed, None when it is no JSON; ``body`` may be given as its text already
+    decoded from UTF-8 (lone surrogates passed), as a large one is
+    (:meth:`nvpair.wire.facade_request.FacadeRequest.read_json`)."""
     try:
+        if isinstance(body, str):
+            return json.loads(body)
         if body[:1] == b"{" and body[1:2] != b"\0":
             # What json.loads would decode it as (no BOM, no NUL in the second byte: UTF-8),
             # without its Python-level look at the first bytes on every request.
@@ -144,13 +149,13 @@ def _document(body: bytes) -> object:
         return None
 
 
-def model_from_body(engine: Dialect, route: RouteClass, path: str, body: bytes) -> str | None:
+def model_from_body(engine: Dialect, route: RouteClass, path: str, body: bytes | str) -> str | None:
     """The model an inference (or model-naming other) body names (:func:`read_body`)."""
     return read_body(engine, route, path, body)[0]
 
 
 def read_body(
-    engine: Dialect, route: RouteClass, path: str, body: bytes
+    engine: Dialect, route: RouteClass, path: str, body: bytes | str
 ) -> tuple[str | None, object]:
     """The model an inference (or model-naming other) body names, and the body as parsed (None
     when it is no JSON), for whoever reads more of it (fleet mode's affinity).

@@ -10,6 +10,7 @@ asks this facade through its :class:`~nvpair.wire.facade_server.Gate`. A request
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from twisted.internet.defer import Deferred
@@ -195,7 +196,6 @@ class Facade:
         if self._peer is not None and not self._still_pinned(request):
             return
         path = request.path.decode("latin-1")
-        body = request.body()
         caller = None
         prefix: tuple[int, ...] = ()
         if self._peer is not None:
@@ -219,13 +219,13 @@ class Facade:
                 else engine.classify(request.method, path)
             )
             try:
-                model, document = read_body(engine, route, path, body)
+                model, prefix = request.read_json(partial(self._read_body, route, path))
             except BadBody as refused:
                 self._refused(request.method, path, refused.reason, route)
                 write_error(request, engine, refused.reason)
                 return
-            if self._prefix_of is not None and route is RouteClass.INFERENCE:
-                prefix = self._prefix_of(document)
+        # After the body was read: a large one was held as its text meanwhile.
+        body = request.body()
         admitted = Admitted(
             engine=engine,
             route=route,
@@ -249,6 +249,17 @@ class Facade:
             )
         d = self._handler.handle(admitted, request)
         d.addErrback(self._contained, request)
+
+    def _read_body(
+        self, route: RouteClass, path: str, body: bytes | str
+    ) -> tuple[str | None, tuple[int, ...]]:
+        """The model the body names and, where affinity wants them, its prefix keys: what
+        admission keeps of the document, which goes once they are read
+        (docs/robustness.md#what-a-request-body-costs)."""
+        model, document = read_body(self.engine, route, path, body)
+        if self._prefix_of is not None and route is RouteClass.INFERENCE:
+            return model, self._prefix_of(document)
+        return model, ()
 
     def _still_pinned(self, request: FacadeRequest) -> bool:
         """Membership and pins are checked per request, not only at the handshake: a
