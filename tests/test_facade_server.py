@@ -12,6 +12,8 @@ import tracemalloc
 from typing import Any
 
 import pytest_twisted
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet import defer
 from twisted.internet import reactor as _reactor
 from twisted.internet.address import IPv4Address
@@ -663,3 +665,35 @@ def test_the_last_request_answered_holds_no_parser() -> None:
     answer(conn.handler.requests[0], b"A")
     responses = read_stream(conn.transport.value(), [b"GET"], closed=True)
     assert [r.body for r in responses] == [b"A"] and len(conn.handler.admitted) == 1
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    st.integers(500, 6000),
+    st.lists(
+        st.tuples(st.booleans(), st.integers(0, 3000), st.integers(0, 4000), st.booleans()),
+        max_size=6,
+    ),
+)
+def test_no_way_an_upload_ends_leaves_any_of_the_budget_held(
+    limit: int, uploads: list[tuple[bool, int, int, bool]]
+) -> None:
+    """Uploads on connections of their own, declared or chunked, over the bound or the cap or
+    not, cut anywhere or whole, answered or not: while they go on the bound holds, and once
+    every connection has gone nothing is held."""
+    budget = BodyBudget(limit)
+    conns: list[tuple[Conn, bool]] = []
+    for chunked, size, cut, answered in uploads:
+        conn = Conn(max_body=2500, budget=budget)
+        body = b'{"p":"' + b"x" * size + b'"}'
+        wire = chunked_head() + chunk(body) + b"0\r\n\r\n" if chunked else post("/completion", body)
+        conn.send(wire[: len(wire) - cut] if cut < len(wire) else wire)
+        assert 0 <= budget.held <= limit
+        conns.append((conn, answered))
+    for conn, answered in conns:
+        if answered:
+            for request in conn.handler.requests:
+                if not request.finished:
+                    answer(request)
+        conn.protocol.connectionLost(Failure(ConnectionDone()))
+    assert budget.held == 0
