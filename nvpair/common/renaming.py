@@ -26,15 +26,25 @@ from functools import cache
 __all__ = ["renamed"]
 
 _BOM = b"\xef\xbb\xbf"
-_SPACE = re.compile(rb"[ \t\n\r]*+")
-_STRING_RE = rb'"(?:[^"\\\x00-\x1f]++|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*+"'
+_WS = rb"[ \t\n\r]*+"
+_SPACE = re.compile(_WS)
+#: What stands between a string's quotes, as Python's ``json`` reads it (strictly: no control
+#: characters); bytes past ASCII are checked as UTF-8 once for the whole body. A run of plain
+#: bytes, then escapes each followed by their run ("unrolled", no alternation per byte), the
+#: plain bytes as ranges (not a negated class): two and a half times faster in ``re``.
+_PLAIN = rb"[ !#-\[\]-\xff]*+"
+_CHARS = _PLAIN + rb'(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})' + _PLAIN + b")*+"
+_STRING_RE = b'"' + _CHARS + b'"'
 _STRING = re.compile(_STRING_RE)
 _SCALAR_RE = (
     _STRING_RE
     + rb"|-?+(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][-+]?+[0-9]++)?+"
     + rb"|true|false|null|NaN|-?Infinity"
 )
-_WS = rb"[ \t\n\r]*+"
+#: A member's key, and the colon after it, spaces around: one match a member.
+_KEY = re.compile(b'"(' + _CHARS + b')"' + _WS + b":" + _WS)
+#: What follows a member's value: a comma or the object's end, spaces around.
+_NEXT = re.compile(_WS + rb"([,}])" + _WS)
 #: How deep one match of :func:`_value` reaches. Each level doubles the expression (Python's
 #: ``re`` has no recursion); five hold a chat's messages with parts and image URLs in one match.
 _NESTED = 5
@@ -121,30 +131,25 @@ def _spans(body: bytes, wanted: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     spans: dict[str, tuple[int, int]] = {}
     at = _skip_space(body, at + 1)
     if body[at : at + 1] == b"}":
-        at += 1
+        at = _skip_space(body, at + 1)
     else:
         while True:
-            key = _STRING.match(body, at)
+            key = _KEY.match(body, at)
             if key is None:
-                raise ValueError("no key")
-            raw = body[at + 1 : key.end() - 1]
-            at = _skip_space(body, key.end())
-            if body[at : at + 1] != b":":
-                raise ValueError("no colon")
-            start = _skip_space(body, at + 1)
+                raise ValueError("no key and colon")
+            start = key.end()
             at = _skip_value(body, start)
+            raw = key.group(1)
             for member in wanted:
                 if _is_key(raw, member):
                     spans[member] = (start, at)
-            at = _skip_space(body, at)
-            ending = body[at : at + 1]
-            if ending == b"}":
-                at += 1
-                break
-            if ending != b",":
+            after = _NEXT.match(body, at)
+            if after is None:
                 raise ValueError("no comma")
-            at = _skip_space(body, at + 1)
-    if _skip_space(body, at) != len(body):
+            at = after.end()
+            if after.group(1) == b"}":
+                break
+    if at != len(body):
         raise ValueError("more after the object")
     return spans
 
