@@ -62,8 +62,10 @@ def test_name_is_the_fallback_when_model_names_none() -> None:
     """Ollama's /api/show and friends read ``name`` when ``model`` is empty."""
     assert renamed(b'{"model":"","name":"q"}', "n", "name") == b'{"model":"","name":"n"}'
     assert renamed(b'{"name":"q"}', "n", "name") == b'{"name":"n"}'
-    assert renamed(b'{"model":"m","name":"q"}', "n", "name") == b'{"model":"n","name":"q"}'
+    assert renamed(b'{"model":"m","name":"q"}', "n", "model") == b'{"model":"n","name":"q"}'
     assert renamed(b'{"name":"q"}', "n") is None
+    # An Ollama body's member as it spells it (its decoder folds case).
+    assert renamed(b'{"Model":"q"}', "n", "Model") == b'{"Model":"n"}'
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,11 @@
 
 The body is not re-serialised: key order, whitespace, escapes, number spellings and duplicate
 keys would all change. The top level of the JSON object is scanned instead, the member's value
-located, and only its bytes are replaced. The member is the one the proxy read the model from
-(:func:`nvpair.engines.admission.model_from_body`): the **last** top-level ``model`` holding a
-non-empty string, as every engine's parser keeps the last of duplicate keys (Go's
-``encoding/json``, llama.cpp's nlohmann json, JavaScript's ``JSON.parse``, Python's ``json``);
-a key spelled with escapes (``"\\u006dodel"``) is that key, as it is to them.
+located, and only its bytes are replaced. The member is the one admission read the model from,
+as the body spells it (:func:`nvpair.engines.admission.read_body`): a key spelled with escapes
+(``"\\u006dodel"``) is that key, as it is to every engine's parser, and on Ollama's routes a
+``"Model"`` is the model, as Go's decoder folds case. A body that names its model twice at the
+top level never gets here: admission refuses it (docs/lan.md#what-a-key-can-and-cannot-do).
 """
 
 from __future__ import annotations
@@ -57,11 +57,12 @@ def _spans(text: str, wanted: tuple[str, ...]) -> dict[str, tuple[int, int, obje
         at = _skip(text, at + 1)
 
 
-def renamed(body: bytes, name: str, fallback: str | None = None) -> bytes | None:
+def renamed(body: bytes, name: str, member: str = "model") -> bytes | None:
     """``body`` with its model's name replaced by ``name``.
 
-    :param fallback: the member read when ``model`` holds no non-empty string (Ollama's
-        ``name`` on the routes that take it), as admission reads it.
+    :param member: the member admission read the model from, as the body spells it
+        (``model``; an Ollama body's ``Model``, whose decoder folds case; ``name`` on the
+        routes that take it when ``model`` names none).
     :return: the new body; None when ``body`` is no UTF-8 JSON object naming a model that way
         (the caller then sends it as it is).
     """
@@ -69,18 +70,14 @@ def renamed(body: bytes, name: str, fallback: str | None = None) -> bytes | None
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    wanted = ("model",) if fallback is None else ("model", fallback)
     try:
-        spans = _spans(text, wanted)
+        spans = _spans(text, (member,))
     except (ValueError, IndexError, RecursionError):
         return None
-    for member in wanted:
-        span = spans.get(member)
-        if span is not None and isinstance(span[2], str) and span[2]:
-            start, end, _ = span
-            break
-    else:
+    span = spans.get(member)
+    if span is None or not isinstance(span[2], str) or not span[2]:
         return None
+    start, end, _ = span
     if body.isascii():
         first, last = start, end
     else:

@@ -10,15 +10,13 @@ and no workload events: nothing is dispatched for inference.
 
 from __future__ import annotations
 
-from functools import partial
-
 from twisted.internet.defer import CancelledError
 from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
+from nvpair.control.keyscope import KeyScope
 from nvpair.control.state import Node
 from nvpair.dispatch.job import Job, Services
-from nvpair.engines.caller import may_use
 from nvpair.engines.cors import Reply, inventory_grant, preflight
 from nvpair.engines.inventory import InvalidInventory, merge_inventories
 from nvpair.engines.modelnames import OtherName
@@ -104,9 +102,14 @@ async def serve_inventory(services: Services, job: Job) -> None:
     ]
     merged = b""
     invalid = any(not 200 <= a.status < 300 for _, a in judged)
-    # A key with model patterns sees only the models it may use (docs/lan.md#keys).
+    # A key with model patterns sees only the models it may use, judged as a request for
+    # each would be (docs/lan.md#what-a-key-can-and-cannot-do).
     caller = admitted.caller
-    allowed = partial(may_use, caller.models, engine) if caller and caller.models else None
+    allowed = (
+        KeyScope(caller.models, engine, services.control.discovery).allows
+        if caller is not None and caller.models
+        else None
+    )
     if not invalid:
         # The names the fleet knows its nodes' models by besides theirs (docs/model-names.md).
         names = _other_names(engine, services.candidates.every_node(admitted))
@@ -118,6 +121,7 @@ async def serve_inventory(services: Services, job: Job) -> None:
                 names,
                 _read_as(engine, admitted.path, [e for e, _ in judged]),
                 allowed,
+                lan=caller is not None and caller.lan,
             )
         except InvalidInventory:
             invalid = True

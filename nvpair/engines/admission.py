@@ -12,7 +12,8 @@ import functools
 import ipaddress
 import json
 import socket
-from urllib.parse import urlsplit
+from typing import NamedTuple
+from urllib.parse import parse_qsl, urlsplit
 
 from twisted.internet.address import IPv4Address, IPv6Address
 
@@ -132,6 +133,54 @@ class BadBody(Exception):
         self.reason = reason
 
 
+class Read(NamedTuple):
+    """What admission reads of a body (:func:`read_body`).
+
+    :ivar model: the model the request is routed on (None: it names none).
+    :ivar document: the body as parsed (None when it is no JSON), for whoever reads more of it
+        (fleet mode's affinity).
+    :ivar member: the member ``model`` was read from, as the body spells it (``model``, an
+        Ollama body's ``Model``, ``name``): the one a node's own name is written into.
+    :ivar others: every other model the body names (a copy's ``source`` and ``destination``,
+        a create's ``from``, an unused ``name``), judged against a key as the routed one is.
+    """
+
+    model: str | None
+    document: object
+    member: str = "model"
+    others: tuple[str, ...] = ()
+
+
+#: The top-level members that name a model, on some route of some engine
+#: (docs/lan.md#what-a-key-can-and-cannot-do).
+MODEL_MEMBERS = ("model", "name", "source", "destination", "from")
+
+
+class _Repeated(dict[str, object]):
+    """An object some of whose member names appear more than once (the last value kept, as
+    ``json`` keeps it): :attr:`names` says which."""
+
+    names: frozenset[str] = frozenset()
+
+
+def _pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    document = dict(pairs)
+    if len(document) == len(pairs):
+        return document
+    repeated = _Repeated(document)
+    seen: set[str] = set()
+    names: set[str] = set()
+    for key, _ in pairs:
+        (names if key in seen else seen).add(key)
+    repeated.names = frozenset(names)
+    return repeated
+
+
+#: Reads every object's members in order: only for a body that may repeat a member that
+#: names a model (:func:`_members`), a third slower than the plain decoder on large bodies.
+_PAIRS_DECODER = json.JSONDecoder(object_pairs_hook=_pairs)
+
+
 def _document(body: bytes) -> object:
     try:
         if body[:1] == b"{" and body[1:2] != b"\0":
@@ -144,34 +193,104 @@ def _document(body: bytes) -> object:
         return None
 
 
+@functools.lru_cache(maxsize=256)
+def _quoted(name: str) -> bytes:
+    """A member name as a body spells it without escapes."""
+    return json.dumps(name, ensure_ascii=False).encode()
+
+
+def _exactly_repeated(body: bytes, spelled: list[str]) -> frozenset[str]:
+    """Which of the top-level member names ``spelled`` the body holds more than once (JSON
+    keeps the last; an engine whose decoder keeps another would read another model).
+
+    Counting each name's quoted bytes settles most bodies at C speed: a name that occurs once
+    cannot be repeated at the top level. A body with ``\\u`` escapes (a name can be spelled
+    ``"\\u006dodel"``) or a name that occurs elsewhere too is read member by member.
+    """
+    if b"\\u" not in body and all(body.count(_quoted(name)) <= 1 for name in spelled):
+        return frozenset()
+    try:
+        document = _PAIRS_DECODER.decode(body.decode("utf-8", "surrogatepass"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return frozenset()
+    return document.names if isinstance(document, _Repeated) else frozenset()
+
+
+def _members(engine: Dialect, body: bytes, document: dict[str, object]) -> dict[str, str]:
+    """The members of ``document`` that name a model, each as the body spells it, by the
+    name the engine matches it under (:data:`MODEL_MEMBERS`).
+
+    :raises BadBody: ``bad-json`` when one of them appears twice as the engine compares
+        member names (Ollama's decoder folds case: ``{"model":"a","Model":"b"}`` is ``b`` to
+        it, ``a`` to a reader that does not): the proxy would judge and route one model and
+        the engine serve another (docs/lan.md#what-a-key-can-and-cannot-do).
+    """
+    found: dict[str, str] = {}
+    if engine.member_names_fold:
+        for key in document:
+            folded = key.casefold()
+            if folded in MODEL_MEMBERS:
+                if folded in found:
+                    raise BadBody(Reason.BAD_JSON)
+                found[folded] = key
+    else:
+        found = {name: name for name in MODEL_MEMBERS if name in document}
+    if found and _exactly_repeated(body, list(found.values())):
+        raise BadBody(Reason.BAD_JSON)
+    return found
+
+
 def model_from_body(engine: Dialect, route: RouteClass, path: str, body: bytes) -> str | None:
     """The model an inference (or model-naming other) body names (:func:`read_body`)."""
-    return read_body(engine, route, path, body)[0]
+    return read_body(engine, route, path, body).model
 
 
-def read_body(
-    engine: Dialect, route: RouteClass, path: str, body: bytes
-) -> tuple[str | None, object]:
-    """The model an inference (or model-naming other) body names, and the body as parsed (None
-    when it is no JSON), for whoever reads more of it (fleet mode's affinity).
+def read_body(engine: Dialect, route: RouteClass, path: str, body: bytes) -> Read:
+    """The model an inference (or model-naming other) body names, the other models it names,
+    and the body as parsed (:class:`Read`).
 
     Inference bodies must be JSON objects (``bad-json`` otherwise); Ollama requires a model
-    (``model-missing``), the others serve whatever they have loaded. An "other" body is only
-    looked at, never refused: it is forwarded verbatim whatever it holds.
+    (``model-missing``), the others serve whatever they have loaded. An "other" body that is
+    no JSON object is forwarded verbatim whatever it holds. Any JSON object body that names a
+    model twice over, as the engine reads member names, is refused (:func:`_members`).
     """
     document = _document(body)
-    if route is not RouteClass.INFERENCE:
-        if not isinstance(document, dict):
-            return None, document
-        named = document.get("model")
-        if not (isinstance(named, str) and named) and path in engine.named_model_paths:
-            named = document.get("name")
-        return (named if isinstance(named, str) and named else None), document
     if not isinstance(document, dict):
-        raise BadBody(Reason.BAD_JSON)
-    named = document.get("model")
-    if isinstance(named, str) and named:
-        return named, document
-    if engine.model_required:
-        raise BadBody(Reason.MODEL_MISSING)
-    return None, document
+        if route is RouteClass.INFERENCE:
+            raise BadBody(Reason.BAD_JSON)
+        return Read(None, document)
+    members = _members(engine, body, document)
+    if not members:
+        if route is RouteClass.INFERENCE and engine.model_required:
+            raise BadBody(Reason.MODEL_MISSING)
+        return Read(None, document)
+    member = members.get("model")
+    named = document.get(member) if member is not None else None
+    if (
+        not (isinstance(named, str) and named)
+        and route is not RouteClass.INFERENCE
+        and path in engine.named_model_paths
+        and "name" in members
+    ):
+        member = members["name"]
+        named = document.get(member)
+    if not (isinstance(named, str) and named):
+        if route is RouteClass.INFERENCE and engine.model_required:
+            raise BadBody(Reason.MODEL_MISSING)
+        member, named = None, None
+    others = tuple(
+        value
+        for spelled in members.values()
+        if spelled != member and isinstance(value := document.get(spelled), str) and value
+    )
+    return Read(named, document, member or "model", others)
+
+
+def query_models(target: bytes) -> tuple[str, ...]:
+    """Every non-empty ``model`` parameter of a request target's query, decoded as a server
+    decodes it (names too: ``mod%65l`` is ``model``; ``+`` is a space)."""
+    query = target.partition(b"?")[2].partition(b"#")[0]
+    if not query:
+        return ()
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, encoding="utf-8")
+    return tuple(value for name, value in pairs if name == "model" and value)

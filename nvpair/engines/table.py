@@ -72,6 +72,10 @@ def _never(path: str) -> bool:
     return False
 
 
+def _manages_nothing(method: bytes, path: str) -> bool:
+    return False
+
+
 def _own_engine(facade: Dialect) -> tuple[str, ...]:
     return (facade.id,)
 
@@ -105,6 +109,11 @@ class Dialect:
     :ivar forwards_other: whether a route outside the table is forwarded to a node ("other"),
         or answered 404 ``not-found`` (the ``openai`` facade, which has no engine of its own
         to forward it to).
+    :ivar member_names_fold: the engine's JSON decoder matches a body's member names without
+        regard to case (Go's: ``Model`` is ``model`` to Ollama), so admission reads them so too
+        (docs/lan.md#what-a-key-can-and-cannot-do).
+    :ivar manages: whether a route changes what the engine holds (pulls, copies, deletes,
+        loads models): a LAN caller needs a key with ``manage = true`` for it.
     """
 
     id: str
@@ -122,6 +131,8 @@ class Dialect:
     host_guard: bool = False
     serves: tuple[str, ...] = field(default=Factory(_own_engine, takes_self=True))
     forwards_other: bool = True
+    member_names_fold: bool = False
+    manages: Callable[[bytes, str], bool] = _manages_nothing
 
     @property
     def spans_engines(self) -> bool:
@@ -196,6 +207,32 @@ class Engine(Dialect):
 
 _OPENAI_LIST_EMPTY: Mapping[str, object] = {"object": "list", "data": []}
 
+_OLLAMA_MANAGE = frozenset({"/api/pull", "/api/push", "/api/delete", "/api/copy", "/api/create"})
+
+
+def _ollama_manages(method: bytes, path: str) -> bool:
+    return path in _OLLAMA_MANAGE or path.startswith("/api/blobs/")
+
+
+_LMSTUDIO_MANAGE = frozenset(
+    {"/api/v1/models/load", "/api/v1/models/unload", "/api/v1/models/download"}
+)
+
+
+def _lmstudio_manages(method: bytes, path: str) -> bool:
+    return path in _LMSTUDIO_MANAGE
+
+
+def _llamacpp_manages(method: bytes, path: str) -> bool:
+    # A router's /models lists on GET and adds or removes models otherwise; a slot's save,
+    # restore and erase are POST /slots/<id>?action=... (GET /slots only reads).
+    return (
+        path in ("/models/load", "/models/unload")
+        or (path == "/models" and method not in (b"GET", b"HEAD"))
+        or path.startswith("/slots/")
+    )
+
+
 OLLAMA = Engine(
     id="ollama",
     display_name="Ollama",
@@ -235,6 +272,8 @@ OLLAMA = Engine(
         {"/api/show", "/api/pull", "/api/push", "/api/create", "/api/delete"}
     ),
     host_guard=True,
+    member_names_fold=True,
+    manages=_ollama_manages,
 )
 
 LMSTUDIO = Engine(
@@ -270,6 +309,7 @@ LMSTUDIO = Engine(
     load_probe=LMSTUDIO_PROBE,
     file_path_ids=True,
     liveness_path="/v1/models",
+    manages=_lmstudio_manages,
 )
 
 LLAMACPP = Engine(
@@ -312,6 +352,7 @@ LLAMACPP = Engine(
     load_probe=LLAMACPP_PROBE,
     file_path_ids=True,
     liveness_path="/health",
+    manages=_llamacpp_manages,
 )
 
 #: The registry: every engine the process knows, by id. Order is presentation order.
@@ -336,6 +377,8 @@ OPENAI = Dialect(
     # Every engine with OpenAI's model list: it is the one route of theirs asked for it.
     serves=tuple(engine.id for engine in ENGINES.values() if "/v1/models" in engine.inventory),
     forwards_other=False,
+    # An Ollama node reads the body too.
+    member_names_fold=True,
 )
 
 #: Every facade a fleet file may name, by id: each engine's, then the ``openai`` facade.

@@ -24,6 +24,7 @@ from nvpair.engines.admission import (
     BadBody,
     is_loopback,
     ollama_host_allowed,
+    query_models,
     read_body,
     target_host,
 )
@@ -67,6 +68,10 @@ class Admitted(NamedTuple):
         (docs/lan.md#who-may-call).
     :ivar prefix: an inference body's prefix keys, where fleet mode's affinity wants them
         (docs/fleet-scheduling.md#conversations-go-where-their-cache-is); () elsewhere.
+    :ivar member: the body member ``model`` was read from, as the body spells it: where a
+        node's own name for the model is written (docs/model-names.md).
+    :ivar others: every other model the request names (body members, a ``model`` query
+        parameter), judged against a key as ``model`` is (docs/lan.md#what-a-key-can-and-cannot-do).
     """
 
     engine: Dialect
@@ -79,6 +84,8 @@ class Admitted(NamedTuple):
     model_key: str | None
     caller: Caller | None = None
     prefix: tuple[int, ...] = ()
+    member: str = "model"
+    others: tuple[str, ...] = ()
 
 
 class CallerGate(Protocol):
@@ -198,6 +205,8 @@ class Facade:
         body = request.body()
         caller = None
         prefix: tuple[int, ...] = ()
+        member = "model"
+        others: tuple[str, ...] = ()
         if self._peer is not None:
             route, model = RouteClass.PEER, None
         else:
@@ -219,13 +228,16 @@ class Facade:
                 else engine.classify(request.method, path)
             )
             try:
-                model, document = read_body(engine, route, path, body)
+                model, document, member, others = read_body(engine, route, path, body)
             except BadBody as refused:
                 self._refused(request.method, path, refused.reason, route)
                 write_error(request, engine, refused.reason)
                 return
             if self._prefix_of is not None and route is RouteClass.INFERENCE:
                 prefix = self._prefix_of(document)
+            if caller is not None and b"?" in request.uri:
+                # A llama.cpp router loads the model a query names (/props?model=...).
+                others = (*others, *query_models(request.uri))
         admitted = Admitted(
             engine=engine,
             route=route,
@@ -237,6 +249,8 @@ class Facade:
             model_key=None if model is None else engine.model_key(model),
             caller=caller,
             prefix=prefix,
+            member=member,
+            others=others,
         )
         if debug_enabled():
             self.log.debug(

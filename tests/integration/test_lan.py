@@ -401,7 +401,13 @@ async def test_a_keys_patterns_judge_file_names_and_aliases_by_their_own_name(
             )
             assert done.returncode == 0, done.stderr
             out = json.loads(done.stdout)
-            assert sorted(out["listed"]) == ["qwen", "qwen2.5-7b-q4", "qwen2.5-7b-q4.gguf"]
+            # The model the patterns allow, under every name the fleet knows it by.
+            assert sorted(out["listed"]) == [
+                qwen_path,
+                "qwen",
+                "qwen2.5-7b-q4",
+                "qwen2.5-7b-q4.gguf",
+            ]
             assert out["chat"] and out["refused"] == 403
             # The node was sent its own name for the model the alias stands for.
             bodies = [json.loads(r.body) for r in sim.requests if r.method == "POST"]
