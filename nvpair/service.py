@@ -244,8 +244,8 @@ def build(
     access_log = AccessLog() if config.access_log else None
     # Fleet mode's [access]: who besides loopback may call (docs/lan.md).
     lan = LanGate(clock, config.fleet.access) if config.fleet is not None else None
-    # Fleet mode bounds what the LAN may hold before anything is known of a caller; broker mode
-    # keeps the spec's rules (docs/robustness.md#connection-bounds).
+    # Fleet mode bounds what the LAN may hold before anything is known of a caller; broker mode,
+    # whose peers may hold more, counts nothing (docs/robustness.md#connection-bounds).
     bounds = ConnectionCounts() if config.fleet is not None else None
     control = ControlState()
     cluster = ClusterWatch(clock, config.cluster_dir)

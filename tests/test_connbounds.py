@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nvpair.wire.connbounds import (
+    BURST,
     HANDSHAKES,
     PER_SOURCE,
     ConnectionCounts,
@@ -70,6 +71,19 @@ def test_handshakes_in_progress_are_bounded() -> None:
     assert not counts.begin_handshake() and counts.handshakes == HANDSHAKES
     counts.end_handshake()
     assert counts.begin_handshake()
+
+
+def test_the_last_handshake_of_a_burst_says_so_once() -> None:
+    """The moment to give back what a flood of handshakes held: none left in progress, after
+    BURST or more at once; a few at a time never say it."""
+    counts = ConnectionCounts()
+    for _ in range(3):
+        assert counts.begin_handshake()
+        assert counts.end_handshake() is False
+    for _ in range(BURST):
+        assert counts.begin_handshake()
+    assert [counts.end_handshake() for _ in range(BURST)] == [False] * (BURST - 1) + [True]
+    assert counts.begin_handshake() and counts.end_handshake() is False
 
 
 def test_the_reserve_is_a_quarter_of_the_open_files_limit() -> None:

@@ -23,7 +23,7 @@ from nvpair.config import Config
 from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
 from nvpair.service import build
 from nvpair.wire.cluster import load_membership
-from nvpair.wire.connbounds import PER_SOURCE, ConnectionCounts, lan_capacity
+from nvpair.wire.connbounds import BURST, PER_SOURCE, ConnectionCounts, lan_capacity
 from nvpair.wire.lantls import HANDSHAKE_TIMEOUT, lan_context
 from nvpair.wire.sniffing import SniffingFactory
 from tests.certs import issue, make_ca, make_identity, write_cluster_dir
@@ -47,7 +47,11 @@ def v4(host: str, port: int = 40000) -> IPv4Address:
 
 
 def listener(
-    bounds: ConnectionCounts | None, *, lan: bool = True, member: Path | None = None
+    bounds: ConnectionCounts | None,
+    *,
+    lan: bool = True,
+    member: Path | None = None,
+    given_back: list[float] | None = None,
 ) -> tuple[SniffingFactory, Clock]:
     """A facade port's factory: LAN TLS (``lan``), a cluster member (``member``: its
     directory), both or neither."""
@@ -63,6 +67,7 @@ def listener(
         lan=Factory.forProtocol(lambda: Says(b"lan")),
         lan_tls=lambda: LAN if lan else None,
         bounds=bounds,
+        give_back=lambda: (given_back if given_back is not None else []).append(clock.seconds()),
     )
     return factory, clock
 
@@ -155,6 +160,25 @@ def test_a_handshake_past_the_bound_is_closed_at_its_first_byte_plaintext_is_not
     again = connected(factory, v4("10.0.0.1"))
     again.protocol.dataReceived(b"\x16")
     assert not again.disconnecting and bounds.handshakes == 2
+
+
+def test_the_memory_of_a_burst_of_handshakes_is_given_back_once_it_is_over() -> None:
+    """glibc keeps what OpenSSL freed; after a flood of handshakes it is given back, once the
+    last one's own state is freed too (the next turn of the reactor)."""
+    given_back: list[float] = []
+    bounds = ConnectionCounts()
+    factory, clock = listener(bounds, given_back=given_back)
+    flood = [connected(factory, v4(f"10.0.{n // 60}.{n % 60}")) for n in range(BURST)]
+    for transport in flood:
+        transport.protocol.dataReceived(b"\x16")
+    for transport in flood[:-1]:
+        transport.loseConnection()
+    clock.advance(0)
+    assert given_back == []
+    flood[-1].loseConnection()
+    assert given_back == []
+    clock.advance(0)
+    assert given_back == [0.0]
 
 
 def test_a_finished_handshake_no_longer_counts_its_connection_does() -> None:

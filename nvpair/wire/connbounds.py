@@ -27,6 +27,10 @@ PER_SOURCE = 64
 #: TLS handshakes in progress at once, from every source together.
 HANDSHAKES = 256
 
+#: Handshakes in progress at once that make a burst: once none is left in progress, the memory
+#: they held is worth giving back (:meth:`ConnectionCounts.end_handshake`).
+BURST = 64
+
 #: The share of the open-files limit kept for loopback callers and engine connections: one
 #: quarter (256 of the usual 1,024; 131,072 of a raised 524,288).
 RESERVE_SHARE = 4
@@ -90,6 +94,8 @@ class ConnectionCounts:
         self.connections = 0
         #: TLS handshakes begun and not yet done or lost.
         self.handshakes = 0
+        #: The most handshakes in progress at once since none was.
+        self._most = 0
 
     def held_by(self, source: str) -> int:
         """The connections ``source`` holds now."""
@@ -124,9 +130,16 @@ class ConnectionCounts:
         if self.handshakes >= self._handshake_bound:
             return False
         self.handshakes += 1
+        self._most = max(self._most, self.handshakes)
         return True
 
-    def end_handshake(self) -> None:
-        """A handshake :meth:`begin_handshake` allowed is done, or its connection lost."""
+    def end_handshake(self) -> bool:
+        """A handshake :meth:`begin_handshake` allowed is done, or its connection lost: whether
+        it was the last of a burst (:data:`BURST` or more at once), whose memory the process may
+        now give back."""
         if self.handshakes:
             self.handshakes -= 1
+        if self.handshakes or self._most < BURST:
+            return False
+        self._most = 0
+        return True

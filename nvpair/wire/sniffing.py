@@ -30,6 +30,7 @@ from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from nvpair.common import trim
 from nvpair.wire.cluster import Membership
 from nvpair.wire.connbounds import ConnectionCounts, Refused, source_of
 
@@ -133,7 +134,8 @@ class _Sniffer(Held):
             self._handshaking = False
             bounds = self._factory.bounds
             assert bounds is not None
-            bounds.end_handshake()
+            if bounds.end_handshake():
+                self._factory.burst_over()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._handshake_over()
@@ -155,6 +157,8 @@ class SniffingFactory(ServerFactory):
     :param lan_tls: their live TLS context (None: no TLS for LAN callers now).
     :param bounds: the process's count of connections from every address but loopback, shared
         by every facade port (fleet mode; None: no bound).
+    :param give_back: gives what a burst of handshakes held back to the system, once it is
+        over (:func:`nvpair.common.trim.give_back`).
     """
 
     noisy = False
@@ -174,9 +178,11 @@ class SniffingFactory(ServerFactory):
         lan: IProtocolFactory | None = None,
         lan_tls: Callable[[], SSL.Context | None] = lambda: None,
         bounds: ConnectionCounts | None = None,
+        give_back: Callable[[], object] = trim.give_back,
     ) -> None:
         self.clock = clock
         self.bounds = bounds
+        self._give_back = give_back
         self.plain = plain
         self.timeout = timeout
         self._membership = membership
@@ -206,8 +212,8 @@ class SniffingFactory(ServerFactory):
         return _Sniffer(self, addr, source)
 
     def refused(self, why: Refused, source: str) -> None:
-        """Say that connections are refused, once a minute per kind at most: a flood's
-        refusals would otherwise flood the log."""
+        """Say that connections are refused, once a minute per kind at most (on this port): a
+        flood's refusals would otherwise flood the log."""
         now = self.clock.seconds()
         last = self._logged.get(why)
         if last is not None and now - last < self.REFUSALS_LOGGED_EVERY:
@@ -216,13 +222,20 @@ class SniffingFactory(ServerFactory):
         bounds = self.bounds
         assert bounds is not None
         self.log.warn(
-            "connection from {source} closed at accept ({why}); "
-            "{connections} connections and {handshakes} handshakes open",
+            "connection from {source} closed unanswered ({why}); {connections} connections "
+            "from addresses other than loopback, {handshakes} handshakes in progress",
             source=source,
             why=why.value,
             connections=bounds.connections,
             handshakes=bounds.handshakes,
         )
+
+    def burst_over(self) -> None:
+        """The last handshake of a burst is done or lost. What a flood's handshakes held waits
+        for the cyclic collector, then stays in the C heap (+20 MiB after 256 unfinished ones):
+        given back once this connection's own state is freed too."""
+        self.log.debug("a burst of TLS handshakes is over: freed memory given back")
+        self.clock.callLater(0, self._give_back)
 
     def tls_protocol(
         self, address: IAddress, handshake_done: Callable[[], None] = lambda: None
