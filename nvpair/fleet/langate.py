@@ -26,9 +26,9 @@ from nvpair.fleet.lanpolicy import (
     caller_of,
     judge,
     loopback_caller,
-    source_block,
 )
 from nvpair.fleet.throttle import FailedKeys
+from nvpair.wire.connbounds import source_of
 from nvpair.wire.facade_server import Refusal
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class LanGate:
         self.tls: SSL.Context | None = None
         self._tls_from: LanTls | None = None
         # Counted per IPv4 address and per IPv6 /64 (docs/lan.md#failed-keys).
-        self._failed: FailedKeys[object] = FailedKeys(clock)
+        self._failed: FailedKeys[str] = FailedKeys(clock)
         self.reload(access)
 
     def reload(self, access: Access | None) -> None:
@@ -116,7 +116,8 @@ class LanGate:
         if verdict is Verdict.FORBIDDEN:
             return NOT_LISTED
         assert ip is not None
-        block = source_block(ip)
+        # A host may use any address of its IPv6 /64: one caller (docs/lan.md#failed-keys).
+        block = source_of(str(ip)) or str(ip)
         wait = self._failed.retry_after(block)
         if wait is not None:
             return _throttled(wait)

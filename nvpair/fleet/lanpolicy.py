@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import hmac
 from collections.abc import Callable, Sequence
-from ipaddress import IPv4Address, IPv6Address, IPv6Network
+from ipaddress import IPv4Address, IPv6Address
 
 from nvpair.engines.caller import KEYLESS, Caller
 from nvpair.fleet.lanconfig import Access, IPNetwork, Key, digest_of
@@ -31,19 +31,6 @@ class Verdict(enum.Enum):
     NO_KEY = "no-key"
     #: A key presented that is none of the file's: 401, counted against the address.
     BAD_KEY = "bad-key"
-
-
-#: The bits of an IPv6 address that name its network: a host is given a /64 and may use any
-#: address in it (RFC 4291's interface identifiers, privacy addresses: RFC 8981).
-_IPV6_PREFIX = 64
-
-
-def source_block(ip: IPAddress) -> IPAddress | IPv6Network:
-    """What the failed-key throttle counts a caller by: an IPv4 address, an IPv6 address's
-    /64 (a host rotating its address within its /64 is one caller)."""
-    if isinstance(ip, IPv4Address):
-        return ip
-    return IPv6Network((int(ip) >> (128 - _IPV6_PREFIX) << (128 - _IPV6_PREFIX), _IPV6_PREFIX))
 
 
 def in_networks(ip: IPAddress | None, networks: Sequence[IPNetwork]) -> bool:
