@@ -17,7 +17,7 @@ from nvpair.control.state import ControlState
 from nvpair.dispatch.candidates import Candidates
 from nvpair.dispatch.requestpath import key_refusal
 from nvpair.dispatch.seams import PriorityScheduling
-from nvpair.engines.admission import BadBody, query_models, read_body
+from nvpair.engines.admission import BadBody, query_models, read_body, routing_path, wide_escape
 from nvpair.engines.caller import Caller, permits
 from nvpair.engines.modelnames import NO_ALIASES, Aliases
 from nvpair.engines.names import parse_ollama_name
@@ -62,9 +62,13 @@ def admitted(
 ) -> Admitted:
     """A request as the facade admits it: its body read by admission itself."""
     uri = path.encode() if uri is None else uri
-    model, _, member, others = read_body(facade, route, path, body)
+    path = routing_path(uri.partition(b"?")[0])
+    model, _, member, others, opaque = read_body(facade, route, path, body)
     if b"?" in uri:
         others = (*others, *query_models(uri))
+    named = facade.path_model(path)
+    if named is not None:
+        others = (*others, named)
     return Admitted(
         facade,
         route,
@@ -77,6 +81,7 @@ def admitted(
         caller=caller,
         member=member,
         others=others,
+        opaque=opaque,
     )
 
 
@@ -128,12 +133,15 @@ def test_every_spelling_of_an_allowed_model_is_allowed(name: str) -> None:
         assert refused(state, admitted(OLLAMA, body, phone(*patterns))) is None
 
 
-def test_a_namespace_that_matches_a_pattern_is_that_models_name() -> None:
-    """``llama3/secret`` is a model of its own, named as the pattern says: judged so."""
+def test_a_pattern_without_a_slash_matches_short_names_only() -> None:
+    """``llama3/secret`` (a namespace) and ``llama3.evil.com/x/y`` (a registry) are not what
+    ``llama3*`` names; a pattern that says ``/`` may name them."""
     state = control(OLLAMA_FLEET)
+    for name in (b"llama3/secret", b"llama3.evil.com/library/x"):
+        body = b'{"model":"%s"}' % name
+        assert refused(state, admitted(OLLAMA, body, phone("llama3*"))) == "forbidden-model"
     body = b'{"model":"llama3/secret"}'
-    assert refused(state, admitted(OLLAMA, body, phone("llama3*"))) is None
-    assert refused(state, admitted(OLLAMA, body, phone("llama3"))) == "forbidden-model"
+    assert refused(state, admitted(OLLAMA, body, phone("llama3/*"))) is None
 
 
 def test_the_openai_facade_judges_an_ollama_node_s_model_as_ollama_reads_it() -> None:
@@ -372,7 +380,12 @@ def test_a_keyed_request_reaches_only_models_its_key_may_use(
     wanted = [p.lower() for p in patterns]
 
     def may_use(model_key: str) -> bool:
-        return any(fnmatchcase(n, p) for n in _listed_names(state, model_key) for p in wanted)
+        # A pattern without "/" names models by their short names.
+        return any(
+            fnmatchcase(n, p) and ("/" in p or "/" not in n)
+            for n in _listed_names(state, model_key)
+            for p in wanted
+        )
 
     candidates = Candidates(state, Reservations(), PriorityScheduling(state))
     key = OLLAMA.model_key(name)
@@ -381,14 +394,15 @@ def test_a_keyed_request_reaches_only_models_its_key_may_use(
         own = node.own_key(key)
         assert own is not None and may_use(own), (node.id, own)
     if not state.discovery("ollama").owners(key):
-        # No node holds it: what Ollama reads the name as must be a name the key may use.
-        parsed = parse_ollama_name(name)
-        assert parsed is not None
-        assert may_use(parsed.key())
-        for suffix in (":local", ":cloud"):
-            if name.lower().endswith(suffix):
-                stripped = parse_ollama_name(name[: -len(suffix)])
-                assert stripped is not None and may_use(stripped.key())
+        # No node holds it: what Ollama reads the name as — with and without a source suffix
+        # (Ollama drops it first) — must be a name the key may use.
+        readings = [name] + [
+            name[: -len(suffix)] for suffix in (":local", ":cloud") if name.lower().endswith(suffix)
+        ]
+        parsed = [parse_ollama_name(reading) for reading in readings]
+        valid = [p for p in parsed if p is not None]
+        assert valid
+        assert all(may_use(p.key()) for p in valid)
 
 
 def _json(text: str) -> bytes:
@@ -401,3 +415,86 @@ def test_permits_needs_every_reading_of_a_suffixed_name() -> None:
     assert permits(["llama3*"], OLLAMA, ["llama3:local"])
     assert not permits(["*:local"], OLLAMA, ["secret:local"])
     assert not permits(["llama3*"], OLLAMA, ["llama3://registry.ollama.ai/library/secret:local"])
+
+
+# -- what the review found (issue 29, second reader) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("engine", "method", "target", "expected"),
+    [
+        (OLLAMA, b"POST", b"/api/p%75ll", "forbidden-route"),
+        (OLLAMA, b"DELETE", b"/api/d%65lete", "forbidden-route"),
+        (OLLAMA, b"POST", b"/api/%62lobs/sha256:0", "forbidden-route"),
+        (OLLAMA, b"POST", b"/api/signout", "forbidden-route"),
+        (LLAMACPP, b"POST", b"/models/lo%61d", "forbidden-route"),
+        (LLAMACPP, b"POST", b"/slot%73/0?action=erase", "forbidden-route"),
+        (LLAMACPP, b"POST", b"/props", "forbidden-route"),
+        (LLAMACPP, b"POST", b"/lora-adapters", "forbidden-route"),
+    ],
+)
+def test_a_route_is_judged_as_the_engine_routes_it_percent_decoded(
+    engine: Engine, method: bytes, target: bytes, expected: str
+) -> None:
+    state = control({engine.id: {"a": ["llama3:latest"]}})
+    path = routing_path(target.partition(b"?")[0])
+    request = admitted(engine, b"", phone(), path, engine.classify(method, path), method, target)
+    assert refused(state, request) == expected
+
+
+def test_a_percent_encoded_inference_path_is_the_inference_route() -> None:
+    path = routing_path(b"/v1/chat/c%6fmpletions")
+    assert LLAMACPP.classify(b"POST", path) is INF
+    request = admitted(LLAMACPP, b'{"messages":[]}', phone("alpha"), path, INF)
+    assert refused(control({"llamacpp": {"a": ["alpha"]}}), request) == "forbidden-model"
+
+
+def test_a_wide_escape_is_refused_wherever_it_is() -> None:
+    assert wide_escape(b"/props?%u006dodel=beta")
+    assert wide_escape(b"/models/lo%U0061d")
+    assert not wide_escape(b"/api/tags?x=%75")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model":"secret","x":"\xff"}',  # invalid UTF-8: Go reads it, with U+FFFD
+        b'{"model":"secret"} x',  # data after the object: Go's decoder reads the first value
+        b'{"model":"secret","x":' + b"[" * 1500 + b"]" * 1500 + b"}",  # past Python's nesting
+        b'{"model":"secret","x":' + b"9" * 5000 + b"}",  # past Python's digits
+        b"--b\r\nContent-Disposition: form-data; name=model\r\n\r\nsecret\r\n--b--",
+    ],
+)
+def test_a_body_whose_model_cannot_be_read_is_refused_to_a_restricted_key(body: bytes) -> None:
+    state = control(OLLAMA_FLEET)
+    for path in ("/api/show", "/v1/audio/transcriptions"):
+        request = admitted(OLLAMA, body, phone("llama3*"), path, OTHER)
+        assert request.opaque and refused(state, request) == "forbidden-model"
+        # A key without patterns may send what it likes: nothing to judge.
+        assert refused(state, admitted(OLLAMA, body, phone(), path, OTHER)) is None
+
+
+def test_the_openai_facade_takes_its_model_from_model_only() -> None:
+    """LM Studio and llama-server read ``model`` alone: a ``Model`` would serve whatever they
+    hold, so the one facade over every engine refuses it."""
+    with pytest.raises(BadBody):
+        read_body(OPENAI, INF, "/v1/chat/completions", b'{"Model":"qwen","messages":[]}')
+    assert read_body(OLLAMA, INF, "/v1/chat/completions", b'{"Model":"llama3"}').model == "llama3"
+
+
+def test_a_model_a_path_names_is_judged() -> None:
+    state = control(OLLAMA_FLEET)
+    for path, expected in (("/v1/models/secret", "forbidden-model"), ("/v1/models/llama3", None)):
+        request = admitted(OLLAMA, b"", phone("llama3*"), path, OTHER, b"GET")
+        assert refused(state, request) == expected, path
+    lm = admitted(LMSTUDIO, b"", phone("qwen*"), "/api/v0/models/secret", OTHER, b"GET")
+    assert refused(control({"lmstudio": {"a": ["qwen", "secret"]}}), lm) == "forbidden-model"
+
+
+def test_a_source_suffix_on_a_tagged_name_is_read_as_ollama_reads_it() -> None:
+    state = control({"ollama": {"a": ["llama3:8b"]}})
+    for name in (b"llama3:8b:cloud", b"llama3:8b:local"):
+        body = b'{"model":"%s"}' % name
+        assert refused(state, admitted(OLLAMA, body, phone("llama3*"))) is None
+    body = b'{"model":"secret:latest:local"}'
+    assert refused(state, admitted(OLLAMA, body, phone("llama3*"))) == "forbidden-model"

@@ -181,6 +181,10 @@ def key_refusal(admitted: Admitted, control: ControlState) -> KeyRefusal | None:
         return KeyRefusal(Reason.FORBIDDEN_ROUTE)
     if not caller.models:
         return None
+    if admitted.opaque and route is RouteClass.OTHER:
+        # An engine's decoder may read a model where this proxy reads none (invalid UTF-8,
+        # data after the object, nesting past Python's parser, a multipart form).
+        return KeyRefusal(Reason.FORBIDDEN_MODEL, OPAQUE)
     scope = KeyScope(caller.models, engine, control.discovery)
     model = admitted.model
     if model is None:
@@ -199,9 +203,19 @@ def key_refusal(admitted: Admitted, control: ControlState) -> KeyRefusal | None:
 _MODEL_ROUTES = frozenset({RouteClass.INFERENCE, RouteClass.OTHER})
 
 
+#: :class:`KeyRefusal`'s model for a body whose model cannot be read.
+OPAQUE = "\0opaque"
+
+
 async def serve_key_refusal(refused: KeyRefusal, services: Services, job: Job) -> None:
     """A key may not make this request: refused, nothing dispatched, no workload."""
-    if refused.reason is Reason.FORBIDDEN_MODEL:
+    if refused.model == OPAQUE:
+        job.refuse(
+            refused.reason,
+            message="this key may use only some models, and this body is no JSON object "
+            "whose model the proxy can read",
+        )
+    elif refused.reason is Reason.FORBIDDEN_MODEL:
         job.refuse(refused.reason, message=forbidden_model_message(refused.model))
     else:
         job.refuse(refused.reason)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import re
 import socket
 from typing import NamedTuple
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
 from twisted.internet.address import IPv4Address, IPv6Address
 
@@ -143,12 +144,15 @@ class Read(NamedTuple):
         Ollama body's ``Model``, ``name``): the one a node's own name is written into.
     :ivar others: every other model the body names (a copy's ``source`` and ``destination``,
         a create's ``from``, an unused ``name``), judged against a key as the routed one is.
+    :ivar opaque: the body is there but no JSON object this proxy reads, so what model it
+        names (an engine's decoder may read one) cannot be judged.
     """
 
     model: str | None
     document: object
     member: str = "model"
     others: tuple[str, ...] = ()
+    opaque: bool = False
 
 
 #: The top-level members that name a model, on some route of some engine
@@ -258,13 +262,17 @@ def read_body(engine: Dialect, route: RouteClass, path: str, body: bytes) -> Rea
     if not isinstance(document, dict):
         if route is RouteClass.INFERENCE:
             raise BadBody(Reason.BAD_JSON)
-        return Read(None, document)
+        return Read(None, document, opaque=bool(body))
     members = _members(engine, body, document)
     if not members:
         if route is RouteClass.INFERENCE and engine.model_required:
             raise BadBody(Reason.MODEL_MISSING)
         return Read(None, document)
     member = members.get("model")
+    if member is not None and member != "model" and engine.spans_engines:
+        # Ollama's decoder reads "Model" as the model; llama-server's and LM Studio's read
+        # nothing there and serve what they have loaded: one body, two readings.
+        raise BadBody(Reason.BAD_JSON)
     named = document.get(member) if member is not None else None
     if (
         not (isinstance(named, str) and named)
@@ -294,3 +302,23 @@ def query_models(target: bytes) -> tuple[str, ...]:
         return ()
     pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, encoding="utf-8")
     return tuple(value for name, value in pairs if name == "model" and value)
+
+
+#: ``%uXXXX``: no standard escape, but one llama-server's HTTP library decodes in a path and a
+#: query (``/models/lo%u0061d`` is ``/models/load`` to it).
+_WIDE_ESCAPE = re.compile(rb"%[uU]")
+
+
+def wide_escape(target: bytes) -> bool:
+    """Whether a request target holds a ``%u`` escape: refused, since the proxy and an engine
+    would read it as different routes or parameters (docs/lan.md#what-a-key-can-and-cannot-do)."""
+    return b"%" in target and _WIDE_ESCAPE.search(target) is not None
+
+
+def routing_path(path: bytes) -> str:
+    """The path a request is routed on: percent-decoded, as the engines route it (Go's
+    ``net/http`` and gin, llama-server's HTTP library), so that ``/api/p%75ll`` is the pull it
+    is to Ollama. The target itself is sent on as the client wrote it."""
+    if b"%" not in path:
+        return path.decode("latin-1")
+    return unquote_to_bytes(path).decode("latin-1")

@@ -77,7 +77,11 @@ def readings(engine: Dialect, name: str) -> list[tuple[str, ...]] | None:
     if engine.model_key("A") != engine.model_key("a"):
         return [(name,)]
     found: list[tuple[str, ...]] = []
-    for reading in _ollama_readings(name):
+    readings = _ollama_readings(name)
+    if len(readings) > 1 and parse_ollama_name(name) is None:
+        # Invalid as written: only what Ollama reads once the suffix is dropped is a name.
+        readings = readings[1:]
+    for reading in readings:
         parsed = parse_ollama_name(reading)
         if parsed is None:
             return None
@@ -95,7 +99,8 @@ def permits(patterns: Sequence[str], engine: Dialect, names: Iterable[str]) -> b
     model; a name with no forms is no name a pattern can match.
 
     A name is allowed only when every reading of it is: ``x:local`` is judged as ``x:local``
-    and as ``x``, so a suffix cannot make one model pass for another.
+    and as ``x``, so a suffix cannot make one model pass for another. A pattern without ``/``
+    matches short names only (:func:`_matches`).
     """
     if not patterns:
         return True
@@ -104,8 +109,15 @@ def permits(patterns: Sequence[str], engine: Dialect, names: Iterable[str]) -> b
     for name in names:
         found = readings(engine, name)
         if found is not None and all(
-            any(fnmatchcase(form, pattern) for form in reading for pattern in wanted)
+            any(_matches(form, pattern) for form in reading for pattern in wanted)
             for reading in found
         ):
             return True
     return False
+
+
+def _matches(form: str, pattern: str) -> bool:
+    """A pattern without ``/`` names models by their short names: it matches no form with a
+    host, a namespace or a directory in it (``llama3*`` is not ``llama3.evil.com/x/y`` nor
+    ``llama3/secret``, whose short forms hold a ``/``)."""
+    return fnmatchcase(form, pattern) and ("/" in pattern or "/" not in form)

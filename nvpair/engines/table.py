@@ -18,6 +18,14 @@ from attrs import Factory, field, frozen
 
 from nvpair.common.reasons import Reason
 from nvpair.engines.loadstate import LLAMACPP_PROBE, LMSTUDIO_PROBE, OLLAMA_PROBE, LoadProbe
+from nvpair.engines.managing import (
+    llamacpp_manages,
+    lmstudio_manages,
+    manages_nothing,
+    named_after,
+    no_path_model,
+    ollama_manages,
+)
 from nvpair.engines.names import ollama_display, ollama_key
 
 
@@ -72,10 +80,6 @@ def _never(path: str) -> bool:
     return False
 
 
-def _manages_nothing(method: bytes, path: str) -> bool:
-    return False
-
-
 def _own_engine(facade: Dialect) -> tuple[str, ...]:
     return (facade.id,)
 
@@ -113,7 +117,9 @@ class Dialect:
         regard to case (Go's: ``Model`` is ``model`` to Ollama), so admission reads them so too
         (docs/lan.md#what-a-key-can-and-cannot-do).
     :ivar manages: whether a route changes what the engine holds (pulls, copies, deletes,
-        loads models): a LAN caller needs a key with ``manage = true`` for it.
+        loads models) or its account: a LAN caller needs a key with ``manage = true`` for it.
+    :ivar path_model: the model a route names in its path (Ollama's ``/v1/models/<name>``
+        shows it), judged against a key as a body's model is.
     """
 
     id: str
@@ -132,7 +138,8 @@ class Dialect:
     serves: tuple[str, ...] = field(default=Factory(_own_engine, takes_self=True))
     forwards_other: bool = True
     member_names_fold: bool = False
-    manages: Callable[[bytes, str], bool] = _manages_nothing
+    manages: Callable[[bytes, str], bool] = manages_nothing
+    path_model: Callable[[str], str | None] = no_path_model
 
     @property
     def spans_engines(self) -> bool:
@@ -207,32 +214,6 @@ class Engine(Dialect):
 
 _OPENAI_LIST_EMPTY: Mapping[str, object] = {"object": "list", "data": []}
 
-_OLLAMA_MANAGE = frozenset({"/api/pull", "/api/push", "/api/delete", "/api/copy", "/api/create"})
-
-
-def _ollama_manages(method: bytes, path: str) -> bool:
-    return path in _OLLAMA_MANAGE or path.startswith("/api/blobs/")
-
-
-_LMSTUDIO_MANAGE = frozenset(
-    {"/api/v1/models/load", "/api/v1/models/unload", "/api/v1/models/download"}
-)
-
-
-def _lmstudio_manages(method: bytes, path: str) -> bool:
-    return path in _LMSTUDIO_MANAGE
-
-
-def _llamacpp_manages(method: bytes, path: str) -> bool:
-    # A router's /models lists on GET and adds or removes models otherwise; a slot's save,
-    # restore and erase are POST /slots/<id>?action=... (GET /slots only reads).
-    return (
-        path in ("/models/load", "/models/unload")
-        or (path == "/models" and method not in (b"GET", b"HEAD"))
-        or path.startswith("/slots/")
-    )
-
-
 OLLAMA = Engine(
     id="ollama",
     display_name="Ollama",
@@ -273,7 +254,8 @@ OLLAMA = Engine(
     ),
     host_guard=True,
     member_names_fold=True,
-    manages=_ollama_manages,
+    manages=ollama_manages,
+    path_model=named_after("/v1/models/"),
 )
 
 LMSTUDIO = Engine(
@@ -309,7 +291,8 @@ LMSTUDIO = Engine(
     load_probe=LMSTUDIO_PROBE,
     file_path_ids=True,
     liveness_path="/v1/models",
-    manages=_lmstudio_manages,
+    manages=lmstudio_manages,
+    path_model=named_after("/api/v0/models/"),
 )
 
 LLAMACPP = Engine(
@@ -352,7 +335,7 @@ LLAMACPP = Engine(
     load_probe=LLAMACPP_PROBE,
     file_path_ids=True,
     liveness_path="/health",
-    manages=_llamacpp_manages,
+    manages=llamacpp_manages,
 )
 
 #: The registry: every engine the process knows, by id. Order is presentation order.

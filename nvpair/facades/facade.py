@@ -26,7 +26,9 @@ from nvpair.engines.admission import (
     ollama_host_allowed,
     query_models,
     read_body,
+    routing_path,
     target_host,
+    wide_escape,
 )
 from nvpair.engines.caller import Caller
 from nvpair.engines.table import Dialect, RouteClass
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
 
 FORBIDDEN = Refusal(Reason.FORBIDDEN)
 FORBIDDEN_HOST = Refusal(Reason.FORBIDDEN_HOST)
+WIDE_ESCAPE = Refusal(
+    Reason.BAD_REQUEST, "a %u escape in the request target is not HTTP, and engines read it apart"
+)
 
 
 def is_preflight(request: FacadeRequest) -> bool:
@@ -86,6 +91,9 @@ class Admitted(NamedTuple):
     prefix: tuple[int, ...] = ()
     member: str = "model"
     others: tuple[str, ...] = ()
+    #: The body is there but no JSON object the proxy reads: what model it names, if any,
+    #: cannot be judged (docs/lan.md#what-a-key-can-and-cannot-do).
+    opaque: bool = False
 
 
 class CallerGate(Protocol):
@@ -166,6 +174,8 @@ class Facade:
         guard, for loopback callers only: a LAN caller names this machine as it names any."""
         if self._peer is not None:
             return None
+        if wide_escape(target):
+            return WIDE_ESCAPE
         if not is_loopback(peer):
             if self._lan is None:
                 return FORBIDDEN
@@ -201,11 +211,12 @@ class Facade:
         engine = self.engine
         if self._peer is not None and not self._still_pinned(request):
             return
-        path = request.path.decode("latin-1")
+        # Routed as the engines route it: percent-decoded (docs/request-path.md#admission).
+        path = routing_path(request.path)
         body = request.body()
         caller = None
         prefix: tuple[int, ...] = ()
-        member = "model"
+        member, opaque = "model", False
         others: tuple[str, ...] = ()
         if self._peer is not None:
             route, model = RouteClass.PEER, None
@@ -228,16 +239,20 @@ class Facade:
                 else engine.classify(request.method, path)
             )
             try:
-                model, document, member, others = read_body(engine, route, path, body)
+                model, document, member, others, opaque = read_body(engine, route, path, body)
             except BadBody as refused:
                 self._refused(request.method, path, refused.reason, route)
                 write_error(request, engine, refused.reason)
                 return
             if self._prefix_of is not None and route is RouteClass.INFERENCE:
                 prefix = self._prefix_of(document)
-            if caller is not None and b"?" in request.uri:
-                # A llama.cpp router loads the model a query names (/props?model=...).
-                others = (*others, *query_models(request.uri))
+            if caller is not None:
+                if b"?" in request.uri:
+                    # A llama.cpp router loads the model a query names (/props?model=...).
+                    others = (*others, *query_models(request.uri))
+                named = engine.path_model(path)
+                if named is not None:
+                    others = (*others, named)
         admitted = Admitted(
             engine=engine,
             route=route,
@@ -251,6 +266,7 @@ class Facade:
             prefix=prefix,
             member=member,
             others=others,
+            opaque=opaque,
         )
         if debug_enabled():
             self.log.debug(

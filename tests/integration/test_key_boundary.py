@@ -57,6 +57,16 @@ TO_SECRET = b'{"source":"llama3","destination":"secret"}'
 out["copy secret"] = raw(admin, "POST", "/api/copy", FROM_SECRET)
 out["copy to secret"] = raw(admin, "POST", "/api/copy", TO_SECRET)
 out["copy managed"] = raw(admin, "POST", "/api/copy", COPY)
+# What the engine decodes, the proxy judges decoded.
+out["pull encoded"] = raw(phone, "POST", "/api/p%75ll", b'{"model":"llama3"}')
+UNREADABLE = b'{"model":"secret","x":"' + bytes([255]) + b'"}'
+out["show unreadable"] = raw(phone, "POST", "/api/show", UNREADABLE)
+out["show trailing"] = raw(phone, "POST", "/api/show", b'{"model":"secret"} x')
+out["show by path"] = raw(phone, "GET", "/v1/models/secret", None)
+out["wide escape"] = raw(phone, "GET", "/api/t%u0061gs", None)
+AUTH = {"Authorization": f"Bearer {phone}"}
+tags = httpx.get(ollama_base + "/api/t%61gs", headers=AUTH)
+out["tags encoded"] = [m["name"] for m in tags.json()["models"]]
 print(json.dumps(out))
 """
 
@@ -110,6 +120,12 @@ async def test_a_key_reaches_only_its_models_however_it_spells_them(tmp_path: Pa
         "copy secret": forbidden_model,
         "copy to secret": forbidden_model,
         "copy managed": [200, None],
+        "pull encoded": [403, "forbidden-route"],
+        "show unreadable": forbidden_model,
+        "show trailing": forbidden_model,
+        "show by path": forbidden_model,
+        "wide escape": [400, "bad-request"],
+        "tags encoded": ["llama3-b:latest", "llama3:latest"],  # the copy made above
     }
     # Nothing about the secret model ever reached the engine.
     reached = [json.loads(r.body) for r in sim.requests if r.method in ("POST", "DELETE")]
