@@ -271,6 +271,7 @@ def test_an_ollama_body_s_member_is_read_as_ollama_reads_it() -> None:
         (LMSTUDIO, b"POST", "/api/v1/models/load", True),
         (LMSTUDIO, b"POST", "/api/v1/models/unload", True),
         (LMSTUDIO, b"POST", "/api/v1/models/download", True),
+        (LMSTUDIO, b"POST", "/API/v1/Models/Load/", True),
     ],
 )
 def test_routes_that_change_what_an_engine_holds_need_manage(

@@ -44,7 +44,8 @@ _LMSTUDIO_MANAGE = frozenset(
 
 
 def lmstudio_manages(method: bytes, path: str) -> bool:
-    return path in _LMSTUDIO_MANAGE
+    # Its server may route without regard to case or a trailing slash: judged as it might.
+    return path.lower().rstrip("/") in _LMSTUDIO_MANAGE
 
 
 def llamacpp_manages(method: bytes, path: str) -> bool:
