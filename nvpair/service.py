@@ -46,6 +46,7 @@ from nvpair.observe.metrics import Metrics
 from nvpair.observe.recent import RecentWorkloads
 from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.cluster import ClusterWatch
+from nvpair.wire.connbounds import ConnectionCounts, lan_capacity
 from nvpair.wire.upstream import Upstream
 
 
@@ -88,9 +89,13 @@ class ProxyService(MultiService):
         cluster: ClusterWatch,
         clock: IReactorTime,
         core: IReactorCore | None = None,
+        bounds: ConnectionCounts | None = None,
     ) -> None:
+        """:param bounds: the connections from every address but loopback (fleet mode), whose
+        share of the open-files limit is set once the limit is raised."""
         super().__init__()
         self.cluster = cluster
+        self.bounds = bounds
         self._clock = clock
         self._core = core
         #: The process's exit status: 0 unless :meth:`fail` ended it.
@@ -110,6 +115,9 @@ class ProxyService(MultiService):
     def startService(self) -> None:
         limit = raise_fd_limit()
         self.log.debug("open files limit {limit}", limit=limit)
+        if self.bounds is not None:
+            # The rest is the reserve no LAN flood can take (docs/robustness.md#connection-bounds).
+            self.bounds.capacity = lan_capacity(limit)
         this_machine()  # Ollama's Host allow-list needs it; resolved before any request
         super().startService()
         self.cluster.start()
@@ -237,6 +245,9 @@ def build(
     access_log = AccessLog() if config.access_log else None
     # Fleet mode's [access]: who besides loopback may call (docs/lan.md).
     lan = LanGate(clock, config.fleet.access) if config.fleet is not None else None
+    # Fleet mode bounds what the LAN may hold before anything is known of a caller; broker mode,
+    # whose peers may hold more, counts nothing (docs/robustness.md#connection-bounds).
+    bounds = ConnectionCounts() if config.fleet is not None else None
     control = ControlState()
     cluster = ClusterWatch(clock, config.cluster_dir)
     upstream = Upstream(reactor, config.dial_timeout, _peer_tls(config, cluster, control))
@@ -295,6 +306,7 @@ def build(
         access_log=access_log,
         lan=lan,
         prefix_of=None if scheduler is None else scheduler.prefix_of,
+        bounds=bounds,
     )
 
     def membership_changed(_: object) -> None:
@@ -303,7 +315,7 @@ def build(
         facades.membership_changed()
 
     cluster.on_change = membership_changed
-    root = ProxyService(observer, facades, request_path, upstream, cluster, clock, core)
+    root = ProxyService(observer, facades, request_path, upstream, cluster, clock, core, bounds)
 
     fleet: FleetService | None = None
     if config.fleet is not None:

@@ -17,7 +17,7 @@ from nvpair.engines.table import LLAMACPP, OLLAMA, Engine, RouteClass
 from nvpair.facades.facade import Admitted, Facade
 from nvpair.fleet.lanconfig import Access, Key, digest_of
 from nvpair.fleet.langate import LanGate
-from nvpair.fleet.lanpolicy import caller_of
+from nvpair.fleet.lanpolicy import LAN_KEYLESS, caller_of
 from nvpair.wire.facade_server import FacadeSite
 from tests.test_facade_http import Broken, split
 
@@ -142,7 +142,7 @@ def test_a_browsers_preflight_from_the_lan_needs_no_key() -> None:
     )
     status, _, _ = split(exchange(LLAMACPP, raw, gate(), HOME, handler))
     assert status == "HTTP/1.1 200 OK"
-    assert [(a.route, a.caller) for a in handler.seen] == [(RouteClass.PREFLIGHT, KEYLESS)]
+    assert [(a.route, a.caller) for a in handler.seen] == [(RouteClass.PREFLIGHT, LAN_KEYLESS)]
     plain_options = request("OPTIONS", "/v1/models")
     status, _, _ = split(exchange(LLAMACPP, plain_options, gate(), HOME, Broken()))
     assert status.startswith("HTTP/1.1 401")

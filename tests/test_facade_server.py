@@ -697,3 +697,20 @@ def test_no_way_an_upload_ends_leaves_any_of_the_budget_held(
                     answer(request)
         conn.protocol.connectionLost(Failure(ConnectionDone()))
     assert budget.held == 0
+
+
+def test_a_large_body_naming_its_model_twice_is_refused_from_its_text() -> None:
+    """Admission reads a large body from its text: a member named twice (one spelled with an
+    escape) is found there as in the bytes, by its top level read where it lies."""
+    body = b'{"model":"q","prompt":"%s","\\u006dodel":"secret"}' % (b"a" * (2 << 20))
+    conn = Conn(max_body=4 << 20)
+    wire = post("/completion", body)
+    tracemalloc.start()
+    try:
+        conn.send(wire)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    (response,) = read_stream(conn.transport.value(), [b"POST"], closed=False)
+    assert (response.status, response.value(b"x-nvpair-error")) == (400, b"bad-json")
+    assert peak < 2.3 * len(body)

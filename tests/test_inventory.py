@@ -737,3 +737,18 @@ def test_a_keys_patterns_judge_derived_names_and_aliases_by_their_own_name() -> 
         "qwen2.5-7b-q4",
     ]
     assert listed(lambda name: name == reported) == [reported]
+
+
+def test_a_lan_caller_sees_no_router_command_line() -> None:
+    """A llama.cpp router's ``status.args`` and ``status.preset`` carry the node's file
+    paths: left out for a LAN caller, kept for the operator's own machine
+    (docs/lan.md#what-a-key-can-and-cannot-do)."""
+    entry = {
+        "id": "alpha",
+        "status": {"value": "loaded", "args": ["llama-server", "-m", "/srv/a.gguf"], "preset": "x"},
+    }
+    body = json.dumps({"object": "list", "data": [entry, {"id": "beta"}]}).encode()
+    lan = json.loads(merge_inventories(LLAMACPP, "/v1/models", [body], lan=True))
+    assert lan["data"] == [{"id": "alpha", "status": {"value": "loaded"}}, {"id": "beta"}]
+    local = json.loads(merge_inventories(LLAMACPP, "/v1/models", [body]))
+    assert local["data"][0] == entry

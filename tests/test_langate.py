@@ -12,7 +12,7 @@ from nvpair.common.reasons import Reason
 from nvpair.engines.caller import KEYLESS
 from nvpair.fleet.lanconfig import Access, Key, LanTls, digest_of
 from nvpair.fleet.langate import LOOPBACK_ONLY, NOT_LISTED, UNAUTHORIZED, LanGate
-from nvpair.fleet.lanpolicy import caller_of
+from nvpair.fleet.lanpolicy import LAN_KEYLESS, caller_of
 from nvpair.wire.facade_server import Refusal
 from tests.certs import issue, make_ca
 
@@ -78,7 +78,7 @@ def test_a_reload_applies_to_the_next_head_and_to_a_request_not_yet_admitted() -
     assert gate.caller(LOOPBACK, headers()) is None
     gate.reload(Access(LAN))  # no key file: a listed caller needs none
     assert gate.refusal(HOME, headers()) is None
-    assert gate.caller(HOME, headers()) == KEYLESS
+    assert gate.caller(HOME, headers()) == LAN_KEYLESS
 
 
 def test_the_tls_context_follows_the_certificate_through_reloads() -> None:
@@ -125,3 +125,22 @@ def test_tls_added_at_a_reload_to_a_process_without_it_waits_for_a_restart() -> 
         "True True",
         "['access.tls-cert: TLS for LAN callers needs a restart to start']",
     ]
+
+
+def test_one_ipv6_host_rotating_its_address_within_its_64_is_one_address() -> None:
+    """Issue 29 item 6: 200 guesses in 0.1 s by rotating the source within one /64."""
+    clock = Clock()
+    gate = LanGate(clock, Access((ipaddress.ip_network("fd00::/8"),), (LAPTOP,)))
+    refused = 0
+    for host in range(200):
+        peer = IPv6Address("TCP", f"fd00:1:2:3::{host + 1:x}", 50000)
+        if gate.refusal(peer, headers(b"Bearer nvp_guess")) != UNAUTHORIZED:
+            refused += 1
+        clock.advance(0.0005)
+    assert refused == 190  # ten guesses, then the whole /64 is closed
+    valid = IPv6Address("TCP", "fd00:1:2:3:ffff::1", 50000)
+    closed = gate.refusal(valid, headers(b"Bearer nvp_laptop"))
+    assert closed is not None and closed.reason == "too-many-auth-failures"
+    # Another /64 is another caller.
+    neighbour = IPv6Address("TCP", "fd00:1:2:4::1", 50000)
+    assert gate.refusal(neighbour, headers(b"Bearer nvp_laptop")) is None

@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.engines.caller import KEYLESS, Caller, forbids, may_use
+from nvpair.control.state import ControlState
+from nvpair.dispatch.requestpath import KeyRefusal, key_refusal
+from nvpair.engines.caller import KEYLESS, Caller, permits
 from nvpair.engines.table import ENGINES, RouteClass
+from nvpair.facades.facade import Admitted
 from nvpair.fleet.lanconfig import Access, Key, digest_of
 from nvpair.fleet.lanpolicy import (
     Verdict,
@@ -127,7 +130,8 @@ def test_a_loopback_caller_needs_no_key_but_is_its_key_s_when_it_shows_one() -> 
     assert loopback_caller(access, [b"Bearer nvp_wrong"]) == KEYLESS
     assert loopback_caller(access, [b"Bearer nvp_phone"]) == Caller("phone", PHONE.models)
     assert loopback_caller(Access(LAN), [b"Bearer nvp_phone"]) == KEYLESS
-    assert caller_of(PHONE) == Caller("phone", PHONE.models) and KEYLESS.name is None
+    assert caller_of(PHONE) == Caller("phone", PHONE.models, manage=False, lan=True)
+    assert KEYLESS.name is None and KEYLESS.manage and not KEYLESS.lan
 
 
 @pytest.mark.parametrize(
@@ -146,11 +150,11 @@ def test_a_loopback_caller_needs_no_key_but_is_its_key_s_when_it_shows_one() -> 
     ],
 )
 def test_model_patterns(engine: object, model: str, allowed: bool) -> None:
-    assert may_use(PHONE.models, engine, model) is allowed  # type: ignore[arg-type]
+    assert permits(PHONE.models, engine, [model]) is allowed  # type: ignore[arg-type]
 
 
 def test_a_key_without_patterns_may_use_any_model() -> None:
-    assert may_use(LAPTOP.models, OLLAMA, "anything")
+    assert permits(LAPTOP.models, OLLAMA, ["anything"])
 
 
 @pytest.mark.parametrize(
@@ -166,10 +170,16 @@ def test_a_key_without_patterns_may_use_any_model() -> None:
     ],
 )
 def test_forbids(route: RouteClass, model: str | None, refused: bool) -> None:
-    assert forbids(caller_of(PHONE), OLLAMA, route, model) is refused
-    assert forbids(caller_of(LAPTOP), OLLAMA, route, model) is False
-    assert forbids(KEYLESS, OLLAMA, route, model) is False
-    assert forbids(None, OLLAMA, route, model) is False
+    def refusal(caller: Caller) -> KeyRefusal | None:
+        admitted = Admitted(
+            OLLAMA, route, b"POST", "/api/x", b"/api/x", b"", model, None, caller=caller
+        )
+        return key_refusal(admitted, ControlState())
+
+    phone = refusal(caller_of(PHONE))
+    assert (phone is not None and phone.reason == "forbidden-model") is refused
+    assert refusal(caller_of(LAPTOP)) is None
+    assert refusal(KEYLESS) is None
 
 
 def test_a_cors_preflight_needs_no_key_but_a_listed_network() -> None:

@@ -63,8 +63,10 @@ def test_name_is_the_fallback_when_model_names_none() -> None:
     """Ollama's /api/show and friends read ``name`` when ``model`` is empty."""
     assert renamed(b'{"model":"","name":"q"}', "n", "name") == b'{"model":"","name":"n"}'
     assert renamed(b'{"name":"q"}', "n", "name") == b'{"name":"n"}'
-    assert renamed(b'{"model":"m","name":"q"}', "n", "name") == b'{"model":"n","name":"q"}'
+    assert renamed(b'{"model":"m","name":"q"}', "n", "model") == b'{"model":"n","name":"q"}'
     assert renamed(b'{"name":"q"}', "n") is None
+    # An Ollama body's member as it spells it (its decoder folds case).
+    assert renamed(b'{"Model":"q"}', "n", "Model") == b'{"Model":"n"}'
 
 
 @pytest.mark.parametrize(
@@ -154,7 +156,7 @@ def test_any_spelling_keeps_every_byte_but_the_last_models_value(
 # -- the bytes where they are (docs/robustness.md#what-a-request-body-costs) ---------------------
 
 
-def _by_text(body: bytes, name: str, fallback: str | None = None) -> bytes | None:
+def _by_text(body: bytes, name: str, member: str = "model") -> bytes | None:
     """The scan it replaced, over the decoded text with every value built: the oracle."""
     decoder = json.JSONDecoder()
 
@@ -180,7 +182,7 @@ def _by_text(body: bytes, name: str, fallback: str | None = None) -> bytes | Non
                     return None
                 start = skip(text, at + 1)
                 value, at = decoder.raw_decode(text, start)
-                if key in ("model", fallback):
+                if key == member:
                     spans[key] = (start, at, value)
                 at = skip(text, at)
                 if text[at] == "}":
@@ -190,13 +192,12 @@ def _by_text(body: bytes, name: str, fallback: str | None = None) -> bytes | Non
                 at = skip(text, at + 1)
     except (UnicodeDecodeError, ValueError, IndexError, RecursionError):
         return None
-    for member in ("model", fallback):
-        span = spans.get(member) if member is not None else None
-        if span is not None and isinstance(span[2], str) and span[2]:
-            first = len(text[: span[0]].encode())
-            last = first + len(text[span[0] : span[1]].encode())
-            return body[:first] + json.dumps(name).encode() + body[last:]
-    return None
+    span = spans.get(member)
+    if span is None or not isinstance(span[2], str) or not span[2]:
+        return None
+    first = len(text[: span[0]].encode())
+    last = first + len(text[span[0] : span[1]].encode())
+    return body[:first] + json.dumps(name).encode() + body[last:]
 
 
 _ANY = st.recursive(
@@ -215,7 +216,10 @@ def _objects(draw: st.DrawFn) -> bytes:
     """A JSON object as any client may spell it: members in any order and number, nested at
     any depth, escapes or raw UTF-8, ``NaN`` and ``Infinity``, spaces anywhere between tokens."""
     members = draw(
-        st.lists(st.tuples(st.sampled_from(["model", "name", "x", "messages"]), _ANY), max_size=5)
+        st.lists(
+            st.tuples(st.sampled_from(["model", "Model", "name", "\u00e9", "messages"]), _ANY),
+            max_size=5,
+        )
     )
     ascii_only = draw(st.booleans())
     space = draw(st.sampled_from(["", " ", "\n\t ", "\r\n"]))
@@ -230,11 +234,11 @@ def _objects(draw: st.DrawFn) -> bytes:
     return (space + "{" + space + ("," + space).join(parts) + space + "}" + space).encode()
 
 
-@given(_objects(), st.sampled_from([None, "name"]))
+@given(_objects(), st.sampled_from(["model", "Model", "name", "\u00e9"]))
 def test_the_scan_of_the_bytes_renames_as_the_scan_of_the_text_did(
-    body: bytes, fallback: str | None
+    body: bytes, member: str
 ) -> None:
-    assert renamed(body, "/m/q.gguf", fallback) == _by_text(body, "/m/q.gguf", fallback)
+    assert renamed(body, "/m/q.gguf", member) == _by_text(body, "/m/q.gguf", member)
 
 
 @given(_objects(), st.integers(0, 1 << 16), st.binary(min_size=1, max_size=3))

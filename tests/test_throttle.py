@@ -54,3 +54,37 @@ def test_memory_is_bounded_the_stalest_address_forgotten_first() -> None:
     assert failed.retry_after("a") is not None
     failed.failed("b")  # b starts again from one
     assert failed.retry_after("b") is None
+
+
+def test_a_closed_address_stays_closed_whatever_fails_elsewhere() -> None:
+    """Issue 29 item 6: 4,096 failures from other addresses once evicted a closed one."""
+    clock = Clock()
+    failed: FailedKeys[str] = FailedKeys(clock, addresses=8)
+    for _ in range(FAILURES):
+        failed.failed("guesser")
+    for index in range(4096):
+        failed.failed(f"other-{index}")
+    assert len(failed) <= 8
+    assert failed.retry_after("guesser") == WINDOW
+    clock.advance(WINDOW)
+    assert failed.retry_after("guesser") is None
+
+
+def test_with_every_remembered_address_closed_the_rest_count_together() -> None:
+    """No room for another address: their failures share one count, and ten of them close
+    every address not remembered until their window ends — never more guesses than that."""
+    clock = Clock()
+    failed: FailedKeys[str] = FailedKeys(clock, addresses=2)
+    for address in ("a", "b"):
+        for _ in range(FAILURES):
+            failed.failed(address)
+    for index in range(FAILURES - 1):
+        failed.failed(f"new-{index}")
+        assert failed.retry_after(f"new-{index + 1}") is None
+    failed.failed("new-last")
+    assert failed.retry_after("anyone") == WINDOW
+    assert failed.retry_after("a") == WINDOW
+    clock.advance(WINDOW)
+    assert failed.retry_after("anyone") is None and failed.retry_after("a") is None
+    failed.failed("c")  # the closed ones' windows ended: room again
+    assert len(failed) <= 2

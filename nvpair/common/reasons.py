@@ -60,6 +60,11 @@ class Reason(enum.StrEnum):
     INTERNAL = "internal", 500, "internal error in the proxy"
     UNAUTHORIZED = "unauthorized", 401, "a valid key is required: Authorization: Bearer <key>"
     FORBIDDEN_MODEL = "forbidden-model", 403, "this key may not use this model"
+    FORBIDDEN_ROUTE = (
+        "forbidden-route",
+        403,
+        "this key may not change what the engines hold (its key file block says no manage)",
+    )
     OVERLOADED = (
         "overloaded",
         503,

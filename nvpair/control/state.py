@@ -72,16 +72,23 @@ class Discovery:
     _by_id: Mapping[str, Node] = field(init=False, eq=False, repr=False)
     _by_model: Mapping[str, tuple[Node, ...]] = field(init=False, eq=False, repr=False)
     _with_models: tuple[Node, ...] = field(init=False, eq=False, repr=False)
+    _also_known: Mapping[str, tuple[str, ...]] = field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         by_model: dict[str, list[Node]] = {}
+        also: dict[str, list[str]] = {}
         for node in self.nodes:
             for key in node.model_keys:
                 by_model.setdefault(key, []).append(node)
+            for other in node.other_names:
+                names = also.setdefault(other.reported_key, [])
+                if other.name not in names:
+                    names.append(other.name)
         # A frozen value is still being made here: its indexes are set once.
         object.__setattr__(self, "_by_id", {node.id: node for node in reversed(self.nodes)})
         object.__setattr__(self, "_by_model", {k: tuple(v) for k, v in by_model.items()})
         object.__setattr__(self, "_with_models", tuple(n for n in self.nodes if n.model_keys))
+        object.__setattr__(self, "_also_known", {k: tuple(v) for k, v in also.items()})
 
     def node(self, node_id: str) -> Node | None:
         return self._by_id.get(node_id)
@@ -91,6 +98,11 @@ class Discovery:
         if model_key is None:
             return self._with_models
         return self._by_model.get(model_key, ())
+
+    def names_of(self, model_key: str) -> tuple[str, ...]:
+        """The names a model the nodes report as ``model_key`` is known by here: the key itself
+        and every other name (a file name, an alias) any node gives it (docs/model-names.md)."""
+        return (model_key, *self._also_known.get(model_key, ()))
 
 
 @frozen

@@ -11,6 +11,7 @@ engine it serves, each node dialled as its own engine's (docs/openai-facade.md#o
 
 from __future__ import annotations
 
+from nvpair.control.keyscope import KeyScope
 from nvpair.control.reservations import Reservations
 from nvpair.control.routing import Plan, advertises, order, owners
 from nvpair.control.state import ControlState, Node
@@ -52,8 +53,21 @@ class Candidates:
 
     def owners(self, engine: str, admitted: Admitted) -> list[Node]:
         """``engine``'s nodes that list the model ``admitted`` names (no model named: every
-        node that lists one). Every facade finds its owners here."""
-        return owners(self._control.discovery(engine), model_key_on(engine, admitted))
+        node that lists one), and, for a key with model patterns, hold a model the key may
+        use there (docs/lan.md#what-a-key-can-and-cannot-do). Every facade finds its owners
+        here."""
+        key = model_key_on(engine, admitted)
+        found = owners(self._control.discovery(engine), key)
+        scope = self._scope(admitted)
+        if scope is None or key is None:
+            return found
+        return [node for node in found if scope.node_allowed(node, key)]
+
+    def _scope(self, admitted: Admitted) -> KeyScope | None:
+        caller = admitted.caller
+        if caller is None or not caller.models:
+            return None
+        return KeyScope(caller.models, admitted.engine, self._control.discovery)
 
     def plan(self, admitted: Admitted) -> Plan:
         """This round's candidates, in order, and the node to reserve."""
@@ -65,9 +79,12 @@ class Candidates:
             eligible = self.owners(engine, admitted)
         else:
             # Other routes go to the named model's owners when any node has it, else to any
-            # node of the engine (docs/request-path.md#route-classes).
+            # node of the engine (docs/request-path.md#route-classes); a keyed request whose
+            # model some node has goes to none of them but those its key allows.
+            discovery = self._control.discovery(engine)
             named = self.owners(engine, admitted) if admitted.model_key else []
-            eligible = named or list(self._control.discovery(engine).nodes)
+            has_owner = named or (admitted.model_key and discovery.owners(admitted.model_key))
+            eligible = named if has_owner else list(discovery.nodes)
         # A node with nothing to dial (a local node before its backend is known) is no
         # candidate: trying it would cost an attempt and report a dispatch that never left.
         dialable = [node for node in eligible if self.dialable(engine, node)]
@@ -108,7 +125,13 @@ class Candidates:
         current = self._control.discovery(engine).node(node.id)
         if current is None or not self.dialable(engine, current):
             return None
-        return current if advertises(current, model_key_on(engine, admitted)) else None
+        key = model_key_on(engine, admitted)
+        if not advertises(current, key):
+            return None
+        scope = self._scope(admitted)
+        if scope is not None and key is not None and not scope.node_allowed(current, key):
+            return None
+        return current
 
     def every_node(self, admitted: Admitted) -> list[Node]:
         """Every node of every engine the facade serves, in candidate order (fleet-wide

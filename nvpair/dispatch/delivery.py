@@ -77,8 +77,7 @@ def _for_node(job: Job, outgoing: Outgoing, node: Node) -> Outgoing:
     own = node.own_name(model_key_on(node.engine, admitted))
     if own is None:
         return outgoing
-    fallback = "name" if admitted.path in admitted.engine.named_model_paths else None
-    body = renamed(outgoing.body, own, fallback)
+    body = renamed(outgoing.body, own, admitted.member)
     return outgoing if body is None else outgoing._replace(body=body)
 
 

@@ -10,15 +10,13 @@ and no workload events: nothing is dispatched for inference.
 
 from __future__ import annotations
 
-from functools import partial
-
 from twisted.internet.defer import CancelledError
 from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
+from nvpair.control.keyscope import KeyScope
 from nvpair.control.state import Node
 from nvpair.dispatch.job import Job, Services
-from nvpair.engines.caller import may_use
 from nvpair.engines.cors import Reply, inventory_grant, preflight
 from nvpair.engines.inventory import InvalidInventory, merge_inventories
 from nvpair.engines.modelnames import OtherName
@@ -30,12 +28,20 @@ _CREDENTIALS = (b"cookie", b"authorization", b"proxy-authorization", b"x-api-key
 
 
 async def _ask_every_node(
-    services: Services, job: Job, method: bytes, path: str, headers: Headers
+    services: Services, job: Job, method: bytes, path: str | None, headers: Headers
 ) -> list[tuple[str, NodeReply]]:
     """Every node the facade reaches, concurrently, in candidate order; responders only, each
-    with its engine."""
+    with its engine.
+
+    :param path: the path asked, with the client's query; None: the client's own target, as
+        it wrote it (never the decoded path the request was routed on, which may hold bytes
+        no request line can, docs/request-path.md#admission).
+    """
     candidates = services.candidates
-    query = job.admitted.uri[len(job.admitted.path.encode("latin-1")) :]
+    target = job.admitted.uri
+    if path is not None:
+        query = target.partition(b"?")[2]
+        target = path.encode("latin-1") + (b"?" + query if query else b"")
     nodes = candidates.every_node(job.admitted)
     bases = [candidates.maybe_base_url(node.engine, node) for node in nodes]
     replies = await ask_all(
@@ -44,7 +50,7 @@ async def _ask_every_node(
         services.bounds.dial_timeout,
         bases,
         method,
-        path.encode("latin-1") + query,
+        target,
         headers,
     )
     if job.cancelled():
@@ -86,6 +92,8 @@ async def serve_inventory(services: Services, job: Job) -> None:
     route = engine.inventory[admitted.path]
     origin = request.requestHeaders.getRawHeaders(b"origin", [None])[0]
     # A HEAD is decided like a GET (validity needs the bodies) and answered without one.
+    # The route's own path: the one the table holds (its key, or the path the engine serves
+    # it at), whatever escapes the client wrote it with.
     responders = await _ask_every_node(
         services, job, b"GET", route.upstream_path or admitted.path, job.outgoing().headers
     )
@@ -104,9 +112,14 @@ async def serve_inventory(services: Services, job: Job) -> None:
     ]
     merged = b""
     invalid = any(not 200 <= a.status < 300 for _, a in judged)
-    # A key with model patterns sees only the models it may use (docs/lan.md#keys).
+    # A key with model patterns sees only the models it may use, judged as a request for
+    # each would be (docs/lan.md#what-a-key-can-and-cannot-do).
     caller = admitted.caller
-    allowed = partial(may_use, caller.models, engine) if caller and caller.models else None
+    allowed = (
+        KeyScope(caller.models, engine, services.control.discovery).allows
+        if caller is not None and caller.models
+        else None
+    )
     if not invalid:
         # The names the fleet knows its nodes' models by besides theirs (docs/model-names.md).
         names = _other_names(engine, services.candidates.every_node(admitted))
@@ -118,6 +131,7 @@ async def serve_inventory(services: Services, job: Job) -> None:
                 names,
                 _read_as(engine, admitted.path, [e for e, _ in judged]),
                 allowed,
+                lan=caller is not None and caller.lan,
             )
         except InvalidInventory:
             invalid = True
@@ -148,7 +162,7 @@ async def serve_preflight(services: Services, job: Job) -> None:
     headers = job.outgoing().headers
     for name in _CREDENTIALS:
         headers.removeHeader(name)
-    answers = await _ask_every_node(services, job, b"OPTIONS", job.admitted.path, headers)
+    answers = await _ask_every_node(services, job, b"OPTIONS", None, headers)
     if not answers:
         job.refuse(Reason.NO_RESPONDERS)
         return

@@ -10,13 +10,15 @@ refused) on the job; one that ends without doing so is a bug, answered and count
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
 from nvpair.common.reasons import Reason
+from nvpair.control.keyscope import KeyScope
 from nvpair.control.reservations import Reservations
 from nvpair.control.state import ControlState
 from nvpair.dispatch.activity import NodeActivity
@@ -35,7 +37,6 @@ from nvpair.dispatch.seams import (
     WorkloadRecorder,
 )
 from nvpair.dispatch.workload import State, Workloads
-from nvpair.engines.caller import forbids
 from nvpair.engines.table import RouteClass
 from nvpair.facades.access import FAN_OUT, AccessLog, Finished, bounded_path, millis
 from nvpair.facades.answers import forbidden_model_message
@@ -124,8 +125,10 @@ class RequestPath(RequestHandler):
         now = services.clock.seconds()
         job = Job(admitted, request, now, services.bounds.budget(now))
         server = self._servers[admitted.route]
-        if forbids(admitted.caller, admitted.engine, admitted.route, admitted.model):
-            server = serve_forbidden_model
+        if admitted.caller is not None:
+            refused = key_refusal(admitted, services.control)
+            if refused is not None:
+                server = partial(serve_key_refusal, refused)
         d = job.run(server(services, job))
         self._jobs.add(job)
         # The requester leaving ends the job at once: whatever it is waiting on is cancelled,
@@ -155,10 +158,67 @@ class RequestPath(RequestHandler):
         return result
 
 
-async def serve_forbidden_model(services: Services, job: Job) -> None:
-    """A key asked for a model outside its patterns (docs/lan.md#keys): refused, nothing
-    dispatched, no workload."""
-    job.refuse(Reason.FORBIDDEN_MODEL, message=forbidden_model_message(job.admitted.model))
+class KeyRefusal(NamedTuple):
+    """Why a key may not make a request: the reason, and the model it may not use."""
+
+    reason: Reason
+    model: str | None = None
+
+
+def key_refusal(admitted: Admitted, control: ControlState) -> KeyRefusal | None:
+    """Why the caller's key may not make this request, if it may not
+    (docs/lan.md#what-a-key-can-and-cannot-do): a route that changes what an engine holds
+    without ``manage``; a model the key's patterns do not allow, judged on what each name
+    resolves to in the fleet now, among every model the request names. An inference request
+    that names none is refused too: which model it gets would be the engine's choice."""
+    caller, engine, route = admitted.caller, admitted.engine, admitted.route
+    assert caller is not None
+    if (
+        not caller.manage
+        and route is RouteClass.OTHER
+        and engine.manages(admitted.method, admitted.path)
+    ):
+        return KeyRefusal(Reason.FORBIDDEN_ROUTE)
+    if not caller.models:
+        return None
+    if admitted.opaque and route is RouteClass.OTHER:
+        # An engine's decoder may read a model where this proxy reads none (invalid UTF-8,
+        # data after the object, nesting past Python's parser, a multipart form).
+        return KeyRefusal(Reason.FORBIDDEN_MODEL, OPAQUE)
+    scope = KeyScope(caller.models, engine, control.discovery)
+    model = admitted.model
+    if model is None:
+        if route is RouteClass.INFERENCE:
+            return KeyRefusal(Reason.FORBIDDEN_MODEL)
+    elif route in _MODEL_ROUTES and not scope.allows(model):
+        return KeyRefusal(Reason.FORBIDDEN_MODEL, model)
+    for other in admitted.others:
+        if not scope.name_allowed(engine, other):
+            return KeyRefusal(Reason.FORBIDDEN_MODEL, other)
+    return None
+
+
+#: The routes whose model decides where the request goes; a model list is filtered instead,
+#: and a preflight uses no model.
+_MODEL_ROUTES = frozenset({RouteClass.INFERENCE, RouteClass.OTHER})
+
+
+#: :class:`KeyRefusal`'s model for a body whose model cannot be read.
+OPAQUE = "\0opaque"
+
+
+async def serve_key_refusal(refused: KeyRefusal, services: Services, job: Job) -> None:
+    """A key may not make this request: refused, nothing dispatched, no workload."""
+    if refused.model == OPAQUE:
+        job.refuse(
+            refused.reason,
+            message="this key may use only some models, and this body is no JSON object "
+            "whose model the proxy can read",
+        )
+    elif refused.reason is Reason.FORBIDDEN_MODEL:
+        job.refuse(refused.reason, message=forbidden_model_message(refused.model))
+    else:
+        job.refuse(refused.reason)
 
 
 class Unanswered(RuntimeError):

@@ -11,11 +11,14 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import re
 import socket
-from urllib.parse import urlsplit
+from typing import NamedTuple
+from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
 from twisted.internet.address import IPv4Address, IPv6Address
 
+from nvpair.common.jsonscan import is_key, members
 from nvpair.common.reasons import Reason
 from nvpair.engines.table import Dialect, RouteClass
 
@@ -132,6 +135,32 @@ class BadBody(Exception):
         self.reason = reason
 
 
+class Read(NamedTuple):
+    """What admission reads of a body (:func:`read_body`).
+
+    :ivar model: the model the request is routed on (None: it names none).
+    :ivar document: the body as parsed (None when it is no JSON), for whoever reads more of it
+        (fleet mode's affinity).
+    :ivar member: the member ``model`` was read from, as the body spells it (``model``, an
+        Ollama body's ``Model``, ``name``): the one a node's own name is written into.
+    :ivar others: every other model the body names (a copy's ``source`` and ``destination``,
+        a create's ``from``, an unused ``name``), judged against a key as the routed one is.
+    :ivar opaque: the body is there but no JSON object this proxy reads, so what model it
+        names (an engine's decoder may read one) cannot be judged.
+    """
+
+    model: str | None
+    document: object
+    member: str = "model"
+    others: tuple[str, ...] = ()
+    opaque: bool = False
+
+
+#: The top-level members that name a model, on some route of some engine
+#: (docs/lan.md#what-a-key-can-and-cannot-do).
+MODEL_MEMBERS = ("model", "name", "source", "destination", "from")
+
+
 def _document(body: bytes | str) -> object:
     """The body as parsed, None when it is no JSON; ``body`` may be given as its text already
     decoded from UTF-8 (lone surrogates passed), as a large one is
@@ -149,34 +178,144 @@ def _document(body: bytes | str) -> object:
         return None
 
 
+@functools.lru_cache(maxsize=256)
+def _quoted_text(name: str) -> str:
+    """A member name as a body's text spells it without escapes."""
+    return json.dumps(name, ensure_ascii=False)
+
+
+@functools.lru_cache(maxsize=256)
+def _quoted(name: str) -> bytes:
+    """A member name as a body spells it without escapes."""
+    return _quoted_text(name).encode()
+
+
+def _exactly_repeated(body: bytes | str, spelled: list[str]) -> frozenset[str]:
+    """Which of the top-level member names ``spelled`` the body holds more than once (JSON
+    keeps the last; an engine whose decoder keeps another would read another model).
+
+    Counting each name's quoted bytes settles most bodies at C speed: a name that occurs once
+    cannot be repeated at the top level. A body with ``\\u`` escapes (a name can be spelled
+    ``"\\u006dodel"``) or a name that occurs elsewhere too has its top level read where it
+    lies, member by member: a second document beside the first would cost the body again
+    (docs/robustness.md#what-a-request-body-costs).
+    """
+    if isinstance(body, str):
+        if "\\u" not in body and all(body.count(_quoted_text(name)) <= 1 for name in spelled):
+            return frozenset()
+    elif b"\\u" not in body and all(body.count(_quoted(name)) <= 1 for name in spelled):
+        return frozenset()
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    try:
+        for key, _, _ in members(body):
+            for name in spelled:
+                if is_key(key, name):
+                    (repeated if name in seen else seen).add(name)
+    except (ValueError, RecursionError):
+        return frozenset()
+    return frozenset(repeated)
+
+
+def _members(engine: Dialect, body: bytes | str, document: dict[str, object]) -> dict[str, str]:
+    """The members of ``document`` that name a model, each as the body spells it, by the
+    name the engine matches it under (:data:`MODEL_MEMBERS`).
+
+    :raises BadBody: ``bad-json`` when one of them appears twice as the engine compares
+        member names (Ollama's decoder folds case: ``{"model":"a","Model":"b"}`` is ``b`` to
+        it, ``a`` to a reader that does not): the proxy would judge and route one model and
+        the engine serve another (docs/lan.md#what-a-key-can-and-cannot-do).
+    """
+    found: dict[str, str] = {}
+    if engine.member_names_fold:
+        for key in document:
+            folded = key.casefold()
+            if folded in MODEL_MEMBERS:
+                if folded in found:
+                    raise BadBody(Reason.BAD_JSON)
+                found[folded] = key
+    else:
+        found = {name: name for name in MODEL_MEMBERS if name in document}
+    if found and _exactly_repeated(body, list(found.values())):
+        raise BadBody(Reason.BAD_JSON)
+    return found
+
+
 def model_from_body(engine: Dialect, route: RouteClass, path: str, body: bytes | str) -> str | None:
     """The model an inference (or model-naming other) body names (:func:`read_body`)."""
-    return read_body(engine, route, path, body)[0]
+    return read_body(engine, route, path, body).model
 
 
-def read_body(
-    engine: Dialect, route: RouteClass, path: str, body: bytes | str
-) -> tuple[str | None, object]:
-    """The model an inference (or model-naming other) body names, and the body as parsed (None
-    when it is no JSON), for whoever reads more of it (fleet mode's affinity).
+def read_body(engine: Dialect, route: RouteClass, path: str, body: bytes | str) -> Read:
+    """The model an inference (or model-naming other) body names, the other models it names,
+    and the body as parsed (:class:`Read`).
 
     Inference bodies must be JSON objects (``bad-json`` otherwise); Ollama requires a model
-    (``model-missing``), the others serve whatever they have loaded. An "other" body is only
-    looked at, never refused: it is forwarded verbatim whatever it holds.
+    (``model-missing``), the others serve whatever they have loaded. An "other" body that is
+    no JSON object is forwarded verbatim whatever it holds. Any JSON object body that names a
+    model twice over, as the engine reads member names, is refused (:func:`_members`).
     """
     document = _document(body)
-    if route is not RouteClass.INFERENCE:
-        if not isinstance(document, dict):
-            return None, document
-        named = document.get("model")
-        if not (isinstance(named, str) and named) and path in engine.named_model_paths:
-            named = document.get("name")
-        return (named if isinstance(named, str) and named else None), document
     if not isinstance(document, dict):
+        if route is RouteClass.INFERENCE:
+            raise BadBody(Reason.BAD_JSON)
+        return Read(None, document, opaque=bool(body))
+    members = _members(engine, body, document)
+    if not members:
+        if route is RouteClass.INFERENCE and engine.model_required:
+            raise BadBody(Reason.MODEL_MISSING)
+        return Read(None, document)
+    member = members.get("model")
+    if member is not None and member != "model" and engine.spans_engines:
+        # Ollama's decoder reads "Model" as the model; llama-server's and LM Studio's read
+        # nothing there and serve what they have loaded: one body, two readings.
         raise BadBody(Reason.BAD_JSON)
-    named = document.get("model")
-    if isinstance(named, str) and named:
-        return named, document
-    if engine.model_required:
-        raise BadBody(Reason.MODEL_MISSING)
-    return None, document
+    named = document.get(member) if member is not None else None
+    if (
+        not (isinstance(named, str) and named)
+        and route is not RouteClass.INFERENCE
+        and path in engine.named_model_paths
+        and "name" in members
+    ):
+        member = members["name"]
+        named = document.get(member)
+    if not (isinstance(named, str) and named):
+        if route is RouteClass.INFERENCE and engine.model_required:
+            raise BadBody(Reason.MODEL_MISSING)
+        member, named = None, None
+    others = tuple(
+        value
+        for spelled in members.values()
+        if spelled != member and isinstance(value := document.get(spelled), str) and value
+    )
+    return Read(named, document, member or "model", others)
+
+
+def query_models(target: bytes) -> tuple[str, ...]:
+    """Every non-empty ``model`` parameter of a request target's query, decoded as a server
+    decodes it (names too: ``mod%65l`` is ``model``; ``+`` is a space)."""
+    query = target.partition(b"?")[2].partition(b"#")[0]
+    if not query:
+        return ()
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, encoding="utf-8")
+    return tuple(value for name, value in pairs if name == "model" and value)
+
+
+#: ``%uXXXX``: no standard escape, but one llama-server's HTTP library decodes in a path and a
+#: query (``/models/lo%u0061d`` is ``/models/load`` to it).
+_WIDE_ESCAPE = re.compile(rb"%[uU]")
+
+
+def wide_escape(target: bytes) -> bool:
+    """Whether a request target holds a ``%u`` escape: refused, since the proxy and an engine
+    would read it as different routes or parameters (docs/lan.md#what-a-key-can-and-cannot-do)."""
+    return b"%" in target and _WIDE_ESCAPE.search(target) is not None
+
+
+def routing_path(path: bytes) -> str:
+    """The path a request is routed on: percent-decoded, as the engines route it (Go's
+    ``net/http`` and gin, llama-server's HTTP library), so that ``/api/p%75ll`` is the pull it
+    is to Ollama. The target itself is sent on as the client wrote it."""
+    if b"%" not in path:
+        return path.decode("latin-1")
+    return unquote_to_bytes(path).decode("latin-1")

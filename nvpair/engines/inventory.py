@@ -56,6 +56,7 @@ def merge_inventories(
     names: Sequence[OtherName] = (),
     read_as: Sequence[InventoryRoute] | None = None,
     allowed: Callable[[str], bool] | None = None,
+    lan: bool = False,
 ) -> bytes:
     """Merge the 2xx bodies of every responding node for the inventory route *path*.
 
@@ -85,10 +86,13 @@ def merge_inventories(
     :param read_as: how each body is validated and read, when not as the facade's route: the
         route of the node's own engine, for a facade that reaches several engines' nodes
         (an Ollama node's ``"data": null`` is an empty list there too).
-    :param allowed: which names the caller may use (a fleet key's patterns,
-        docs/lan.md#keys): an entry whose name it refuses is left out, a derived name or an
-        alias judged by its own name like any other, after the copies are made — an alias
-        the key may use is listed even where the model it stands for is not. None: every entry.
+    :param allowed: which names the caller may use (a fleet key's patterns, judged on the
+        model behind each name: docs/lan.md#what-a-key-can-and-cannot-do): an entry whose name
+        it refuses is left out, after the copies are made. None: every entry.
+    :param lan: the caller is on the LAN: a llama.cpp router's ``status.args`` and
+        ``status.preset`` (the command line and preset it starts the model with, file paths of
+        the node's disk in both) are left out of every entry
+        (docs/lan.md#what-a-key-can-and-cannot-do).
     :return: the merged envelope as compact JSON bytes.
     :raises InvalidInventory: when any body is not the expected envelope.
     :raises KeyError: when *path* is not an inventory route of *engine*.
@@ -109,6 +113,8 @@ def merge_inventories(
         merged = with_other_names(engine, route, merged, names)
     if allowed is not None:
         merged = [entry for entry in merged if allowed(_key(route, entry))]
+    if lan:
+        merged = [_without_args(entry) for entry in merged]
     # Ollama's ListHandler sorts /api/tags by modified_at; a merged list that kept node order
     # would read as a different engine.
     sort_field = route.newest_first
@@ -118,6 +124,18 @@ def merge_inventories(
     if not merged:
         return _dump(route.empty)
     return _dump({**route.empty, route.list_field: merged})
+
+
+#: What a llama.cpp router's entry ``status`` says of how it starts the model: its command line
+#: and its preset, the node's file paths in both.
+_NODE_ONLY = frozenset({"args", "preset"})
+
+
+def _without_args(entry: dict[str, object]) -> dict[str, object]:
+    status = entry.get("status")
+    if not isinstance(status, dict) or _NODE_ONLY.isdisjoint(status):
+        return entry
+    return {**entry, "status": {k: v for k, v in status.items() if k not in _NODE_ONLY}}
 
 
 def with_other_names(

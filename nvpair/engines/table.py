@@ -18,6 +18,14 @@ from attrs import Factory, field, frozen
 
 from nvpair.common.reasons import Reason
 from nvpair.engines.loadstate import LLAMACPP_PROBE, LMSTUDIO_PROBE, OLLAMA_PROBE, LoadProbe
+from nvpair.engines.managing import (
+    llamacpp_manages,
+    lmstudio_manages,
+    manages_nothing,
+    named_after,
+    no_path_model,
+    ollama_manages,
+)
 from nvpair.engines.names import ollama_display, ollama_key
 
 
@@ -105,6 +113,13 @@ class Dialect:
     :ivar forwards_other: whether a route outside the table is forwarded to a node ("other"),
         or answered 404 ``not-found`` (the ``openai`` facade, which has no engine of its own
         to forward it to).
+    :ivar member_names_fold: the engine's JSON decoder matches a body's member names without
+        regard to case (Go's: ``Model`` is ``model`` to Ollama), so admission reads them so too
+        (docs/lan.md#what-a-key-can-and-cannot-do).
+    :ivar manages: whether a route changes what the engine holds (pulls, copies, deletes,
+        loads models) or its account: a LAN caller needs a key with ``manage = true`` for it.
+    :ivar path_model: the model a route names in its path (Ollama's ``/v1/models/<name>``
+        shows it), judged against a key as a body's model is.
     """
 
     id: str
@@ -122,6 +137,9 @@ class Dialect:
     host_guard: bool = False
     serves: tuple[str, ...] = field(default=Factory(_own_engine, takes_self=True))
     forwards_other: bool = True
+    member_names_fold: bool = False
+    manages: Callable[[bytes, str], bool] = manages_nothing
+    path_model: Callable[[str], str | None] = no_path_model
 
     @property
     def spans_engines(self) -> bool:
@@ -235,6 +253,9 @@ OLLAMA = Engine(
         {"/api/show", "/api/pull", "/api/push", "/api/create", "/api/delete"}
     ),
     host_guard=True,
+    member_names_fold=True,
+    manages=ollama_manages,
+    path_model=named_after("/v1/models/"),
 )
 
 LMSTUDIO = Engine(
@@ -270,6 +291,8 @@ LMSTUDIO = Engine(
     load_probe=LMSTUDIO_PROBE,
     file_path_ids=True,
     liveness_path="/v1/models",
+    manages=lmstudio_manages,
+    path_model=named_after("/api/v0/models/"),
 )
 
 LLAMACPP = Engine(
@@ -312,6 +335,7 @@ LLAMACPP = Engine(
     load_probe=LLAMACPP_PROBE,
     file_path_ids=True,
     liveness_path="/health",
+    manages=llamacpp_manages,
 )
 
 #: The registry: every engine the process knows, by id. Order is presentation order.
@@ -336,6 +360,8 @@ OPENAI = Dialect(
     # Every engine with OpenAI's model list: it is the one route of theirs asked for it.
     serves=tuple(engine.id for engine in ENGINES.values() if "/v1/models" in engine.inventory),
     forwards_other=False,
+    # An Ollama node reads the body too.
+    member_names_fold=True,
 )
 
 #: Every facade a fleet file may name, by id: each engine's, then the ``openai`` facade.

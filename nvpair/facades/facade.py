@@ -23,10 +23,14 @@ from nvpair.common.logs import debug_enabled
 from nvpair.common.reasons import Reason
 from nvpair.engines.admission import (
     BadBody,
+    Read,
     is_loopback,
     ollama_host_allowed,
+    query_models,
     read_body,
+    routing_path,
     target_host,
+    wide_escape,
 )
 from nvpair.engines.caller import Caller
 from nvpair.engines.table import Dialect, RouteClass
@@ -41,6 +45,9 @@ if TYPE_CHECKING:
 
 FORBIDDEN = Refusal(Reason.FORBIDDEN)
 FORBIDDEN_HOST = Refusal(Reason.FORBIDDEN_HOST)
+WIDE_ESCAPE = Refusal(
+    Reason.BAD_REQUEST, "a %u escape in the request target is not HTTP, and engines read it apart"
+)
 
 
 def is_preflight(request: FacadeRequest) -> bool:
@@ -68,6 +75,10 @@ class Admitted(NamedTuple):
         (docs/lan.md#who-may-call).
     :ivar prefix: an inference body's prefix keys, where fleet mode's affinity wants them
         (docs/fleet-scheduling.md#conversations-go-where-their-cache-is); () elsewhere.
+    :ivar member: the body member ``model`` was read from, as the body spells it: where a
+        node's own name for the model is written (docs/model-names.md).
+    :ivar others: every other model the request names (body members, a ``model`` query
+        parameter), judged against a key as ``model`` is (docs/lan.md#what-a-key-can-and-cannot-do).
     """
 
     engine: Dialect
@@ -80,6 +91,11 @@ class Admitted(NamedTuple):
     model_key: str | None
     caller: Caller | None = None
     prefix: tuple[int, ...] = ()
+    member: str = "model"
+    others: tuple[str, ...] = ()
+    #: The body is there but no JSON object the proxy reads: what model it names, if any,
+    #: cannot be judged (docs/lan.md#what-a-key-can-and-cannot-do).
+    opaque: bool = False
 
 
 class CallerGate(Protocol):
@@ -160,6 +176,8 @@ class Facade:
         guard, for loopback callers only: a LAN caller names this machine as it names any."""
         if self._peer is not None:
             return None
+        if wide_escape(target):
+            return WIDE_ESCAPE
         if not is_loopback(peer):
             if self._lan is None:
                 return FORBIDDEN
@@ -195,9 +213,12 @@ class Facade:
         engine = self.engine
         if self._peer is not None and not self._still_pinned(request):
             return
-        path = request.path.decode("latin-1")
+        # Routed as the engines route it: percent-decoded (docs/request-path.md#admission).
+        path = routing_path(request.path)
         caller = None
         prefix: tuple[int, ...] = ()
+        member, opaque = "model", False
+        others: tuple[str, ...] = ()
         if self._peer is not None:
             route, model = RouteClass.PEER, None
         else:
@@ -219,11 +240,19 @@ class Facade:
                 else engine.classify(request.method, path)
             )
             try:
-                model, prefix = request.read_json(partial(self._read_body, route, path))
+                read, prefix = request.read_json(partial(self._read_body, route, path))
             except BadBody as refused:
                 self._refused(request.method, path, refused.reason, route)
                 write_error(request, engine, refused.reason)
                 return
+            model, member, others, opaque = read.model, read.member, read.others, read.opaque
+            if caller is not None:
+                if b"?" in request.uri:
+                    # A llama.cpp router loads the model a query names (/props?model=...).
+                    others = (*others, *query_models(request.uri))
+                named = engine.path_model(path)
+                if named is not None:
+                    others = (*others, named)
         # After the body was read: a large one was held as its text meanwhile.
         body = request.body()
         admitted = Admitted(
@@ -237,6 +266,9 @@ class Facade:
             model_key=None if model is None else engine.model_key(model),
             caller=caller,
             prefix=prefix,
+            member=member,
+            others=others,
+            opaque=opaque,
         )
         if debug_enabled():
             self.log.debug(
@@ -252,14 +284,15 @@ class Facade:
 
     def _read_body(
         self, route: RouteClass, path: str, body: bytes | str
-    ) -> tuple[str | None, tuple[int, ...]]:
-        """The model the body names and, where affinity wants them, its prefix keys: what
-        admission keeps of the document, which goes once they are read
+    ) -> tuple[Read, tuple[int, ...]]:
+        """What admission reads of the body and, where affinity wants them, its prefix keys:
+        all it keeps of the document, which goes once they are read
         (docs/robustness.md#what-a-request-body-costs)."""
-        model, document = read_body(self.engine, route, path, body)
+        read = read_body(self.engine, route, path, body)
+        prefix: tuple[int, ...] = ()
         if self._prefix_of is not None and route is RouteClass.INFERENCE:
-            return model, self._prefix_of(document)
-        return model, ()
+            prefix = self._prefix_of(read.document)
+        return read._replace(document=None), prefix
 
     def _still_pinned(self, request: FacadeRequest) -> bool:
         """Membership and pins are checked per request, not only at the handshake: a

@@ -29,6 +29,7 @@ from nvpair.facades.ports import (
 )
 from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.cluster import Membership
+from nvpair.wire.connbounds import ConnectionCounts
 from nvpair.wire.facade_server import FacadeSite
 from nvpair.wire.sniffing import SniffingFactory
 
@@ -99,6 +100,7 @@ class FacadeManager:
         access_log: AccessLog | None = None,
         lan: CallerGate | None = None,
         prefix_of: Callable[[object], tuple[int, ...]] | None = None,
+        bounds: ConnectionCounts | None = None,
     ) -> None:
         """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
         :param bodies: the request bodies held at once, every facade's together
@@ -107,7 +109,10 @@ class FacadeManager:
         :param access_log: where each facade writes the requests it refuses (None: off).
         :param lan: fleet mode's ``[access]``, which lets LAN callers in (None: nobody).
         :param prefix_of: fleet mode's affinity: an inference body's prefix keys (None: not
-            wanted)."""
+            wanted).
+        :param bounds: fleet mode's count of connections from every address but loopback,
+            shared by every facade port (None: no bound;
+            docs/robustness.md#connection-bounds)."""
         self._reactor = reactor
         self._clock = IReactorTime(reactor)
         self._membership = membership
@@ -123,6 +128,7 @@ class FacadeManager:
         self._access = access_log
         self._lan = lan
         self._prefix_of = prefix_of
+        self._bounds = bounds
         self.facades: dict[str, LiveFacade] = {}
 
     def enabled(self, engine: str) -> bool:
@@ -190,6 +196,7 @@ class FacadeManager:
             # LAN callers over TLS are served as over plaintext, under the same rules.
             lan=None if lan is None else plain,
             lan_tls=(lambda: None) if lan is None else (lambda: lan.tls),
+            bounds=self._bounds,
         )
         listener = self._listen(engine, wanted, factory)
         live = LiveFacade(engine, factory, wanted, listener, peers=peers)

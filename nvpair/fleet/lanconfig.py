@@ -45,11 +45,14 @@ class Key:
 
     :ivar digest: SHA-256 of the secret's UTF-8 bytes.
     :ivar models: shell-style patterns of the model names it may use; empty: every model.
+    :ivar manage: it may use the routes that change what an engine holds (pull, push, copy,
+        create, delete, load, unload).
     """
 
     name: str
     digest: bytes
     models: tuple[str, ...] = ()
+    manage: bool = False
 
 
 @frozen
@@ -212,7 +215,7 @@ def parse_keys(data: bytes, where: str) -> tuple[Key, ...]:
 def _key(where: str, entry: object) -> Key:
     if not isinstance(entry, dict):
         raise _fail(where, "must be a table")
-    unknown = sorted(set(entry) - {"name", "sha256", "models"})
+    unknown = sorted(set(entry) - {"name", "sha256", "models", "manage"})
     if unknown:
         raise _fail(where, f"unknown key(s) {', '.join(unknown)}")
     name = entry.get("name")
@@ -226,7 +229,10 @@ def _key(where: str, entry: object) -> Key:
         isinstance(pattern, str) and 0 < len(pattern) <= _MAX_PATTERN for pattern in models
     ):
         raise _fail(f"{where}.models", 'must be a list of model name patterns such as ["llama3*"]')
-    return Key(name, bytes.fromhex(digest), tuple(models))
+    manage = entry.get("manage", False)
+    if not isinstance(manage, bool):
+        raise _fail(f"{where}.manage", "must be true or false")
+    return Key(name, bytes.fromhex(digest), tuple(models), manage)
 
 
 def name_problem() -> str:
@@ -252,5 +258,6 @@ def new_key(name: str) -> tuple[str, str]:
         f'name = "{name}"\n'
         f'sha256 = "{digest_of(secret.encode()).hex()}"\n'
         '# models = ["llama3*"]   # optional: the model names this key may use\n'
+        "# manage = true          # optional: may pull, copy, create, delete, load models\n"
     )
     return secret, block

@@ -20,8 +20,15 @@ from nvpair.common.reasons import Reason
 from nvpair.engines.admission import is_loopback, parse_ip
 from nvpair.engines.caller import Caller
 from nvpair.fleet.lanconfig import Access, LanTls
-from nvpair.fleet.lanpolicy import IPAddress, Verdict, caller_of, judge, loopback_caller
+from nvpair.fleet.lanpolicy import (
+    IPAddress,
+    Verdict,
+    caller_of,
+    judge,
+    loopback_caller,
+)
 from nvpair.fleet.throttle import FailedKeys
+from nvpair.wire.connbounds import source_of
 from nvpair.wire.facade_server import Refusal
 
 if TYPE_CHECKING:
@@ -57,7 +64,8 @@ class LanGate:
         self.access: Access | None = None
         self.tls: SSL.Context | None = None
         self._tls_from: LanTls | None = None
-        self._failed: FailedKeys[IPAddress] = FailedKeys(clock)
+        # Counted per IPv4 address and per IPv6 /64 (docs/lan.md#failed-keys).
+        self._failed: FailedKeys[str] = FailedKeys(clock)
         self.reload(access)
 
     def reload(self, access: Access | None) -> None:
@@ -108,17 +116,19 @@ class LanGate:
         if verdict is Verdict.FORBIDDEN:
             return NOT_LISTED
         assert ip is not None
-        wait = self._failed.retry_after(ip)
+        # A host may use any address of its IPv6 /64: one caller (docs/lan.md#failed-keys).
+        block = source_of(str(ip)) or str(ip)
+        wait = self._failed.retry_after(block)
         if wait is not None:
             return _throttled(wait)
         if verdict is Verdict.ALLOWED:
             return None
         if verdict is Verdict.BAD_KEY:
-            self._failed.failed(ip)
-            if self._failed.retry_after(ip) is not None:
+            self._failed.failed(block)
+            if self._failed.retry_after(block) is not None:
                 self.log.warn(
                     "{address} presented too many failed keys: refused for a while",
-                    address=str(ip),
+                    address=str(block),
                 )
         return UNAUTHORIZED
 

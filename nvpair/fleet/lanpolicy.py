@@ -98,9 +98,13 @@ def judge(
     return Verdict.ALLOWED, key
 
 
+#: A LAN caller where no key file is named: every model, no managing.
+LAN_KEYLESS = Caller(manage=False, lan=True)
+
+
 def caller_of(key: Key | None) -> Caller:
-    """The caller a valid key (or none) makes."""
-    return KEYLESS if key is None else Caller(key.name, key.models)
+    """The LAN caller a valid key (or none) makes."""
+    return LAN_KEYLESS if key is None else Caller(key.name, key.models, key.manage, lan=True)
 
 
 def loopback_caller(access: Access, authorization: Sequence[bytes] | None) -> Caller:
@@ -108,4 +112,5 @@ def loopback_caller(access: Access, authorization: Sequence[bytes] | None) -> Ca
     patterns included."""
     secret = bearer(authorization) if access.keys else None
     key = None if secret is None or access.keys is None else find_key(access.keys, secret)
-    return caller_of(key)
+    # Loopback callers may manage whatever their key says: the machine is the operator's.
+    return KEYLESS if key is None else Caller(key.name, key.models)

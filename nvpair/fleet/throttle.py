@@ -3,8 +3,14 @@
 After :data:`FAILURES` failed keys within :data:`WINDOW` seconds an address is refused (429
 ``too-many-auth-failures``, with ``Retry-After``) until the oldest of them is out of the
 window, whatever key it presents then: guessing a key costs a LAN machine at most ten tries a
-minute. Memory is bounded: at most ``FAILURES`` times per address, and at most ``addresses``
-addresses, the one whose last failure is oldest forgotten first.
+minute. The caller says what an address is: an IPv6 host counts by its /64, which it can rotate
+through freely (:func:`nvpair.wire.connbounds.source_of`).
+
+Memory is bounded: at most ``addresses`` addresses are remembered. One still counting its
+failures may be forgotten (the one whose last failure is oldest first) to make room; a closed
+one never is before its window ends, whatever fails elsewhere. When every remembered address
+is closed, the failures of addresses there is no room for count together, and ten of them
+within the window close every address not remembered, until that window ends.
 """
 
 from __future__ import annotations
@@ -42,35 +48,80 @@ class FailedKeys(Generic[A]):
         self._failures = failures
         self._window = window
         self._addresses = addresses
-        # address -> the times of its last ``failures`` failed keys, oldest first; the
-        # address whose last failure is oldest first.
-        self._seen: OrderedDict[A, deque[float]] = OrderedDict()
+        # Addresses still counting: the times of their failures in the window, oldest first;
+        # the address whose last failure is oldest first.
+        self._counting: OrderedDict[A, deque[float]] = OrderedDict()
+        # Closed addresses, with their failures in the window: each opens again when its
+        # oldest is out of the window, and counts on from the rest.
+        self._closed: dict[A, deque[float]] = {}
+        # The failures of addresses there was no room for, and when they opened again.
+        self._overflow: deque[float] = deque(maxlen=failures)
+        self._overflow_until = -math.inf
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return len(self._counting) + len(self._closed)
 
     def failed(self, address: A) -> None:
         """``address`` presented a key that is none of the file's."""
-        times = self._seen.pop(address, None)
+        now = self._clock.seconds()
+        if self.retry_after(address) is not None:
+            return  # refused before its key was looked at; nothing more to count
+        times = self._counting.pop(address, None)
         if times is None:
+            if not self._room(now):
+                self._overflow_failed(now)
+                return
             times = deque(maxlen=self._failures)
-            while len(self._seen) >= self._addresses:
-                self._seen.popitem(last=False)
-        times.append(self._clock.seconds())
-        self._seen[address] = times
+        times.append(now)
+        while times[0] + self._window <= now:
+            times.popleft()
+        if len(times) == self._failures:
+            self._closed[address] = times
+        else:
+            self._counting[address] = times
+
+    def _room(self, now: float) -> bool:
+        """Whether one more address can be remembered, forgetting one still counting if it
+        must; never a closed one before its window ends."""
+        if len(self) < self._addresses:
+            return True
+        window = self._window
+        for address in [a for a, times in self._closed.items() if times[0] + window <= now]:
+            del self._closed[address]
+        if len(self) < self._addresses:
+            return True
+        if self._counting:
+            self._counting.popitem(last=False)
+            return True
+        return False
+
+    def _overflow_failed(self, now: float) -> None:
+        overflow = self._overflow
+        overflow.append(now)
+        while overflow[0] + self._window <= now:
+            overflow.popleft()
+        if len(overflow) == self._failures:
+            self._overflow_until = overflow[0] + self._window
+            overflow.clear()
 
     def retry_after(self, address: A) -> int | None:
         """Whole seconds (at least 1) until ``address`` may present a key again, or None
         when it may now."""
-        times = self._seen.get(address)
-        if times is None:
-            return None
         now = self._clock.seconds()
-        while times and times[0] + self._window <= now:
-            times.popleft()
-        if not times:
-            del self._seen[address]
+        closed = self._closed.get(address)
+        if closed is not None:
+            if closed[0] + self._window > now:
+                return max(1, math.ceil(closed[0] + self._window - now))
+            # Open again: its other failures still count, in the window they were made in.
+            del self._closed[address]
+            self._counting[address] = closed
+        times = self._counting.get(address)
+        if times is not None:
+            while times and times[0] + self._window <= now:
+                times.popleft()
+            if not times:
+                del self._counting[address]
             return None
-        if len(times) < self._failures:
-            return None
-        return max(1, math.ceil(times[0] + self._window - now))
+        if self._overflow_until > now:
+            return max(1, math.ceil(self._overflow_until - now))
+        return None

@@ -1,5 +1,6 @@
-"""TLS for LAN callers on a facade's own port, beside the pinned-peer personality
-(docs/lan.md#tls, docs/cluster.md#one-port-two-personalities).
+"""TLS on a facade's own port: for LAN callers beside the pinned-peer personality
+(docs/lan.md#tls, docs/cluster.md#one-port-two-personalities), and the handshake every TLS
+connection, a peer's too, must finish within :data:`HANDSHAKE_TIMEOUT`.
 
 With ``[access]``'s ``tls-cert`` and ``tls-key``, a TLS connection whose client presents no
 certificate, or one that matches no pin, is a LAN caller: it gets this certificate, and its
@@ -11,6 +12,10 @@ is no cluster member shows the LAN certificate to everyone. A member shows it to
 names a server (SNI: a LAN client asked for a host name) and its cluster certificate to one
 that names none, as peers do, asking that one for its certificate; which site then serves the
 connection is decided when the handshake is done (:class:`Sorter`).
+
+A node that serves LAN callers no TLS shows its cluster certificate and completes a handshake
+only with a pinned peer (:class:`nvpair.wire.tls.MemberServer`); a :class:`Sorter` still holds
+the connection until then, so a handshake left unfinished is closed in time there too.
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ from zope.interface import implementer
 
 from nvpair.wire.cluster import Membership
 from nvpair.wire.sniffing import Held
-from nvpair.wire.tls import server_context
+from nvpair.wire.tls import MemberServer, server_context
 
-#: A handshake not done this long after the first byte closes the connection.
-HANDSHAKE_TIMEOUT = 10.0
+#: A handshake not done this long after its first byte closes the connection: a TLS state
+#: waits on it (docs/robustness.md#connection-bounds).
+HANDSHAKE_TIMEOUT = 5.0
 
 
 def lan_context(cert_pem: bytes, key_pem: bytes) -> SSL.Context:
@@ -115,13 +121,21 @@ class GatewayServer:
 @implementer(IHandshakeListener)
 class Sorter(Held):
     """A TLS connection until its handshake is done, then the pinned peers' site or the LAN
-    callers' site, by the client's certificate."""
+    callers' site, by the client's certificate.
 
-    def __init__(self, factory: SorterFactory, address: IAddress) -> None:
-        super().__init__(factory.clock, HANDSHAKE_TIMEOUT, address)
+    :param done: told once the handshake is done (the listener's count of handshakes in
+        progress).
+    """
+
+    def __init__(
+        self, factory: SorterFactory, address: IAddress, done: Callable[[], None] = lambda: None
+    ) -> None:
+        super().__init__(factory.clock, factory.timeout, address)
         self._factory = factory
+        self._done = done
 
     def handshakeCompleted(self) -> None:
+        self._done()
         transport = self.transport
         peer_certificate = getattr(transport, "getPeerCertificate", None)
         certificate = peer_certificate() if peer_certificate is not None else None
@@ -132,7 +146,7 @@ class Sorter(Held):
             and membership.pinned(certificate) is not None
         )
         site = self._factory.peer if pinned else self._factory.lan
-        self.hand_over(site.buildProtocol(self._address))
+        self.hand_over(None if site is None else site.buildProtocol(self._address))
 
     def dataReceived(self, data: bytes) -> None:
         # Application data comes only after the handshake, so a delegate is there.
@@ -141,7 +155,10 @@ class Sorter(Held):
 
 
 class SorterFactory(Factory):
-    """Builds a :class:`Sorter` per TLS connection."""
+    """Builds a :class:`Sorter` per TLS connection.
+
+    :param lan: the LAN callers' site (None: a client that is no pinned peer is closed).
+    """
 
     noisy = False
 
@@ -149,17 +166,29 @@ class SorterFactory(Factory):
         self,
         clock: IReactorTime,
         peer: IProtocolFactory,
-        lan: IProtocolFactory,
+        lan: IProtocolFactory | None,
         membership: Callable[[], Membership | None],
+        timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         self.clock = clock
         self.peer = peer
         self.lan = lan
         self.membership = membership
+        self.timeout = timeout
 
     def buildProtocol(self, addr: IAddress | None) -> Sorter:
         assert addr is not None
         return Sorter(self, addr)
+
+
+def handshaking(
+    factory: TLSMemoryBIOFactory, address: IAddress, done: Callable[[], None]
+) -> TLSMemoryBIOProtocol:
+    """A TLS connection of ``factory`` (one of this module's) whose :class:`Sorter` tells
+    ``done`` when its handshake is done: what ``factory.buildProtocol`` makes, with ``done``."""
+    sorters = factory.wrappedFactory
+    assert isinstance(sorters, SorterFactory)
+    return factory.protocol(factory, Sorter(sorters, address, done))
 
 
 def gateway_factory(
@@ -175,4 +204,14 @@ def gateway_factory(
         False,
         SorterFactory(clock, peer, lan, membership),
         clock,
+    )
+
+
+def member_factory(
+    clock: IReactorTime, peer: IProtocolFactory, membership: Callable[[], Membership | None]
+) -> TLSMemoryBIOFactory:
+    """The TLS personality of a member's facade port that serves LAN callers no TLS: pinned
+    peers only."""
+    return TLSMemoryBIOFactory(
+        MemberServer(membership), False, SorterFactory(clock, peer, None, membership), clock
     )

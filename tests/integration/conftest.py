@@ -23,11 +23,17 @@ async def running_proxy(
     env: dict[str, str] | None = None,
     twistd_reactor: str | None = None,
     console_script: bool = False,
+    open_files: int | None = None,
 ) -> AsyncIterator[ProxyProcess]:
     """The proxy process for the body of a ``with``; terminated (and reaped) afterwards."""
     state_dir.mkdir(parents=True, exist_ok=True)
     proxy = start_proxy(
-        state_dir, *args, env=env, twistd_reactor=twistd_reactor, console_script=console_script
+        state_dir,
+        *args,
+        env=env,
+        twistd_reactor=twistd_reactor,
+        console_script=console_script,
+        open_files=open_files,
     )
     try:
         yield proxy

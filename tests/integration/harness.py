@@ -218,12 +218,21 @@ def run_twistd(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+_WITH_OPEN_FILES = """
+import os, resource, sys
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
 def start_proxy(
     state_dir: Path,
     *args: str,
     env: dict[str, str] | None = None,
     twistd_reactor: str | None = None,
     console_script: bool = False,
+    open_files: int | None = None,
 ) -> ProxyProcess:
     """Spawn ``twistd -n nvpair-proxy`` with this side as its broker.
 
@@ -231,6 +240,8 @@ def start_proxy(
 
     :param console_script: spawn the installed ``nvpair-proxy`` console script instead, as an
         operator runs it (it writes no pid file by itself).
+    :param open_files: the process's open-files limit, soft and hard (the process raises its
+        soft limit to the hard one, so both are set); None: this process's.
     """
     proxy = ProxyProcess()
     # NVPAIR_TEST_REACTOR=uvloop runs the whole integration suite on another twistd reactor.
@@ -242,6 +253,9 @@ def start_proxy(
         command = [NVPAIR_PROXY, *(["--reactor", chosen] if chosen else [])]
     else:
         command = [TWISTD, "--pidfile=", *reactor_args, "-n", "nvpair-proxy"]
+    if open_files is not None:
+        # Set in the child before it becomes the proxy: exec keeps the limit and the pid.
+        command = [sys.executable, "-c", _WITH_OPEN_FILES, str(open_files), *command]
     reactor.spawnProcess(
         proxy,
         command[0],

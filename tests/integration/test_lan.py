@@ -38,6 +38,21 @@ def keys_file(path: Path, *keys: tuple[str, str, Sequence[str]]) -> Path:
     return path
 
 
+def tls_access(directory: Path, lan: Namespace, network: str) -> str:
+    """An ``[access]`` table for ``network`` with ``keys.toml``, serving TLS: its certificate
+    (for ``gpu.lan`` and the proxy's address on ``lan``) and key written in ``directory``, with
+    ``ca.crt``, the fresh authority that issued it, for the clients."""
+    ca = make_ca()
+    server = issue(ca, ["gpu.lan"], [lan.host_ip])
+    (directory / "ca.crt").write_bytes(ca.cert_pem)
+    (directory / "lan.crt").write_bytes(server.cert_pem)
+    (directory / "lan.key").write_bytes(server.key_pem)
+    return (
+        f'[access]\nnetworks = ["{network}"]\nkeys = "keys.toml"\n'
+        'tls-cert = "lan.crt"\ntls-key = "lan.key"\n'
+    )
+
+
 def fleet_file(
     path: Path,
     engine: str,
@@ -261,19 +276,11 @@ async def test_curl_over_tls_the_throttle_and_a_reload(tmp_path: Path) -> None:
     Host guard for loopback callers only; ten failed keys close the address (429, with
     Retry-After); SIGHUP applies a new key file and networks, and keeps the running ones
     when the new file is broken."""
-    ca = make_ca()
     key, other = new_key("laptop")[0], new_key("tv")[0]
     keys = keys_file(tmp_path / "keys.toml", ("laptop", key, ()))
     port, admin = free_port(), free_port()
     with lan_namespace() as lan:
-        server = issue(ca, ["gpu.lan"], [lan.host_ip])
-        (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
-        (tmp_path / "lan.crt").write_bytes(server.cert_pem)
-        (tmp_path / "lan.key").write_bytes(server.key_pem)
-        access = (
-            f'[access]\nnetworks = ["{lan.network}"]\nkeys = "keys.toml"\n'
-            'tls-cert = "lan.crt"\ntls-key = "lan.key"\n'
-        )
+        access = tls_access(tmp_path, lan, lan.network)
         async with sims(("ollama", ["llama3:latest"], "node-a")) as (sim,):
             fleet = fleet_file(tmp_path / "fleet.toml", "ollama", port, {"node-a": sim.url}, access)
             args = ("--fleet", str(fleet), "--admin-port", str(admin))
@@ -401,7 +408,13 @@ async def test_a_keys_patterns_judge_file_names_and_aliases_by_their_own_name(
             )
             assert done.returncode == 0, done.stderr
             out = json.loads(done.stdout)
-            assert sorted(out["listed"]) == ["qwen", "qwen2.5-7b-q4", "qwen2.5-7b-q4.gguf"]
+            # The model the patterns allow, under every name the fleet knows it by.
+            assert sorted(out["listed"]) == [
+                qwen_path,
+                "qwen",
+                "qwen2.5-7b-q4",
+                "qwen2.5-7b-q4.gguf",
+            ]
             assert out["chat"] and out["refused"] == 403
             # The node was sent its own name for the model the alias stands for.
             bodies = [json.loads(r.body) for r in sim.requests if r.method == "POST"]

@@ -97,7 +97,7 @@ async def post(port: int, path: str, body: bytes) -> tuple[int, bytes, str | Non
 #: last is the one read), a nested "model" that is content.
 ODD = (
     b' {\r\n\t"messages" : [ {"role":"user","content":"caf\\u00e9 \\/ \\"hi\\"","model":"x"} ],'
-    b'\n  "model":"first",  "temperature" :0.50e0 , "\\u006dodel"  :\t"%s" ,"stream":false}\n'
+    b'\n  "temperature" :0.50e0 , "\\u006dodel"  :\t"%s" ,"stream":false}\n'
 )
 
 
@@ -120,6 +120,11 @@ async def test_a_file_name_reaches_the_node_as_its_own_path_every_other_byte_as_
         # A name no node has is still no model.
         status, answer, _ = await post(port, "/v1/chat/completions", ODD % b"Meta-Llama")
         assert status == 502 and b"no-owner" in answer
+        # A body that names its model twice (here once escaped) would be read two ways: 400
+        # (docs/lan.md#what-a-key-can-and-cannot-do).
+        twice = ODD.replace(b'"temperature"', b'"model":"first",  "temperature"')
+        status, answer, _ = await post(port, "/v1/chat/completions", twice % LLAMA_PATH.encode())
+        assert status == 400 and b"bad-json" in answer
 
 
 @pytest_twisted.ensureDeferred

@@ -177,6 +177,7 @@ async def fleet_proxy(
     settle: float = 1.0,
     credentials: Mapping[str, str] | None = None,
     env: dict[str, str] | None = None,
+    extra: str = "",
 ) -> AsyncIterator[tuple[ProxyProcess, int]]:
     """``twistd -n nvpair-proxy --fleet`` with the llama.cpp facade on a free port over
     ``nodes`` (node id to llama-server URL), once every node has joined discovery and
@@ -186,6 +187,7 @@ async def fleet_proxy(
     :param interval: the fleet file's ``inventory-interval``.
     :param credentials: node id to its ``[nodes.credentials]`` value (``env:NAME``).
     :param env: the proxy's environment, besides the test's own.
+    :param extra: more of the fleet file, after the nodes (``[access]``, ``[models]``).
     """
     port = free_port()
     fleet = tmp_path / "fleet.toml"
@@ -194,7 +196,7 @@ async def fleet_proxy(
         lines += ["[[nodes]]", f'id = "{node}"', "[nodes.engines]", f'llamacpp = "{url}"']
         if credentials and node in credentials:
             lines += ["[nodes.credentials]", f'llamacpp = "{credentials[node]}"']
-    fleet.write_text("\n".join(lines) + "\n")
+    fleet.write_text("\n".join(lines) + "\n" + extra)
     async with running_proxy(tmp_path, "--fleet", str(fleet), *args, env=env) as proxy:
         for node in nodes:
 

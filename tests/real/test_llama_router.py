@@ -25,8 +25,11 @@ from twisted.internet.threads import deferToThread
 from twisted.web.http_headers import Headers
 
 from nvpair.engines.loadstate import LISTING_LAG
+from nvpair.fleet.lanconfig import new_key
 from tests.integration.browser import Browser, BrowserUnavailable, chromium
 from tests.integration.harness import free_port, log_problems
+from tests.integration.netns import lan_namespace
+from tests.integration.test_lan import keys_file, python_in
 from tests.integration.test_status_page import READ_PAGE
 from tests.real.servers import fleet_proxy, llama_server_binary, llama_server_process, sleep
 from tests.real.tiny_gguf import write_tiny_gguf
@@ -172,3 +175,64 @@ async def test_a_request_goes_to_the_router_holding_its_model(
         # A router's 400 for /slots without ?model= is no error: nothing logged as one.
         assert log_problems(proxy) == []
         assert not [r for r in proxy.logs if "left llamacpp discovery" in str(r.get("msg"))]
+
+
+_LAN_PROBE = """
+import json, sys, httpx
+base, key = sys.argv[1:3]
+auth = {"Authorization": f"Bearer {key}"}
+out = {}
+for name, method, path, body in (
+    ("props beta", "GET", "/props?model=beta", None),
+    ("props beta encoded", "GET", "/props?autoload=true&mod%65l=beta", None),
+    ("slots beta", "GET", "/slots?model=beta", None),
+    ("tokenize beta", "POST", "/tokenize", b'{"model":"beta","content":"hi"}'),
+    ("load alpha", "POST", "/models/load", b'{"model":"alpha"}'),
+    ("unload alpha", "POST", "/models/unload", b'{"model":"alpha"}'),
+    ("slot erase", "POST", "/slots/0?action=erase", b""),
+):
+    answer = httpx.request(method, base + path, content=body, headers=auth, timeout=10)
+    out[name] = [answer.status_code, answer.headers.get("x-nvpair-error")]
+listed = httpx.get(base + "/v1/models", headers=auth, timeout=10).json()["data"]
+out["listed"] = {m["id"]: sorted(m["status"]) for m in listed}
+print(json.dumps(out))
+"""
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lan_key_cannot_make_a_router_load_or_show_what_it_may_not(
+    tmp_path: Path, routers: Routers
+) -> None:
+    """A key limited to ``alpha`` without ``manage``, from another machine (a network
+    namespace), on two real routers: a ``model`` query, a body naming ``beta`` on an "other"
+    route and the management routes are refused before they reach a router — neither loads
+    ``beta`` nor unloads what it holds — and the model list shows it no file paths
+    (``status.args``), which the operator's own machine still sees
+    (docs/lan.md#what-a-key-can-and-cannot-do)."""
+    await hold(routers.a, "alpha")
+    await hold(routers.b, "alpha")
+    phone, _ = new_key("phone")
+    keys_file(tmp_path / "keys.toml", ("phone", phone, ["alpha"]))
+    with lan_namespace() as lan:
+        access = f'[access]\nnetworks = ["{lan.network}"]\nkeys = "keys.toml"\n'
+        nodes = {"a": routers.a, "b": routers.b}
+        async with fleet_proxy(tmp_path, nodes, interval=POLL, extra=access) as (_, port):
+            out = await python_in(lan, _LAN_PROBE, f"http://{lan.host_ip}:{port}", phone)
+            loopback = await treq.get(f"http://127.0.0.1:{port}/v1/models", timeout=10)
+            local = json.loads(await loopback.content())["data"]
+    forbidden_model, forbidden_route = [403, "forbidden-model"], [403, "forbidden-route"]
+    assert out == {
+        "props beta": forbidden_model,
+        "props beta encoded": forbidden_model,
+        "slots beta": forbidden_model,
+        "tokenize beta": forbidden_model,
+        "load alpha": forbidden_route,
+        "unload alpha": forbidden_route,
+        "slot erase": forbidden_route,
+        # Only the model the key may use, and without the router's command line.
+        "listed": {"alpha": ["value"]},
+    }
+    assert all("args" in entry["status"] for entry in local), local
+    # Neither router was made to load beta or drop alpha.
+    for url in routers:
+        assert await holds(url) == {"alpha": "loaded", "beta": "unloaded"}
