@@ -29,6 +29,7 @@ DEFAULTS: Mapping[str, str] = {
     "retry-backoff": "250ms",
     "client-write-timeout": "60s",
     "max-request-body": "67108864",
+    "max-body-memory": "268435456",
     "log-level": "info",
     "log-format": "auto",
     "request-head-timeout": "30s",
@@ -42,7 +43,8 @@ DEFAULTS: Mapping[str, str] = {
 
 
 def parse_count(text: str) -> int:
-    """A positive whole number (``--max-dispatch-attempts``, ``--max-request-body``)."""
+    """A positive whole number (``--max-dispatch-attempts``, ``--max-request-body``,
+    ``--max-body-memory``)."""
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ValueError(f"{text!r} is not a positive whole number")
     return int(text)
@@ -74,6 +76,9 @@ class Config:
     retry_backoff: float = _default("retry-backoff", parse_duration)
     client_write_timeout: float = _default("client-write-timeout", parse_duration)
     max_request_body: int = _default("max-request-body", parse_count)
+    #: The request bodies held at once, every facade's together
+    #: (docs/robustness.md#what-a-request-body-costs).
+    max_body_memory: int = _default("max-body-memory", parse_count)
     log_level: LogLevel = _default("log-level", parse_level)  # noqa: RUF009 (a constant)
     #: ``auto`` (text on a terminal, else JSON), ``text`` or ``json``.
     log_format: str = _default("log-format", parse_log_format)

@@ -44,6 +44,7 @@ from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.observe.listener import AdminListener
 from nvpair.observe.metrics import Metrics
 from nvpair.observe.recent import RecentWorkloads
+from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.cluster import ClusterWatch
 from nvpair.wire.connbounds import ConnectionCounts, lan_capacity
 from nvpair.wire.upstream import Upstream
@@ -297,6 +298,7 @@ def build(
         state_dir=config.state_dir,
         bind=config.bind,
         max_request_body=config.max_request_body,
+        bodies=BodyBudget(config.max_body_memory),
         head_timeout=config.request_head_timeout,
         idle_timeout=config.idle_timeout,
         backlog=config.listen_backlog,

@@ -120,6 +120,10 @@ class Options(ActionOptions):
             ("retry-backoff", "First backoff between rounds; doubles, capped at 8x."),
             ("client-write-timeout", "A client that accepts no bytes this long is dropped."),
             ("max-request-body", "Larger request bodies (bytes) get 413."),
+            (
+                "max-body-memory",
+                "Request bodies held at once (bytes), all requests together; past it 503.",
+            ),
             ("log-level", "debug, info, warn or error."),
             ("log-format", "text, json, or auto: text when stderr is a terminal, else json."),
             ("admin-port", "Loopback-only admin listener (health, metrics, status)."),
@@ -231,6 +235,7 @@ class Options(ActionOptions):
             retry_backoff=self._defaulted("retry-backoff", parse_duration),
             client_write_timeout=self._defaulted("client-write-timeout", parse_duration),
             max_request_body=self._defaulted("max-request-body", parse_count),
+            max_body_memory=self._defaulted("max-body-memory", parse_count),
             log_level=self._defaulted("log-level", parse_level),
             log_format=self._defaulted("log-format", parse_log_format),
             access_log=bool(self["access-log"]),

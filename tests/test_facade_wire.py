@@ -14,6 +14,7 @@ import http.client
 import json
 import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,15 @@ from twisted.internet import reactor as _reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import ServerFactory
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from nvpair.engines.table import LLAMACPP
+from nvpair.engines.table import LLAMACPP, OLLAMA
 from nvpair.facades.facade import Admitted, Facade, RequestHandler
+from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.cluster import Membership, load_membership
 from nvpair.wire.facade_server import FacadeSite
 from nvpair.wire.sniffing import SniffingFactory
@@ -449,6 +452,138 @@ async def test_a_client_that_writes_its_whole_body_first_reads_the_413() -> None
     assert (status, reason) == (413, "body-too-large")
     assert json.loads(body)["error"]["code"] == "body-too-large"
     assert handler.admitted == []
+
+
+def write_then_read(port: int, head: bytes, size: int) -> bytes:
+    """What a client that sends its whole body before it reads does (curl with a large upload,
+    ``requests``): every byte written, then the answer read to the close. A reset on the way
+    (``BrokenPipeError``, ``ConnectionResetError``) fails the caller."""
+    piece = b"x" * (1 << 20)
+    with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE) as client:
+        client.sendall(head)
+        for at in range(0, size, len(piece)):
+            client.sendall(piece[: size - at])
+        answer = b""
+        while data := client.recv(65536):
+            answer += data
+        return answer
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_writes_100_mib_over_the_cap_first_reads_the_413() -> None:
+    """Issue 29 item 7: lingering for 4 MiB, the proxy closed with most of the body unread and
+    the client got ``BrokenPipeError``; nginx answers 413. Up to 128 MiB are read and dropped."""
+    size = 100 << 20
+    handler = Served()
+    head = request("POST", "/completion", "Host: x", f"Content-Length: {size}")
+    async with listening(site(handler)) as port:
+        answer = await deferToThread(write_then_read, port, head, size)
+    (response,) = read_stream(answer, [b"POST"], closed=True)
+    assert error_of(response)[0] == "body-too-large" and response.status == 413
+    assert handler.admitted == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_refused_for_its_host_is_read_before_the_403() -> None:
+    """Every refusal at the head lingers, not the body cap's alone: Ollama's Host guard, as
+    the LAN ones."""
+    size = 20 << 20
+    handler = Served()
+    head = request("POST", "/api/chat", "Host: rebound.example", f"Content-Length: {size}")
+    async with listening(FacadeSite(Facade(OLLAMA, handler), size, clock=reactor)) as port:
+        answer = await deferToThread(write_then_read, port, head, size)
+    (response,) = read_stream(answer, [b"POST"], closed=True)
+    assert response.status == 403 and response.value(b"x-nvpair-error") == b"forbidden-host"
+    assert handler.admitted == []
+
+
+# -- the bodies held at once (docs/robustness.md#what-a-request-body-costs) --------------------
+
+
+class Holding(RequestHandler):
+    """The request path's stand-in that answers only when the test says."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self.arrived: Deferred[None] = Deferred()
+
+    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+        self.requests.append(request)
+        if not self.arrived.called:
+            self.arrived.callback(None)
+        return defer.succeed(None)
+
+    def answer_all(self) -> None:
+        for request in self.requests:
+            if not request.finished:
+                request.setResponseCode(200)
+                request.setHeader(b"content-length", b"2")
+                request.write(b"ok")
+                request.finish()
+
+
+async def eventually(check: Any) -> None:
+    for _ in range(int(PATIENCE / 0.05)):
+        if check():
+            return
+        await deferLater(reactor, 0.05, lambda: None)
+    raise AssertionError("never held")
+
+
+@pytest_twisted.ensureDeferred
+async def test_bodies_past_max_body_memory_are_503_overloaded_and_nothing_is_left_held() -> None:
+    """A declared length is refused at its head; a chunked body the moment it crosses, then
+    the connection closes; uploads abandoned half way (a reset) give back what they held."""
+    budget = BodyBudget(1 << 20)
+    handler = Holding()
+    facade_site = FacadeSite(Facade(LLAMACPP, handler), 4 << 20, clock=reactor, bodies=budget)
+    body = b'{"p":"' + b"x" * ((600 << 10) - 8) + b'"}'
+    async with listening(facade_site) as port:
+        held = Raw()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), held)
+        assert held.transport is not None
+        held.transport.write(post("/completion", body))
+        await handler.arrived
+        assert budget.held == 600 << 10
+        declared = await talk(port, post("/completion", b"x" * (500 << 10)))
+        chunked = await talk(
+            port,
+            request("POST", "/completion", "Host: x", "Transfer-Encoding: chunked")
+            + b"".join(b"10000\r\n" + b"x" * 0x10000 + b"\r\n" for _ in range(8))
+            + b"0\r\n\r\n",
+        )
+        for answer in (declared, chunked):
+            (response,) = read_stream(answer, [b"POST"], closed=True)
+            assert (response.status, error_of(response)[0]) == (503, "overloaded")
+            assert response.value(b"retry-after") == b"5"
+        assert budget.held == 600 << 10
+        # Uploads that stop half way and reset.
+        for head, part in [
+            (request("POST", "/completion", "Host: x", "Content-Length: 300000"), b"x" * 1000),
+            (
+                request("POST", "/completion", "Host: x", "Transfer-Encoding: chunked"),
+                b"1000\r\n" + b"x" * 0x1000 + b"\r\n",
+            ),
+        ]:
+            with socket.create_connection(("127.0.0.1", port)) as client:
+                client.sendall(head + part)
+                await eventually(lambda: budget.held > 600 << 10)
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            await eventually(lambda: budget.held == 600 << 10)
+        handler.answer_all()
+        assert budget.held == 0
+        # The whole of it is there again.
+        whole = Raw()
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), whole)
+        assert whole.transport is not None
+        body = b'{"p":"' + b"x" * ((1 << 20) - 8) + b'"}'
+        whole.transport.write(post("/completion", body, "Connection: close"))
+        await eventually(lambda: len(handler.requests) == 2)
+        assert budget.held == 1 << 20
+        handler.answer_all()
+        (response,) = read_stream(await whole.done, [b"POST"], closed=True)
+        assert response.status == 200 and budget.held == 0
+        held.transport.loseConnection()
 
 
 # -- a client that leaves, and answers without a body ----------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import struct
 import termios
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +23,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from nvpair.wire.outlet import GATHER, HIGH_WATER, Outlet
+from nvpair.wire.outlet import GATHER, HIGH_WATER, WINDOW, Outlet
 
 BIG = bytes(range(256)) * (32 * 1024)  # 8 MiB: far more than loopback buffers hold
 
@@ -309,3 +310,67 @@ async def test_behind_queued_bytes_nothing_is_gathered(pair: Pair) -> None:
     pair.client.reading(True)
     await received(pair, len(BIG) + 4)
     assert bytes(pair.client.received) == BIG + b"tail"
+
+
+# -- a large body, from where it is (docs/robustness.md#what-a-request-body-costs) ---------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_large_body_goes_out_from_where_it_is_a_window_at_a_time(pair: Pair) -> None:
+    """Handed to the transport whole (behind its head, or what the kernel did not take of it
+    sliced off) it was copied whole: the client reading nothing, what is written costs a few
+    windows, and everything arrives in order, what was sent after it last."""
+    pair.client.reading(False)
+    tracemalloc.start()
+    try:
+        pair.outlet.send_body(b"HEAD", BIG)
+        pair.outlet.send(b"tail")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * WINDOW
+    pair.client.reading(True)
+    await received(pair, 4 + len(BIG) + 4)
+    assert bytes(pair.client.received) == b"HEAD" + BIG + b"tail"
+    pair.outlet.send(b"again")
+    await received(pair, 4 + len(BIG) + 9)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_sent_while_one_is_still_going_out_follows_it(pair: Pair) -> None:
+    """An engine may answer before it has read a request's body, and the connection carry the
+    next request: it goes behind the rest of the first."""
+    pair.client.reading(False)
+    pair.outlet.send_body(b"ONE", BIG)
+    pair.outlet.send_body(b"TWO", BIG[::-1])
+    pair.client.reading(True)
+    await received(pair, 6 + 2 * len(BIG))
+    assert bytes(pair.client.received) == b"ONE" + BIG + b"TWO" + BIG[::-1]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_close_while_a_body_goes_out_drops_the_rest(pair: Pair) -> None:
+    pair.client.reading(False)
+    pair.outlet.send_body(b"HEAD", BIG)
+    pair.outlet.close()
+    pair.client.reading(True)
+    await pair.client.closed
+    assert len(pair.client.received) < len(BIG)
+
+
+def test_a_transport_with_a_buffer_of_its_own_is_fed_as_it_drains() -> None:
+    """TLS says when its buffer has drained only to a producer: the outlet registers as one
+    for the body, and writes a window each time it may."""
+    transport = StringTransport()
+    outlet = Outlet(transport)
+    assert transport.producer is None
+    outlet.send(b"first ")
+    outlet.send_body(b"HEAD", BIG)
+    assert transport.producer is outlet and transport.streaming
+    assert transport.value() == b"first HEAD" + BIG
+    transport.clear()
+    outlet.pauseProducing()
+    outlet.send_body(b"NEXT", BIG)
+    assert transport.value() == b"NEXT"
+    outlet.resumeProducing()
+    assert transport.value() == b"NEXT" + BIG

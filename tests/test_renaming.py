@@ -4,6 +4,7 @@ docs/model-names.md#the-node-gets-its-own-name)."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -150,3 +151,134 @@ def test_any_spelling_keeps_every_byte_but_the_last_models_value(
     changed[models[-1]] = (key, space, json.dumps(name), name)
     assert result == _render(changed, outer, inner)
     assert json.loads(result) == {**json.loads(original), "model": name}
+
+
+# -- the bytes where they are (docs/robustness.md#what-a-request-body-costs) ---------------------
+
+
+def _by_text(body: bytes, name: str, member: str = "model") -> bytes | None:
+    """The scan it replaced, over the decoded text with every value built: the oracle."""
+    decoder = json.JSONDecoder()
+
+    def skip(text: str, at: int) -> int:
+        while at < len(text) and text[at] in " \t\n\r":
+            at += 1
+        return at
+
+    try:
+        text = body.decode("utf-8")
+        at = skip(text, 1 if text.startswith("\ufeff") else 0)
+        if text[at] != "{":
+            return None
+        spans: dict[str, tuple[int, int, object]] = {}
+        at = skip(text, at + 1)
+        if text[at] != "}":
+            while True:
+                if text[at] != '"':
+                    return None
+                key, at = json.decoder.scanstring(text, at + 1)  # type: ignore[attr-defined]
+                at = skip(text, at)
+                if text[at] != ":":
+                    return None
+                start = skip(text, at + 1)
+                value, at = decoder.raw_decode(text, start)
+                if key == member:
+                    spans[key] = (start, at, value)
+                at = skip(text, at)
+                if text[at] == "}":
+                    break
+                if text[at] != ",":
+                    return None
+                at = skip(text, at + 1)
+    except (UnicodeDecodeError, ValueError, IndexError, RecursionError):
+        return None
+    span = spans.get(member)
+    if span is None or not isinstance(span[2], str) or not span[2]:
+        return None
+    first = len(text[: span[0]].encode())
+    last = first + len(text[span[0] : span[1]].encode())
+    return body[:first] + json.dumps(name).encode() + body[last:]
+
+
+_ANY = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=30,
+)
+
+
+@st.composite
+def _objects(draw: st.DrawFn) -> bytes:
+    """A JSON object as any client may spell it: members in any order and number, nested at
+    any depth, escapes or raw UTF-8, ``NaN`` and ``Infinity``, spaces anywhere between tokens."""
+    members = draw(
+        st.lists(
+            st.tuples(st.sampled_from(["model", "Model", "name", "\u00e9", "messages"]), _ANY),
+            max_size=5,
+        )
+    )
+    ascii_only = draw(st.booleans())
+    space = draw(st.sampled_from(["", " ", "\n\t ", "\r\n"]))
+    parts = [
+        json.dumps(key, ensure_ascii=ascii_only)
+        + space
+        + ":"
+        + space
+        + json.dumps(value, ensure_ascii=ascii_only, separators=(space + ",", ":" + space))
+        for key, value in members
+    ]
+    return (space + "{" + space + ("," + space).join(parts) + space + "}" + space).encode()
+
+
+@given(_objects(), st.sampled_from(["model", "Model", "name", "\u00e9"]))
+def test_the_scan_of_the_bytes_renames_as_the_scan_of_the_text_did(
+    body: bytes, member: str
+) -> None:
+    assert renamed(body, "/m/q.gguf", member) == _by_text(body, "/m/q.gguf", member)
+
+
+@given(_objects(), st.integers(0, 1 << 16), st.binary(min_size=1, max_size=3))
+def test_a_mangled_body_is_renamed_only_if_it_is_still_json(
+    body: bytes, at: int, junk: bytes
+) -> None:
+    """Bytes anywhere: never an exception, and a body still renamed is still JSON read the same
+    way (admission parses every body it renames first)."""
+    at %= len(body) + 1
+    mangled = body[:at] + junk + body[at:]
+    result = renamed(mangled, "n")
+    try:
+        json.loads(mangled)
+    except (ValueError, RecursionError):
+        assert result is None or _by_text(mangled, "n") == result
+        return
+    assert result == _by_text(mangled, "n")
+
+
+@pytest.mark.parametrize("depth", [1, 5, 6, 7, 40, 400])
+def test_values_nested_past_one_expressions_reach_are_read_level_by_level(depth: int) -> None:
+    nested = "[" * depth + '{"model":"n"}' + "]" * depth
+    keyed = nested.replace("[", '{"k":[').replace("]", "]}")
+    body = b'{"a":%s,"model":"q","b":%s}' % (nested.encode(), keyed.encode())
+    assert json.loads(body)["model"] == "q"
+    assert renamed(body, "x") == body.replace(b'"model":"q"', b'"model":"x"')
+    # The same with a fault at the bottom: no JSON, no renaming.
+    broken = body.replace(b'{"model":"n"}', b'{"model":"n",}', 1)
+    assert renamed(broken, "x") is None
+
+
+def test_a_large_body_is_renamed_into_one_new_body_and_no_more() -> None:
+    """Decoding the body, and building every value on the way, cost three bodies more."""
+    prompt = "a\\n\u00e9" * (1 << 20)
+    body = json.dumps({"model": "q", "prompt": prompt}, ensure_ascii=False).encode()
+    tracemalloc.start()
+    try:
+        result = renamed(body, "/models/q.gguf")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result is not None and result.endswith(body[len(b'{"model": "q"') :])
+    assert peak < 1.2 * len(body)

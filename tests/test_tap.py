@@ -36,6 +36,7 @@ def test_defaults_are_the_specs_values() -> None:
     assert config.job_deadline == 600 and config.max_dispatch_attempts == 5
     assert config.retry_backoff == 0.25 and config.client_write_timeout == 60
     assert config.max_request_body == 67108864 and config.log_level == LogLevel.info
+    assert config.max_body_memory == 268435456
     assert config.admin_port is None
     assert (config.log_format, config.access_log) == ("auto", False)
 
@@ -66,6 +67,11 @@ def test_environment_fills_in_and_flags_win() -> None:
     assert config.state_dir == Path("/t")
 
 
+def test_max_body_memory_in_bytes() -> None:
+    config = parse(["--max-body-memory", "1048576"]).config
+    assert config is not None and config.max_body_memory == 1 << 20
+
+
 def test_go_durations() -> None:
     config = parse(["--job-deadline", "1h30m", "--retry-backoff", "10ms"]).config
     assert config is not None and config.job_deadline == 5400 and config.retry_backoff == 0.01
@@ -78,6 +84,7 @@ def test_go_durations() -> None:
         (["--job-deadline", "-1s"], "--job-deadline"),
         (["--max-dispatch-attempts", "two"], "--max-dispatch-attempts"),
         (["--max-request-body", "0"], "--max-request-body"),
+        (["--max-body-memory", "256MiB"], "--max-body-memory"),
         (["--log-level", "trace"], "--log-level"),
         (["--log-format", "yaml"], "--log-format"),
         (["--admin-port", "0"], "--admin-port"),

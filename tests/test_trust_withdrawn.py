@@ -2,11 +2,13 @@
 
 A peer's engine answers over pinned mutual TLS on loopback; the proxy's Upstream keeps the
 connection alive in its pool. When the peer's pin goes, the pooled connection must close and
-no later request may travel on it.
+no later request may travel on it. And a large body, fed to TLS's own buffer as it drains,
+arrives whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +137,40 @@ async def test_a_connection_busy_when_trust_changes_is_not_reused(tmp_path: Path
         response = await upstream.request(url, b"GET", b"/", Headers(), None)
         assert await readBody(response) == b"hello"
         assert server.opened == 2  # a fresh, freshly verified connection
+    finally:
+        await upstream.close()
+        await port.stopListening()
+
+
+class Length(Resource):
+    """Answers with the length and a digest of the body it got."""
+
+    isLeaf = True
+
+    def render(self, request: Any) -> bytes:
+        body = request.content.read()
+        return b"%d %s" % (len(body), hashlib.sha256(body).hexdigest().encode())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_large_body_reaches_a_peer_over_tls_whole_and_in_order(tmp_path: Path) -> None:
+    """TLS keeps a buffer of its own: a large body is fed to it as it drains
+    (docs/robustness.md#what-a-request-body-costs), from the handshake on."""
+    from nvpair.wire.upstream import Upstream
+
+    me, peer = make_identity("me"), make_identity("peer")
+    peer_side = membership(tmp_path / "peer", peer, [me])
+    server = Site(Length())
+    port = reactor.listenSSL(0, server, Context(server_context(peer_side)), interface="127.0.0.1")
+    mine = membership(tmp_path / "me", me, [peer])
+    url = f"https://127.0.0.1:{port.getHost().port}"
+    upstream = Upstream(reactor, 5.0, PinnedPeers(lambda: mine, lambda host, p: "peer"))
+    body = bytes(range(256)) * (32 * 1024)
+    expected = b"%d %s" % (len(body), hashlib.sha256(body).hexdigest().encode())
+    try:
+        for _ in range(2):  # a fresh connection (fed from the handshake on), then a pooled one
+            response = await upstream.request(url, b"POST", b"/", Headers(), body)
+            assert await readBody(response) == expected
     finally:
         await upstream.close()
         await port.stopListening()

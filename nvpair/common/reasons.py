@@ -65,6 +65,11 @@ class Reason(enum.StrEnum):
         403,
         "this key may not change what the engines hold (its key file block says no manage)",
     )
+    OVERLOADED = (
+        "overloaded",
+        503,
+        "the request bodies this proxy holds are at its bound: try again later",
+    )
     TOO_MANY_AUTH_FAILURES = (
         "too-many-auth-failures",
         429,

@@ -8,53 +8,38 @@ as the body spells it (:func:`nvpair.engines.admission.read_body`): a key spelle
 (``"\\u006dodel"``) is that key, as it is to every engine's parser, and on Ollama's routes a
 ``"Model"`` is the model, as Go's decoder folds case. A body that names its model twice at the
 top level never gets here: admission refuses it (docs/lan.md#what-a-key-can-and-cannot-do).
+
+The scan reads the bytes where they are (:mod:`nvpair.common.jsonscan`): nothing of the body is
+decoded or built but the keys that may be the one, so renaming a body costs the new body and no
+more (docs/robustness.md#what-a-request-body-costs).
 """
 
 from __future__ import annotations
 
+import codecs
 import json
-import re
-from json.decoder import scanstring  # type: ignore[attr-defined]  # C-accelerated, untyped
+
+from nvpair.common.jsonscan import is_key, members
 
 __all__ = ["renamed"]
 
-_DECODER = json.JSONDecoder()
-_SPACE = re.compile(r"[ \t\n\r]*")
+#: Non-ASCII bodies are checked as UTF-8 this many bytes at a time.
+_WINDOW = 1024 * 1024
 
 
-def _skip(text: str, at: int) -> int:
-    end = _SPACE.match(text, at)
-    assert end is not None  # "*" matches the empty string
-    return end.end()
-
-
-def _spans(text: str, wanted: tuple[str, ...]) -> dict[str, tuple[int, int, object]]:
-    """The last value of each ``wanted`` member of the top-level object: (start, end, value),
-    as character offsets into ``text``. ValueError (or IndexError) when it is no object."""
-    at = _skip(text, 1 if text.startswith("\ufeff") else 0)
-    if text[at] != "{":
-        raise ValueError("not an object")
-    spans: dict[str, tuple[int, int, object]] = {}
-    at = _skip(text, at + 1)
-    if text[at] == "}":
-        return spans
-    while True:
-        if text[at] != '"':
-            raise ValueError("no key")
-        key, at = scanstring(text, at + 1)
-        at = _skip(text, at)
-        if text[at] != ":":
-            raise ValueError("no colon")
-        start = _skip(text, at + 1)
-        value, at = _DECODER.raw_decode(text, start)
-        if key in wanted:
-            spans[key] = (start, at, value)
-        at = _skip(text, at)
-        if text[at] == "}":
-            return spans
-        if text[at] != ",":
-            raise ValueError("no comma")
-        at = _skip(text, at + 1)
+def _utf8(body: bytes) -> bool:
+    """Whether ``body`` is UTF-8, checked a window at a time: never a decoded copy of it all."""
+    if body.isascii():
+        return True
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(body)
+    try:
+        for at in range(0, len(body), _WINDOW):
+            decoder.decode(view[at : at + _WINDOW])
+        decoder.decode(b"", True)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def renamed(body: bytes, name: str, member: str = "model") -> bytes | None:
@@ -66,25 +51,21 @@ def renamed(body: bytes, name: str, member: str = "model") -> bytes | None:
     :return: the new body; None when ``body`` is no UTF-8 JSON object naming a model that way
         (the caller then sends it as it is).
     """
+    if not _utf8(body):
+        return None
+    span: tuple[int, int] | None = None
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
+        for key, start, end in members(body):
+            if is_key(key, member):
+                span = (start, end)
+    except (ValueError, RecursionError):
         return None
-    try:
-        spans = _spans(text, (member,))
-    except (ValueError, IndexError, RecursionError):
+    # A string whose spelling holds anything between its quotes holds something.
+    if span is None or body[span[0] : span[0] + 1] != b'"' or span[1] - span[0] <= 2:
         return None
-    span = spans.get(member)
-    if span is None or not isinstance(span[2], str) or not span[2]:
-        return None
-    start, end, _ = span
-    if body.isascii():
-        first, last = start, end
-    else:
-        first = len(text[:start].encode("utf-8"))
-        last = first + len(text[start:end].encode("utf-8"))
+    first, last = span
     # ASCII escapes: the new value's bytes are UTF-8 whatever the name holds (even a lone
-    # surrogate, which an engine's JSON may carry as an escape). One join over views: a body of
-    # a megabyte is copied once, not once per "+".
+    # surrogate, which an engine's JSON may carry as an escape). One join over views: the body
+    # is copied once, into the new one.
     whole = memoryview(body)
     return b"".join((whole[:first], json.dumps(name).encode("ascii"), whole[last:]))

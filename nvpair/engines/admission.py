@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
 from twisted.internet.address import IPv4Address, IPv6Address
 
+from nvpair.common.jsonscan import is_key, members
 from nvpair.common.reasons import Reason
 from nvpair.engines.table import Dialect, RouteClass
 
@@ -160,33 +161,13 @@ class Read(NamedTuple):
 MODEL_MEMBERS = ("model", "name", "source", "destination", "from")
 
 
-class _Repeated(dict[str, object]):
-    """An object some of whose member names appear more than once (the last value kept, as
-    ``json`` keeps it): :attr:`names` says which."""
-
-    names: frozenset[str] = frozenset()
-
-
-def _pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    document = dict(pairs)
-    if len(document) == len(pairs):
-        return document
-    repeated = _Repeated(document)
-    seen: set[str] = set()
-    names: set[str] = set()
-    for key, _ in pairs:
-        (names if key in seen else seen).add(key)
-    repeated.names = frozenset(names)
-    return repeated
-
-
-#: Reads every object's members in order: only for a body that may repeat a member that
-#: names a model (:func:`_members`), a third slower than the plain decoder on large bodies.
-_PAIRS_DECODER = json.JSONDecoder(object_pairs_hook=_pairs)
-
-
-def _document(body: bytes) -> object:
+def _document(body: bytes | str) -> object:
+    """The body as parsed, None when it is no JSON; ``body`` may be given as its text already
+    decoded from UTF-8 (lone surrogates passed), as a large one is
+    (:meth:`nvpair.wire.facade_request.FacadeRequest.read_json`)."""
     try:
+        if isinstance(body, str):
+            return json.loads(body)
         if body[:1] == b"{" and body[1:2] != b"\0":
             # What json.loads would decode it as (no BOM, no NUL in the second byte: UTF-8),
             # without its Python-level look at the first bytes on every request.
@@ -198,29 +179,45 @@ def _document(body: bytes) -> object:
 
 
 @functools.lru_cache(maxsize=256)
+def _quoted_text(name: str) -> str:
+    """A member name as a body's text spells it without escapes."""
+    return json.dumps(name, ensure_ascii=False)
+
+
+@functools.lru_cache(maxsize=256)
 def _quoted(name: str) -> bytes:
     """A member name as a body spells it without escapes."""
-    return json.dumps(name, ensure_ascii=False).encode()
+    return _quoted_text(name).encode()
 
 
-def _exactly_repeated(body: bytes, spelled: list[str]) -> frozenset[str]:
+def _exactly_repeated(body: bytes | str, spelled: list[str]) -> frozenset[str]:
     """Which of the top-level member names ``spelled`` the body holds more than once (JSON
     keeps the last; an engine whose decoder keeps another would read another model).
 
     Counting each name's quoted bytes settles most bodies at C speed: a name that occurs once
     cannot be repeated at the top level. A body with ``\\u`` escapes (a name can be spelled
-    ``"\\u006dodel"``) or a name that occurs elsewhere too is read member by member.
+    ``"\\u006dodel"``) or a name that occurs elsewhere too has its top level read where it
+    lies, member by member: a second document beside the first would cost the body again
+    (docs/robustness.md#what-a-request-body-costs).
     """
-    if b"\\u" not in body and all(body.count(_quoted(name)) <= 1 for name in spelled):
+    if isinstance(body, str):
+        if "\\u" not in body and all(body.count(_quoted_text(name)) <= 1 for name in spelled):
+            return frozenset()
+    elif b"\\u" not in body and all(body.count(_quoted(name)) <= 1 for name in spelled):
         return frozenset()
+    seen: set[str] = set()
+    repeated: set[str] = set()
     try:
-        document = _PAIRS_DECODER.decode(body.decode("utf-8", "surrogatepass"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        for key, _, _ in members(body):
+            for name in spelled:
+                if is_key(key, name):
+                    (repeated if name in seen else seen).add(name)
+    except (ValueError, RecursionError):
         return frozenset()
-    return document.names if isinstance(document, _Repeated) else frozenset()
+    return frozenset(repeated)
 
 
-def _members(engine: Dialect, body: bytes, document: dict[str, object]) -> dict[str, str]:
+def _members(engine: Dialect, body: bytes | str, document: dict[str, object]) -> dict[str, str]:
     """The members of ``document`` that name a model, each as the body spells it, by the
     name the engine matches it under (:data:`MODEL_MEMBERS`).
 
@@ -244,12 +241,12 @@ def _members(engine: Dialect, body: bytes, document: dict[str, object]) -> dict[
     return found
 
 
-def model_from_body(engine: Dialect, route: RouteClass, path: str, body: bytes) -> str | None:
+def model_from_body(engine: Dialect, route: RouteClass, path: str, body: bytes | str) -> str | None:
     """The model an inference (or model-naming other) body names (:func:`read_body`)."""
     return read_body(engine, route, path, body).model
 
 
-def read_body(engine: Dialect, route: RouteClass, path: str, body: bytes) -> Read:
+def read_body(engine: Dialect, route: RouteClass, path: str, body: bytes | str) -> Read:
     """The model an inference (or model-naming other) body names, the other models it names,
     and the body as parsed (:class:`Read`).
 

@@ -10,6 +10,7 @@ asks this facade through its :class:`~nvpair.wire.facade_server.Gate`. A request
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from twisted.internet.defer import Deferred
@@ -22,6 +23,7 @@ from nvpair.common.logs import debug_enabled
 from nvpair.common.reasons import Reason
 from nvpair.engines.admission import (
     BadBody,
+    Read,
     is_loopback,
     ollama_host_allowed,
     query_models,
@@ -213,7 +215,6 @@ class Facade:
             return
         # Routed as the engines route it: percent-decoded (docs/request-path.md#admission).
         path = routing_path(request.path)
-        body = request.body()
         caller = None
         prefix: tuple[int, ...] = ()
         member, opaque = "model", False
@@ -239,13 +240,12 @@ class Facade:
                 else engine.classify(request.method, path)
             )
             try:
-                model, document, member, others, opaque = read_body(engine, route, path, body)
+                read, prefix = request.read_json(partial(self._read_body, route, path))
             except BadBody as refused:
                 self._refused(request.method, path, refused.reason, route)
                 write_error(request, engine, refused.reason)
                 return
-            if self._prefix_of is not None and route is RouteClass.INFERENCE:
-                prefix = self._prefix_of(document)
+            model, member, others, opaque = read.model, read.member, read.others, read.opaque
             if caller is not None:
                 if b"?" in request.uri:
                     # A llama.cpp router loads the model a query names (/props?model=...).
@@ -253,6 +253,8 @@ class Facade:
                 named = engine.path_model(path)
                 if named is not None:
                     others = (*others, named)
+        # After the body was read: a large one was held as its text meanwhile.
+        body = request.body()
         admitted = Admitted(
             engine=engine,
             route=route,
@@ -279,6 +281,18 @@ class Facade:
             )
         d = self._handler.handle(admitted, request)
         d.addErrback(self._contained, request)
+
+    def _read_body(
+        self, route: RouteClass, path: str, body: bytes | str
+    ) -> tuple[Read, tuple[int, ...]]:
+        """What admission reads of the body and, where affinity wants them, its prefix keys:
+        all it keeps of the document, which goes once they are read
+        (docs/robustness.md#what-a-request-body-costs)."""
+        read = read_body(self.engine, route, path, body)
+        prefix: tuple[int, ...] = ()
+        if self._prefix_of is not None and route is RouteClass.INFERENCE:
+            prefix = self._prefix_of(read.document)
+        return read._replace(document=None), prefix
 
     def _still_pinned(self, request: FacadeRequest) -> bool:
         """Membership and pins are checked per request, not only at the handshake: a

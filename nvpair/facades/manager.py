@@ -27,6 +27,7 @@ from nvpair.facades.ports import (
     read_persisted_port,
     write_persisted_port,
 )
+from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.cluster import Membership
 from nvpair.wire.connbounds import ConnectionCounts
 from nvpair.wire.facade_server import FacadeSite
@@ -91,6 +92,7 @@ class FacadeManager:
         state_dir: Path,
         bind: str,
         max_request_body: int,
+        bodies: BodyBudget | None = None,
         head_timeout: float = 30.0,
         idle_timeout: float = 300.0,
         backlog: int = 4096,
@@ -101,6 +103,8 @@ class FacadeManager:
         bounds: ConnectionCounts | None = None,
     ) -> None:
         """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
+        :param bodies: the request bodies held at once, every facade's together
+            (``--max-body-memory``).
         :param membership: the live cluster membership (None: plaintext personality only).
         :param access_log: where each facade writes the requests it refuses (None: off).
         :param lan: fleet mode's ``[access]``, which lets LAN callers in (None: nobody).
@@ -117,6 +121,7 @@ class FacadeManager:
         self._state_dir = state_dir
         self._bind = bind
         self._max_request_body = max_request_body
+        self._bodies = bodies if bodies is not None else BodyBudget()
         self._head_timeout = head_timeout
         self._idle_timeout = idle_timeout
         self._backlog = backlog
@@ -209,6 +214,7 @@ class FacadeManager:
             head_timeout=self._head_timeout,
             idle_timeout=self._idle_timeout,
             clock=self._clock,
+            bodies=self._bodies,
         )
 
     def _ready(self, live: LiveFacade) -> None:

@@ -23,8 +23,8 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nvpair.wire.facade_head import TOO_LARGE, Refusal, admit_head
-from nvpair.wire.facade_reader import LINGER_SECONDS, RequestReader
+from nvpair.wire.facade_head import OVERLOADED, TOO_LARGE, Refusal, admit_head
+from nvpair.wire.facade_reader import LINGER_QUIET, LINGER_SECONDS, RequestReader
 from nvpair.wire.facade_request import FacadeRequest
 from nvpair.wire.facade_timeouts import Timeouts
 from nvpair.wire.facade_types import Listener, Phase
@@ -105,6 +105,11 @@ class FacadeChannel(Protocol):
         return self._address
 
     @property
+    def last_read(self) -> float:
+        """When a byte was last read (the clock's seconds)."""
+        return self._last_data
+
+    @property
     def _ended(self) -> bool:
         """Nothing more is read: closing or closed."""
         phase = self.phase
@@ -142,7 +147,8 @@ class FacadeChannel(Protocol):
             if phase is _FINISHING or phase is _LINGERING:
                 # Nothing more is parsed: the bytes are read (so a close is seen) and dropped.
                 return
-            parser = self._parser = RequestReader(self, self.site.max_request_body)
+            site = self.site
+            parser = self._parser = RequestReader(self, site.max_request_body, site.bodies)
         elif parser.parsing is None and (phase is _FINISHING or phase is _LINGERING):
             return
         if not parser.read(data):
@@ -196,7 +202,8 @@ class FacadeChannel(Protocol):
         return request
 
     def head_parsed(self, request: FacadeRequest, refusal: Refusal | None) -> None:
-        """HTTP's own reasons to refuse a head, then the gate's, then the body cap."""
+        """HTTP's own reasons to refuse a head, then the gate's, then the body cap, then the
+        bodies held at once: a declared length is reserved before a byte of it is kept."""
         front = request is self._requests[0]
         if front:
             self._timeouts.disarm_head()
@@ -205,8 +212,11 @@ class FacadeChannel(Protocol):
             refusal = site.gate.refusal_at_head(
                 self._address, request.uri, request.requestHeaders, request.method
             )
-        if refusal is None and request.declared > site.max_request_body:
+        declared = request.declared
+        if refusal is None and declared > site.max_request_body:
             refusal = TOO_LARGE
+        if refusal is None and declared > 0 and not request.reserve(declared, site.bodies):
+            refusal = OVERLOADED
         if refusal is not None:
             self.refuse(request, refusal)
             return
@@ -338,7 +348,7 @@ class FacadeChannel(Protocol):
         # answer at a client that writes its whole body before reading.
         self.phase = _LINGERING
         self._resume_reading()
-        self._timeouts.linger(LINGER_SECONDS)
+        self._timeouts.linger(LINGER_SECONDS, LINGER_QUIET)
 
     # -- reading and timers ------------------------------------------------------------------
 

@@ -79,6 +79,9 @@ UNKNOWN_METHOD = Refusal(
 )
 NO_TUNNEL = Refusal(Reason.NOT_IMPLEMENTED, "CONNECT is not served: this is no forward proxy")
 TOO_LARGE = Refusal(Reason.BODY_TOO_LARGE)
+#: The request bodies held at once would pass ``--max-body-memory``. A body held is let go
+#: as soon as its request is answered: a few seconds is time enough to try again.
+OVERLOADED = Refusal(Reason.OVERLOADED, headers=((b"Retry-After", b"5"),))
 INTERNAL = Refusal(Reason.INTERNAL)
 
 #: llhttp's reasons for a transfer coding it will not frame (RFC 9112 §6.3: chunked not last).

@@ -25,13 +25,13 @@ from httptools.parser.parser import HttpRequestParser
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.facade_head import (
     CHUNKED,
     FRAMING_TOO_LARGE,
     HEAD_TOO_LARGE,
     INTERNAL,
     MAX_HEAD_BYTES,
-    TOO_LARGE,
     Refusal,
     http_refusal,
     parse_refusal,
@@ -40,10 +40,13 @@ from nvpair.wire.facade_request import FacadeRequest
 from nvpair.wire.facade_types import Phase
 from nvpair.wire.fields import CANONICAL, canonical
 
-#: After a refusal, the refused body is read and dropped for at most this many bytes and
-#: seconds before the close (docs/robustness.md#refusals-at-the-request-head).
-LINGER_BYTES = 4 * 1024 * 1024
-LINGER_SECONDS = 5.0
+#: After a refusal, the refused body is read and dropped, up to its declared end, for at most
+#: this many bytes and seconds before the close, and until a read leaves the connection quiet
+#: for LINGER_QUIET, as nginx's lingering close does: a client that writes a whole body at the
+#: cap before it reads still reads the answer (docs/robustness.md#refusals-at-the-request-head).
+LINGER_BYTES = 128 * 1024 * 1024
+LINGER_SECONDS = 30.0
+LINGER_QUIET = 5.0
 
 # Module names for the phases read here (see nvpair.wire.facade_channel).
 _ANSWERING = Phase.ANSWERING
@@ -97,16 +100,18 @@ class RequestReader:
 
     :param channel: the connection read for.
     :param max_body: the body cap (``--max-request-body``).
+    :param budget: the bodies held at once, all connections together (``--max-body-memory``).
     """
 
     # One per connection while a request is read: no per-instance dictionary.
-    __slots__ = ("_channel", "_llhttp", "_max_body", "parsing")
+    __slots__ = ("_budget", "_channel", "_llhttp", "_max_body", "parsing")
 
     log = Logger()
 
-    def __init__(self, channel: Channel, max_body: int) -> None:
+    def __init__(self, channel: Channel, max_body: int, budget: BodyBudget) -> None:
         self._channel = channel
         self._max_body = max_body
+        self._budget = budget
         self._llhttp: HttpRequestParser | None = HttpRequestParser(self)
         #: The request llhttp is in the middle of (None: between requests, or none will be).
         self.parsing: FacadeRequest | None = None
@@ -273,8 +278,9 @@ class RequestReader:
                 self._channel.close()
                 raise _Stop()
             return
-        if not request.take_body(data, self._max_body):
-            self._channel.refuse(request, TOO_LARGE)
+        refusal = request.take_body(data, self._max_body, self._budget)
+        if refusal is not None:
+            self._channel.refuse(request, refusal)
 
     def on_message_complete(self) -> None:
         request = self.parsing

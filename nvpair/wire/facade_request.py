@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from email.utils import formatdate
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress, IPushProducer, ITransport
@@ -20,13 +20,17 @@ from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 from twisted.web.http_headers import Headers
 
-from nvpair.wire.facade_head import Refusal
+from nvpair.wire.body_budget import BodyBudget
+from nvpair.wire.facade_head import OVERLOADED, TOO_LARGE, Refusal
 from nvpair.wire.fields import Fields, LeanHeaders
 from nvpair.wire.headers import SPENT
+from nvpair.wire.held_body import Held, as_text, grow, whole
 from nvpair.wire.outlet import Outlet
 
 #: Statuses whose answers have no body, whatever the headers say (RFC 9110 §6.4.1).
 _BODILESS_STATUS = frozenset({204, 304})
+
+T = TypeVar("T")
 
 
 class Connection(Protocol):
@@ -80,6 +84,7 @@ class FacadeRequest:
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_body",
+        "_budget",
         "_chunked",
         "_finish_waiters",
         "_no_body",
@@ -101,6 +106,7 @@ class FacadeRequest:
         "received",
         "refused",
         "requestHeaders",
+        "reserved",
         "responseHeaders",
         "stalled",
         "startedWriting",
@@ -134,11 +140,14 @@ class FacadeRequest:
         self.startedWriting = False
         self._chunked = False
         self._no_body = False
-        #: The first piece of body as it came; a bytearray once a second piece joins it, so a
-        #: body of many small chunks costs its bytes, not an object per chunk.
-        self._body: bytes | bytearray = b""
+        #: The body as it is held (nvpair.wire.held_body).
+        self._body: Held = b""
         #: Body bytes received (of a refused body: dropped since the refusal).
         self.received = 0
+        #: Body bytes reserved in ``_budget`` (``--max-body-memory``), given back once the
+        #: body is let go.
+        self.reserved = 0
+        self._budget: BodyBudget | None = None
         #: Head (then trailer) bytes seen by the callbacks, and bytes fed since the last body
         #: byte: llhttp keeps partial names and values itself, so both are bounded.
         self.head_bytes = 0
@@ -153,9 +162,22 @@ class FacadeRequest:
     def body(self) -> bytes:
         """The whole request body, as received (within the cap)."""
         body = self._body
-        if isinstance(body, bytearray):
-            body = self._body = bytes(body)
+        if type(body) is not bytes:
+            body = self._body = whole(body)
         return body
+
+    def read_json(self, read: Callable[[bytes | str], T]) -> T:
+        """``read(body)``, the body given as a JSON reader takes it: its bytes or, large, its
+        text, with the bytes let go until :meth:`body` asks for them again. Bytes, text and the
+        document parsed from it held at once were three times a large body
+        (docs/robustness.md#what-a-request-body-costs): ``read`` keeps nothing it parsed."""
+        body = self.body()
+        text = as_text(body)
+        if text is None:
+            return read(body)
+        self._body = text
+        del body
+        return read(text)
 
     @property
     def connected(self) -> bool:
@@ -195,6 +217,7 @@ class FacadeRequest:
     def finish(self) -> None:
         if self.finished:
             raise RuntimeError("finish() called twice")
+        self._let_go()
         channel = self.channel
         if channel is None or channel.transport is None:
             return
@@ -266,29 +289,45 @@ class FacadeRequest:
     def producer(self) -> IPushProducer | None:
         return self._producer
 
-    def take_body(self, data: bytes, cap: int) -> bool:
-        """Keep a piece of body; False once the body is past ``cap`` (nothing more is kept)."""
+    def reserve(self, size: int, budget: BodyBudget) -> bool:
+        """Reserve the declared length of the body before it comes; False when ``budget`` has
+        no room for it."""
+        if not budget.reserve(size):
+            return False
+        self.reserved += size
+        self._budget = budget
+        return True
+
+    def take_body(self, data: bytes, cap: int, budget: BodyBudget) -> Refusal | None:
+        """Keep a piece of body, or say why the request is refused instead: past ``cap``, or
+        a chunked body that ``budget`` has no room for as it grows."""
         received = self.received + len(data)
         self.received = received
         if received > cap:
-            self._body = b""
-            return False
-        body = self._body
-        if not body:
-            self._body = data
-        elif isinstance(body, bytes):
-            self._body = bytearray(body) + data
-        else:
-            body += data
-        return True
+            return TOO_LARGE
+        # Only a chunked body grows past what it reserved (llhttp holds a declared body to its
+        # length).
+        if received > self.reserved and not self.reserve(received - self.reserved, budget):
+            return OVERLOADED
+        self._body = grow(self._body, data)
+        return None
 
     def refuse(self, refusal: Refusal) -> None:
         """Answer ``refusal`` instead: what was kept of the body goes, what follows is counted."""
         self.refused = refusal
-        self._body = b""
+        self._let_go()
         self.received = 0
 
+    def _let_go(self) -> None:
+        """The body is no longer held here: it goes, and what it reserved is given back."""
+        self._body = b""
+        reserved, self.reserved = self.reserved, 0
+        if reserved:
+            assert self._budget is not None
+            self._budget.release(reserved)
+
     def lost(self, reason: Failure) -> None:
+        self._let_go()
         self.channel = None
         producer, self._producer = self._producer, None
         if producer is not None and not self.finished:

@@ -25,6 +25,7 @@ from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import ServerFactory
 
 from nvpair.common.deadlines import Deadlines
+from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.facade_channel import FacadeChannel
 from nvpair.wire.facade_head import Refusal, origin_form
 from nvpair.wire.facade_request import FacadeRequest
@@ -43,6 +44,8 @@ class FacadeSite(ServerFactory):
     :param head_timeout: seconds a request head may take from its first byte (0: no bound).
     :param idle_timeout: seconds a kept-alive connection may wait for its next request
         (0: no bound).
+    :param bodies: the request bodies held at once (``--max-body-memory``), shared by every
+        facade of the process; one of the default bound for this listener alone if not given.
     """
 
     noisy = False
@@ -55,6 +58,7 @@ class FacadeSite(ServerFactory):
         head_timeout: float = 30.0,
         idle_timeout: float = 300.0,
         clock: IReactorTime | None = None,
+        bodies: BodyBudget | None = None,
     ) -> None:
         if clock is None:
             from twisted.internet import reactor
@@ -62,6 +66,7 @@ class FacadeSite(ServerFactory):
             clock = IReactorTime(reactor)
         self.gate = gate
         self.max_request_body = max_request_body
+        self.bodies = bodies if bodies is not None else BodyBudget()
         self.head_timeout = head_timeout
         self.idle_timeout = idle_timeout
         self.clock: IReactorTime = clock

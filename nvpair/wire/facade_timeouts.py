@@ -27,6 +27,10 @@ class Bounded(Protocol):
     def idle_expired(self) -> None:
         """The idle bound has passed since it was armed: close, unless something happened."""
 
+    @property
+    def last_read(self) -> float:
+        """When a byte was last read (the clock's seconds)."""
+
 
 def _cancel(timer: IDelayedCall | Deadline) -> None:
     if timer.active():
@@ -51,6 +55,8 @@ class Timeouts:
         "_idle",
         "_idle_deadlines",
         "_linger",
+        "_linger_quiet",
+        "_linger_until",
     )
 
     def __init__(
@@ -68,6 +74,8 @@ class Timeouts:
         # The listener's shared deadline, or (asked again after activity) a timer of its own.
         self._idle: Deadline | IDelayedCall | None = None
         self._linger: IDelayedCall | None = None
+        self._linger_until = 0.0
+        self._linger_quiet = 0.0
         self._abort: IDelayedCall | None = None
 
     def arm_head(self) -> None:
@@ -97,9 +105,14 @@ class Timeouts:
             self._idle = None
             _cancel(idle)
 
-    def linger(self, seconds: float) -> None:
-        """Close in ``seconds`` at the latest (a refused body being read and dropped)."""
-        self._linger = self._clock.callLater(seconds, self._connection.close)
+    def linger(self, seconds: float, quiet: float) -> None:
+        """Close in ``seconds`` at the latest, and once ``quiet`` seconds pass with nothing read
+        (a refused body being read and dropped): nginx's ``lingering_time`` and
+        ``lingering_timeout``. One timer, looked at again when it fires rather than pushed back
+        at every read."""
+        self._linger_until = self._clock.seconds() + seconds
+        self._linger_quiet = quiet
+        self._linger = self._clock.callLater(min(seconds, quiet), self._linger_passed)
 
     def abort_in(self, seconds: float) -> None:
         """Abort in ``seconds`` unless the connection is gone by then (a close under way)."""
@@ -120,6 +133,16 @@ class Timeouts:
     def _idle_passed(self) -> None:
         self._idle = None
         self._connection.idle_expired()
+
+    def _linger_passed(self) -> None:
+        connection = self._connection
+        left = min(self._linger_until, connection.last_read + self._linger_quiet)
+        left -= self._clock.seconds()
+        if left > 0:
+            self._linger = self._clock.callLater(left, self._linger_passed)
+            return
+        self._linger = None
+        connection.close()
 
     def _abort_now(self) -> None:
         self._abort = None

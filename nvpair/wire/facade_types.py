@@ -13,6 +13,7 @@ from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.web.http_headers import Headers
 
 from nvpair.common.deadlines import Deadlines
+from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.facade_head import Refusal
 from nvpair.wire.facade_request import FacadeRequest
 
@@ -68,6 +69,8 @@ class Listener(Protocol):
 
     gate: Gate
     max_request_body: int
+    #: The request bodies held at once, every facade's together (``--max-body-memory``).
+    bodies: BodyBudget
     head_timeout: float
     idle_timeout: float
     clock: IReactorTime

@@ -37,6 +37,10 @@ from zope.interface import implementer
 #: ``FileDescriptor.bufferSize`` for the same decision.
 HIGH_WATER = 64 * 1024
 
+#: What :meth:`Outlet.send_body` copies of a body at a time, when the kernel takes no more of
+#: it for now and the transport's buffer is to hold the next piece.
+WINDOW = 64 * 1024
+
 
 class Producer(Protocol):
     """Whoever feeds the connection and slows down when it is full (a push producer)."""
@@ -106,6 +110,8 @@ class Outlet:
     """
 
     __slots__ = (
+        "_behind",
+        "_body",
         "_direct",
         "_gathered",
         "_mode",
@@ -123,6 +129,9 @@ class Outlet:
         self._queued = 0
         self._paused = False
         self._gathered: list[bytes] | None = None
+        #: What is left to write of a body given to send_body, and what was sent after it.
+        self._body: memoryview | None = None
+        self._behind: list[bytes] = []
         # Only Twisted's own TCP connection is known to send what ``write`` queued in order
         # after what the kernel already took; TLS runs its own buffer (docs/performance.md).
         self._direct = isinstance(transport, tcp.Connection)
@@ -154,19 +163,74 @@ class Outlet:
         if gathered:
             self._send_now(gathered[0] if len(gathered) == 1 else b"".join(gathered))
 
+    def send_body(self, head: bytes, body: bytes) -> None:
+        """Write ``head``, then ``body`` from where it is: to the kernel as it takes it, and a
+        :data:`WINDOW` at a time into the transport's buffer when it takes no more for now,
+        the next once that has drained. A body handed to the transport whole, or behind its
+        head, would be copied whole (docs/robustness.md#what-a-request-body-costs)."""
+        if self._gathered is not None:
+            # What was written before goes first, now.
+            self.release()
+        if not self._registered:
+            # A transport with a buffer of its own (TLS) says when it has drained only to a
+            # producer: the body is fed to it as it does.
+            self._registered = True
+            self._transport.registerProducer(self, True)
+        self._send_now(head)
+        if self._body is not None:
+            # An answer came before all of the last body went, and a next request follows on
+            # the connection: behind it, in order.
+            self._behind.append(body)
+            return
+        self._body = memoryview(body)
+        self._feed()
+
+    def _feed(self) -> None:
+        """Write what the connection takes of the body now (see :meth:`send_body`)."""
+        body = self._body
+        while body is not None:
+            if self._mode is _Mode.DONE:
+                self._body = None
+                self._behind = []
+                return
+            if self._mode is _Mode.DIRECT and not self._transport.disconnecting:
+                body = body[self._to_kernel(body) :]
+            if body and not self._paused:
+                window = body[:WINDOW]
+                body = body[len(window) :]
+                self._body = body
+                # Pauses this outlet past HIGH_WATER (or, on TLS, the transport does): the
+                # rest waits for resumeProducing.
+                self.queue(window.tobytes())
+            if not body:
+                body = self._body = None
+                if self._behind:
+                    body = self._body = memoryview(self._behind.pop(0))
+            elif self._paused:
+                self._body = body
+                return
+
     def _send_now(self, data: bytes) -> None:
+        if self._body is not None:
+            # Behind the body still going out.
+            self._behind.append(data)
+            return
         if self._mode is _Mode.DIRECT and not self._transport.disconnecting:
-            assert self._socket is not None
-            try:
-                sent = self._socket.send(data)
-            except OSError:
-                # Would block, or the connection is failing: queued as usual, and the
-                # transport's next write attempt meets the same error and closes its own way.
-                sent = 0
+            sent = self._to_kernel(data)
             if sent == len(data):
                 return
             data = data[sent:]
         self.queue(data)
+
+    def _to_kernel(self, data: bytes | memoryview) -> int:
+        """How much of ``data`` the kernel takes now; 0 when it would block or the connection
+        is failing: what is left is then queued as usual, and the transport's next write
+        attempt meets the same error and closes its own way."""
+        assert self._socket is not None
+        try:
+            return self._socket.send(data)
+        except OSError:
+            return 0
 
     def queue(self, data: bytes) -> None:
         """Write ``data`` at the reactor's next write turn, with whatever else is queued: the
@@ -190,6 +254,9 @@ class Outlet:
         if self._gathered is not None:
             # What was written before the close goes first.
             self.release()
+        # A body not yet written is not waited for: whoever closes is done with its exchange.
+        self._body = None
+        self._behind = []
         self._mode = _Mode.DONE
         if self._registered:
             self._registered = False
@@ -221,10 +288,14 @@ class Outlet:
             self._paused = False
             if self._producer is not None:
                 self._producer.resumeProducing()
+        if self._body is not None:
+            self._feed()
 
     def stopProducing(self) -> None:
         """The connection is gone: the producer is told, then let go (it holds this outlet,
         and a cycle would wait for a full collection)."""
+        self._body = None
+        self._behind = []
         self._mode = _Mode.DONE
         producer, self._producer = self._producer, None
         if producer is not None:

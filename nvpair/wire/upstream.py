@@ -38,10 +38,11 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS, IResponse
 
 from nvpair.common.logs import debug_enabled
+from nvpair.wire.outlet import WINDOW
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_framing import request_head
 from nvpair.wire.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
-from nvpair.wire.upstream_types import Key, Resent
+from nvpair.wire.upstream_types import Key, Payload, Resent
 
 _BODILESS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE", b"TRACE"})
 
@@ -182,7 +183,7 @@ class _Dial:
         pool: Pool,
         key: Key,
         head: bool,
-        data: bytes,
+        data: Payload,
         connected: Callable[[], None] | None,
         result: Deferred[IResponse] | None = None,
     ) -> None:
@@ -307,6 +308,7 @@ class Upstream:
                 target = self._target(base_url)
             path = target.request_target(uri)
             authorization = self._credentials.get(base_url)
+            data: Payload
             if body is None or (not body and method in _BODILESS):
                 # No body at all (rather than an empty one) keeps a GET free of
                 # "Content-Length: 0".
@@ -315,10 +317,12 @@ class Upstream:
                     method, path, target.host_header, headers, length, authorization
                 )
             else:
-                data = request_head(
+                head = request_head(
                     method, path, target.host_header, headers, len(body), authorization
                 )
-                data += body
+                # A large body is not copied behind its head: the two go out as one request
+                # (docs/robustness.md#what-a-request-body-costs).
+                data = head + body if len(body) < WINDOW else (head, body)
             pool = self._peer_pool if target.tls else self._pool
             connection = pool.take(target.key)
             endpoint = None if connection is not None else self._endpoints.endpoint(target.key)
@@ -337,7 +341,7 @@ class Upstream:
         return dial.result
 
     def _redial(
-        self, pool: Pool, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]
+        self, pool: Pool, key: Key, head: bool, data: Payload, deferred: Deferred[IResponse]
     ) -> Resent:
         """A pooled connection went before answering: the same request on a fresh one.
 

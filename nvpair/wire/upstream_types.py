@@ -30,6 +30,11 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
+#: A request as it is written: its bytes; or, with a large body, its head and its body, so
+#: that the body goes out from where it is, never copied behind its head
+#: (docs/robustness.md#what-a-request-body-costs).
+Payload = bytes | tuple[bytes, bytes]
+
 #: Cancels a request sent again on a fresh connection, given its Deferred.
 Resent = Callable[[Deferred[IResponse]], None]
 
