@@ -17,6 +17,7 @@ from attrs import field, frozen
 
 from nvpair.common.durations import parse_duration
 from nvpair.control.affinity import DEFAULT_AFFINITY, AffinityOptions
+from nvpair.control.fairqueue import DEFAULT_QUEUE, QueueOptions
 from nvpair.engines.modelnames import NO_ALIASES, AliasError, Aliases
 from nvpair.engines.table import ENGINES, FACADES, served_engines
 from nvpair.facades.ports import ascii_digits, parse_aliases, valid_port
@@ -42,6 +43,9 @@ class FleetNode:
     id: str
     engines: Mapping[str, str]
     credentials: Mapping[str, Credential] = field(factory=dict)
+    #: ``[nodes.parallel]``: per engine, the requests it serves at once per model
+    #: (docs/fleet-scheduling.md#capacity).
+    parallel: Mapping[str, int] = field(factory=dict)
 
 
 @frozen
@@ -60,6 +64,8 @@ class Fleet:
     access: Access | None = None
     #: ``[scheduling]``: affinity (docs/fleet-scheduling.md#conversations-go-where-their-cache-is).
     affinity: AffinityOptions = DEFAULT_AFFINITY
+    #: ``[queue]`` (docs/fleet-scheduling.md#the-queue).
+    queue: QueueOptions = DEFAULT_QUEUE
 
     def authorizations(self) -> dict[str, bytes]:
         """Engine URL -> the ``Authorization`` value every request to it carries."""
@@ -204,7 +210,7 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         path,
         "top level",
         document,
-        {"inventory-interval", "facades", "nodes", "models", "access", "scheduling"},
+        {"inventory-interval", "facades", "nodes", "models", "access", "scheduling", "queue"},
     )
 
     interval_text = document.get("inventory-interval", "5s")
@@ -245,7 +251,7 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         where = f"nodes[{index}]"
         if not isinstance(item, dict):
             raise _fail(path, where, "must be a table")
-        _check_keys(path, where, item, {"id", "engines", "credentials"})
+        _check_keys(path, where, item, {"id", "engines", "credentials", "parallel"})
         node_id = item.get("id")
         if not isinstance(node_id, str) or not node_id or node_id in seen:
             raise _fail(path, f"{where}.id", "must be a unique non-empty string")
@@ -262,7 +268,8 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         credentials = _credentials(
             path, f"{where}.credentials", item.get("credentials", {}), engines, environ
         )
-        nodes.append(FleetNode(node_id, dict(engines), credentials))
+        parallel = _parallel(path, f"{where}.parallel", item.get("parallel", {}), engines)
+        nodes.append(FleetNode(node_id, dict(engines), credentials, parallel))
     _one_credential_per_url(path, nodes)
     try:
         models = Aliases.parse(document.get("models", {}))
@@ -273,7 +280,60 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
     except AccessError as error:
         raise FleetFileError(f"{path}: {error}") from None
     affinity = _scheduling(path, document.get("scheduling", {}))
-    return Fleet(interval, facades, tuple(nodes), models, access, affinity)
+    queue = _queue(path, document.get("queue", {}))
+    return Fleet(interval, facades, tuple(nodes), models, access, affinity, queue)
+
+
+#: The most requests one engine is said to serve at once, and the deepest queue taken.
+MAX_PARALLEL = 4096
+MAX_DEPTH = 1_000_000
+
+
+def _parallel(path: Path, where: str, table: object, engines: Mapping[str, str]) -> dict[str, int]:
+    """A node's ``[nodes.parallel]``: engine = requests it serves at once per model."""
+    if not isinstance(table, dict):
+        raise _fail(path, where, "must be a table of engine = number, e.g. ollama = 4")
+    parallel: dict[str, int] = {}
+    for engine, value in table.items():
+        if engine not in ENGINES:
+            raise _fail(path, f"{where}.{engine}", _unknown_engine(engine))
+        if engine not in engines:
+            raise _fail(path, f"{where}.{engine}", f"the node has no engines.{engine} URL")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
+            raise _fail(path, f"{where}.{engine}", f"must be an integer in 1-{MAX_PARALLEL}")
+        parallel[engine] = value
+    return parallel
+
+
+def _seconds(path: Path, where: str, value: object, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        seconds = parse_duration(value) if isinstance(value, str) else -1.0
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise _fail(path, where, 'must be a positive duration such as "10s"')
+    return seconds
+
+
+def _queue(path: Path, table: object) -> QueueOptions:
+    """``[queue]``: whether requests wait in the proxy, and its bounds."""
+    if not isinstance(table, dict):
+        raise _fail(path, "queue", "must be a table")
+    _check_keys(path, "queue", table, {"enabled", "max-wait", "max-depth", "collate"})
+    enabled = table.get("enabled", DEFAULT_QUEUE.enabled)
+    if not isinstance(enabled, bool):
+        raise _fail(path, "queue.enabled", "must be true or false")
+    depth = table.get("max-depth", DEFAULT_QUEUE.max_depth)
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
+        raise _fail(path, "queue.max-depth", f"must be an integer in 1-{MAX_DEPTH}")
+    return QueueOptions(
+        enabled,
+        _seconds(path, "queue.max-wait", table.get("max-wait"), DEFAULT_QUEUE.max_wait),
+        depth,
+        _seconds(path, "queue.collate", table.get("collate"), DEFAULT_QUEUE.collate),
+    )
 
 
 #: The largest ``affinity-slack`` taken: past it, every owner is within it anyway.
