@@ -79,9 +79,10 @@ class Waiter:
     :ivar since: when it first began to wait (clock seconds).
     :ivar caller: who it is for the turns: a key's name, else the source address.
     :ivar group: what ``max-depth`` counts it under: (facade, model).
+    :ivar waited: seconds it has waited so far, every time it waited together.
     """
 
-    __slots__ = ("caller", "group", "priority", "seq", "since")
+    __slots__ = ("caller", "group", "priority", "seq", "since", "waited")
 
     def __init__(
         self,
@@ -96,6 +97,7 @@ class Waiter:
         self.caller = caller
         self.priority = priority
         self.group = group
+        self.waited = 0.0
 
     def __repr__(self) -> str:
         return f"Waiter({self.seq}, {self.caller!r}, {self.priority.name})"
@@ -194,11 +196,14 @@ class Turns:
         self._count += 1
         self._served[caller] = self._count
 
-    def forget(self, callers: Iterable[str]) -> None:
-        """Callers with nothing waiting or in flight: their turn is kept only while it can
-        matter (the table is no larger than the callers present)."""
-        for caller in callers:
-            self._served.pop(caller, None)
+    def __len__(self) -> int:
+        return len(self._served)
+
+    def keep(self, callers: Iterable[str]) -> None:
+        """Forget every caller but ``callers`` (those waiting): a caller back after a quiet
+        spell is served as one never served, which is what it is to the others now."""
+        kept = set(callers)
+        self._served = {c: n for c, n in self._served.items() if c in kept}
 
 
 def pump(

@@ -67,6 +67,14 @@ class Fleet:
     #: ``[queue]`` (docs/fleet-scheduling.md#the-queue).
     queue: QueueOptions = DEFAULT_QUEUE
 
+    def parallel(self) -> dict[tuple[str, str], int]:
+        """(engine, node id) -> ``[nodes.parallel]`` where the file sets one."""
+        return {
+            (engine, node.id): count
+            for node in self.nodes
+            for engine, count in node.parallel.items()
+        }
+
     def authorizations(self) -> dict[str, bytes]:
         """Engine URL -> the ``Authorization`` value every request to it carries."""
         return {
