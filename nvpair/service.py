@@ -374,7 +374,7 @@ def build(
             clock=clock,
             node_in_flight=activity.in_flight,
             tls=lambda: cluster.membership is not None,
-            fleet=FleetView(fleet.reports, lambda: fleet.polled, scheduler)
+            fleet=FleetView(fleet.reports, lambda: fleet.polled, scheduler, queue)
             if fleet is not None and scheduler is not None
             else None,
             expected=sorted(config.fleet.facades) if config.fleet is not None else None,

@@ -1,6 +1,6 @@
 """The fleet queue's pure decisions (docs/fleet-scheduling.md#the-queue): capacity, turns,
 collation, and a property test over random arrivals, leavings, completions and capacity changes
-that holds them to the contract (shared by issue 30 item 2)."""
+that holds them to docs/fleet-scheduling.md#the-queue (issue 30 item 2)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ class World:
 
     def step(self) -> None:
         """One pump, each of its grants checked in order against a copy of the state it was
-        made in (an oracle phrased as the contract is, not as the code is)."""
+        made in (an oracle phrased as the docs are, not as the code is)."""
         shadow, turns = copy.deepcopy(self.ledger), copy.deepcopy(self.turns)
         # The copy reads the world's loads and parallel settings, as the real ledger does.
         shadow._load, shadow._parallel = self.load, lambda node: self.parallel[node]
@@ -200,7 +200,7 @@ _EVENTS = st.lists(
     warm=st.lists(st.sets(st.sampled_from(MODELS)), min_size=3, max_size=3),
     owners=st.lists(st.sets(st.integers(0, 2), min_size=1), min_size=3, max_size=3),
 )
-def test_the_queue_holds_the_contract_over_any_history(
+def test_the_queue_keeps_its_order_over_any_history(
     events: list[tuple[object, ...]], warm: list[set[str]], owners: list[set[int]]
 ) -> None:
     world = World(

@@ -243,7 +243,7 @@ def test_a_bad_scheduling_table_says_what_is_wrong(tmp_path: Path, table: str, w
 NODE = HEAD + 'ollama = "http://127.0.0.1:11434"\n'
 
 
-def test_the_queue_is_on_by_default_with_the_contracts_bounds(tmp_path: Path) -> None:
+def test_the_queue_is_on_by_default_with_its_documented_bounds(tmp_path: Path) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text(NODE)
     fleet = load_fleet(path)

@@ -51,7 +51,7 @@ class QueueOptions:
     collate: float = 10.0
 
 
-#: ``[queue]`` as the contract's defaults have it.
+#: ``[queue]``'s defaults (docs/fleet-scheduling.md#the-queue).
 DEFAULT_QUEUE = QueueOptions()
 
 
@@ -80,9 +80,10 @@ class Waiter:
     :ivar caller: who it is for the turns: a key's name, else the source address.
     :ivar group: what ``max-depth`` counts it under: (facade, model).
     :ivar waited: seconds it has waited so far, every time it waited together.
+    :ivar shown: its model as the status shows it.
     """
 
-    __slots__ = ("caller", "group", "priority", "seq", "since", "waited")
+    __slots__ = ("caller", "group", "priority", "seq", "shown", "since", "waited")
 
     def __init__(
         self,
@@ -98,6 +99,7 @@ class Waiter:
         self.priority = priority
         self.group = group
         self.waited = 0.0
+        self.shown = ""
 
     def __repr__(self) -> str:
         return f"Waiter({self.seq}, {self.caller!r}, {self.priority.name})"

@@ -147,15 +147,14 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
     queue = services.queue
     assert isinstance(queue, FleetQueue)
     candidates, clock, admitted = services.candidates, services.clock, job.admitted
-    caller = admitted.caller
+    caller, engine = admitted.caller, admitted.engine
     waiter = queue.waiter(
         _caller_id(job),
         caller.priority if caller is not None else Priority.NORMAL,
         (admitted.engine.id, admitted.model_key),
+        engine.model_display(admitted.model) if admitted.model else "",
     )
-    deadline = min(
-        job.created + services.bounds.job_deadline, waiter.since + queue.options.max_wait
-    )
+    deadline = job.created + services.bounds.job_deadline
     tried: set[tuple[str, str]] = set()
     engine = admitted.engine
     nodes: dict[tuple[str, str], Node] = {}
@@ -204,12 +203,16 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
             round_plan = candidates.plan(admitted)
             continue
         try:
-            place = await queue.take(waiter, options, deadline)
+            # max-wait bounds the time spent waiting, every wait of the request together.
+            until = min(deadline, clock.seconds() + queue.options.max_wait - waiter.waited)
+            place = await queue.take(waiter, options, until)
         except QueueFull:
             job.refuse(Reason.QUEUE_FULL, retry_after=_queue_retry(queue))
             return
         finally:
             job.queued = waiter.waited or None
+            assert job.workload is not None
+            job.workload.queued_ms = None if job.queued is None else round(job.queued * 1000)
         if place is None:
             job.refuse(Reason.QUEUE_TIMEOUT, retry_after=_queue_retry(queue))
             return
@@ -241,12 +244,9 @@ async def _dispatch(services: Services, job: Job, outgoing: Outgoing, node: Node
     """One dispatch the queue gave a place: spent, claimed and recorded as the plain loop's."""
     workload = job.workload
     assert workload is not None
-    job.budget = job.budget.spend()
-    job.reserve(services.reservations, node.id)
-    workload.engine = node.engine
-    workload.submitted(node.id)
-    # Affinity's node is the first behind any pin of the round's order now (an id alone could
-    # name a node of another engine in a round over several).
+    # Affinity's node is the first behind any pin of the round's order, read before this
+    # dispatch's claim moves the loads (an id alone could name a node of another engine in a
+    # round over several).
     plan = services.candidates.plan(job.admitted)
     first = plan.candidates[int(plan.pinned)] if len(plan.candidates) > plan.pinned else None
     affine = (
@@ -254,6 +254,10 @@ async def _dispatch(services: Services, job: Job, outgoing: Outgoing, node: Node
         and first is not None
         and (first.engine, first.id) == (node.engine, node.id)
     )
+    job.budget = job.budget.spend()
+    job.reserve(services.reservations, node.id)
+    workload.engine = node.engine
+    workload.submitted(node.id)
     return await _attempt(services, job, outgoing, node, affine)
 
 

@@ -103,9 +103,21 @@ class FleetQueue:
         warm = self._load(node).in_memory(model, listed) is not False
         return Option(node, model, warm)
 
-    def waiter(self, caller: str, priority: Priority, group: Hashable) -> Waiter:
-        """A request's place in the turns, kept through its failover."""
-        return Waiter(next(self._seq), self._clock.seconds(), caller, priority, group)
+    def waiter(self, caller: str, priority: Priority, group: Hashable, shown: str = "") -> Waiter:
+        """A request's place in the turns, kept through its failover; ``shown``: its model as
+        the status shows it."""
+        waiter = Waiter(next(self._seq), self._clock.seconds(), caller, priority, group)
+        waiter.shown = shown
+        return waiter
+
+    def depths(self) -> dict[tuple[str, str], int]:
+        """(facade, model as shown) -> requests waiting, for the metrics."""
+        depths: dict[tuple[str, str], int] = {}
+        for waiter in self._entries:
+            facade = waiter.group[0] if isinstance(waiter.group, tuple) else ""
+            key = (str(facade), waiter.shown)
+            depths[key] = depths.get(key, 0) + 1
+        return depths
 
     def take(
         self, waiter: Waiter, options: Callable[[], Sequence[Option]], until: float
@@ -158,9 +170,11 @@ class FleetQueue:
         fired: list[tuple[_Entry, Option]] = []
         for waiter, option in granted:
             entry = entries.pop(waiter)
-            waiter.waited += now - entry.since
-            if entry.timer is not None and entry.timer.active():
-                entry.timer.cancel()
+            if entry.timer is not None:
+                # It waited (a place given in the pump of its own take is no wait).
+                waiter.waited += now - entry.since
+                if entry.timer.active():
+                    entry.timer.cancel()
             fired.append((entry, option))
         if len(self._turns) > _TURNS_KEPT:
             self._turns.keep({waiter.caller for waiter in entries})

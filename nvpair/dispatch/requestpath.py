@@ -272,6 +272,8 @@ def counted(counter: RequestCounter, job: Job, now: float) -> None:
     key = _key_name(admitted)
     if key is not None:
         counter.key_request_ended(key, admitted.engine.id, outcome(job))
+    if job.queued is not None:
+        counter.queue_waited(admitted.engine.id, job.queued)
 
 
 def _key_name(admitted: Admitted) -> str | None:
@@ -296,6 +298,7 @@ def finished(job: Job, now: float) -> Finished:
         ttfb_ms=None if committed is None else millis(committed - job.created),
         duration_ms=millis(now - job.created),
         key=_key_name(admitted),
+        queued_ms=None if job.queued is None else millis(job.queued),
     )
 
 

@@ -23,6 +23,7 @@ from nvpair.engines.table import ENGINES, FACADES, served_engines
 from nvpair.facades.ports import ascii_digits, parse_aliases, valid_port
 from nvpair.fleet.credentials import Credential, read_credential
 from nvpair.fleet.lanconfig import Access, AccessError, parse_access
+from nvpair.fleet.queueconfig import parse_parallel, parse_queue
 
 
 class FleetFileError(ValueError):
@@ -276,7 +277,10 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         credentials = _credentials(
             path, f"{where}.credentials", item.get("credentials", {}), engines, environ
         )
-        parallel = _parallel(path, f"{where}.parallel", item.get("parallel", {}), engines)
+        try:
+            parallel = parse_parallel(f"{where}.parallel", item.get("parallel", {}), engines)
+        except ValueError as bad:
+            raise FleetFileError(f"{path}: {bad}") from None
         nodes.append(FleetNode(node_id, dict(engines), credentials, parallel))
     _one_credential_per_url(path, nodes)
     try:
@@ -288,60 +292,11 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
     except AccessError as error:
         raise FleetFileError(f"{path}: {error}") from None
     affinity = _scheduling(path, document.get("scheduling", {}))
-    queue = _queue(path, document.get("queue", {}))
-    return Fleet(interval, facades, tuple(nodes), models, access, affinity, queue)
-
-
-#: The most requests one engine is said to serve at once, and the deepest queue taken.
-MAX_PARALLEL = 4096
-MAX_DEPTH = 1_000_000
-
-
-def _parallel(path: Path, where: str, table: object, engines: Mapping[str, str]) -> dict[str, int]:
-    """A node's ``[nodes.parallel]``: engine = requests it serves at once per model."""
-    if not isinstance(table, dict):
-        raise _fail(path, where, "must be a table of engine = number, e.g. ollama = 4")
-    parallel: dict[str, int] = {}
-    for engine, value in table.items():
-        if engine not in ENGINES:
-            raise _fail(path, f"{where}.{engine}", _unknown_engine(engine))
-        if engine not in engines:
-            raise _fail(path, f"{where}.{engine}", f"the node has no engines.{engine} URL")
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
-            raise _fail(path, f"{where}.{engine}", f"must be an integer in 1-{MAX_PARALLEL}")
-        parallel[engine] = value
-    return parallel
-
-
-def _seconds(path: Path, where: str, value: object, default: float) -> float:
-    if value is None:
-        return default
     try:
-        seconds = parse_duration(value) if isinstance(value, str) else -1.0
-    except ValueError:
-        seconds = -1.0
-    if seconds <= 0:
-        raise _fail(path, where, 'must be a positive duration such as "10s"')
-    return seconds
-
-
-def _queue(path: Path, table: object) -> QueueOptions:
-    """``[queue]``: whether requests wait in the proxy, and its bounds."""
-    if not isinstance(table, dict):
-        raise _fail(path, "queue", "must be a table")
-    _check_keys(path, "queue", table, {"enabled", "max-wait", "max-depth", "collate"})
-    enabled = table.get("enabled", DEFAULT_QUEUE.enabled)
-    if not isinstance(enabled, bool):
-        raise _fail(path, "queue.enabled", "must be true or false")
-    depth = table.get("max-depth", DEFAULT_QUEUE.max_depth)
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
-        raise _fail(path, "queue.max-depth", f"must be an integer in 1-{MAX_DEPTH}")
-    return QueueOptions(
-        enabled,
-        _seconds(path, "queue.max-wait", table.get("max-wait"), DEFAULT_QUEUE.max_wait),
-        depth,
-        _seconds(path, "queue.collate", table.get("collate"), DEFAULT_QUEUE.collate),
-    )
+        queue = parse_queue(document.get("queue", {}))
+    except ValueError as bad:
+        raise FleetFileError(f"{path}: {bad}") from None
+    return Fleet(interval, facades, tuple(nodes), models, access, affinity, queue)
 
 
 #: The largest ``affinity-slack`` taken: past it, every owner is within it anyway.
