@@ -30,6 +30,7 @@ from nvpair.control.state import ControlState
 from nvpair.control_services import BrokerLinkService, FleetReloadService
 from nvpair.dispatch.activity import NodeActivity
 from nvpair.dispatch.budget import Bounds
+from nvpair.dispatch.queueing import NO_QUEUE, FleetQueue
 from nvpair.dispatch.requestpath import RequestPath
 from nvpair.dispatch.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
 from nvpair.dispatch.workload import Workloads
@@ -274,6 +275,19 @@ def build(
         else None
     )
     scheduling: Scheduling = PriorityScheduling(control) if scheduler is None else scheduler
+    # Fleet mode holds what cannot start now in a queue of its own (docs/fleet-scheduling.md
+    # #the-queue); broker mode's scheduler decides and the engines queue.
+    queue: FleetQueue | None = None
+    if scheduler is not None and config.fleet is not None:
+        queue = FleetQueue(
+            clock,
+            lambda node: scheduler.standing(*node).load,
+            config.fleet.queue,
+            config.fleet.parallel(),
+        )
+        # Capacity may free when a poll reads a node or a node joins.
+        scheduler.load_changed = queue.pump
+        control.on_discovery(lambda engine, snapshot: queue.pump() if queue else None)
     # Only an admin listener reads the last workloads: without one nothing records them.
     recent = RecentWorkloads() if config.admin_port is not None else None
     metrics = Metrics() if config.admin_port is not None else None
@@ -290,6 +304,7 @@ def build(
         recorder=NOT_RECORDED if recent is None else recent,
         counter=NOT_COUNTED if metrics is None else metrics,
         access=access_log,
+        queue=NO_QUEUE if queue is None else queue,
     )
     facades = FacadeManager(
         reactor,
@@ -338,6 +353,9 @@ def build(
             also = (
                 lambda reread: lan.reload(reread.access),
                 lambda reread: scheduler.reconfigure(reread.affinity),
+                lambda reread: (
+                    queue.reconfigure(reread.queue, reread.parallel()) if queue else None
+                ),
             )
             FleetReloadService(reactor, config.fleet_file, fleet, also).setServiceParent(root)
     else:
@@ -358,7 +376,7 @@ def build(
             clock=clock,
             node_in_flight=activity.in_flight,
             tls=lambda: cluster.membership is not None,
-            fleet=FleetView(fleet.reports, lambda: fleet.polled, scheduler)
+            fleet=FleetView(fleet.reports, lambda: fleet.polled, scheduler, queue)
             if fleet is not None and scheduler is not None
             else None,
             expected=sorted(config.fleet.facades) if config.fleet is not None else None,

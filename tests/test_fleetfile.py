@@ -10,6 +10,7 @@ import pytest
 
 from nvpair import examples
 from nvpair.control.affinity import AffinityOptions
+from nvpair.control.fairqueue import QueueOptions
 from nvpair.engines.table import served_engines
 from nvpair.fleet.file import FacadeSpec, FleetFileError, base_url_hint, load_fleet, unserved
 
@@ -235,3 +236,49 @@ def test_scheduling_defaults_to_affinity_with_a_slack_of_two(tmp_path: Path) -> 
 )
 def test_a_bad_scheduling_table_says_what_is_wrong(tmp_path: Path, table: str, why: str) -> None:
     assert why in refusal(tmp_path / "fleet.toml", table + "\n" + HEAD)
+
+
+# -- [queue] and [nodes.parallel] (docs/fleet-scheduling.md#the-queue) ---------------------------
+
+NODE = HEAD + 'ollama = "http://127.0.0.1:11434"\n'
+
+
+def test_the_queue_is_on_by_default_with_its_documented_bounds(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(NODE)
+    fleet = load_fleet(path)
+    assert fleet.queue == QueueOptions(True, 120.0, 256, 10.0)
+    assert fleet.nodes[0].parallel == {}
+    path.write_text(
+        '[queue]\nenabled = false\nmax-wait = "30s"\nmax-depth = 8\ncollate = "2s"\n'
+        + NODE
+        + "[nodes.parallel]\nollama = 4\n"
+    )
+    fleet = load_fleet(path)
+    assert fleet.queue == QueueOptions(False, 30.0, 8, 2.0)
+    assert fleet.nodes[0].parallel == {"ollama": 4}
+
+
+@pytest.mark.parametrize(
+    ("table", "why"),
+    [
+        ("queue = 1\n" + NODE, "queue: must be a table"),
+        ('[queue]\nenabled = "no"\n' + NODE, "queue.enabled: must be true or false"),
+        ("[queue]\nmax-depth = 0\n" + NODE, "queue.max-depth: must be an integer in 1-"),
+        ("[queue]\nmax-depth = true\n" + NODE, "queue.max-depth: must be an integer"),
+        ('[queue]\nmax-wait = "0s"\n' + NODE, "queue.max-wait: must be a positive duration"),
+        ('[queue]\ncollate = "soon"\n' + NODE, "queue.collate: must be a positive duration"),
+        ("[queue]\ndepth = 3\n" + NODE, "queue: unknown key"),
+        (NODE + "[nodes.parallel]\nollama = 0\n", "nodes[0].parallel.ollama: must be an integer"),
+        (NODE + "[nodes.parallel]\nollama = 2.5\n", "nodes[0].parallel.ollama: must be an integer"),
+        (NODE + "[nodes.parallel]\nvllm = 2\n", "nodes[0].parallel.vllm: unknown engine"),
+        (NODE + "[nodes.parallel]\nllamacpp = 2\n", "the node has no engines.llamacpp URL"),
+        (
+            '[facades.ollama]\n[[nodes]]\nid = "a"\nparallel = 2\n'
+            '[nodes.engines]\nollama = "http://127.0.0.1:11434"\n',
+            "nodes[0].parallel: must be a table",
+        ),
+    ],
+)
+def test_a_bad_queue_table_says_what_is_wrong(tmp_path: Path, table: str, why: str) -> None:
+    assert why in refusal(tmp_path / "fleet.toml", table)

@@ -25,6 +25,7 @@ OWNERS = {
     "budget": "failover",
     "workload": "failover",
     "trail": "failover",
+    "queued": "failover",
     "stats": "delivery",
     "node": "delivery",
     "dispatches": "delivery",

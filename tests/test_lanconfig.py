@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from nvpair.engines.caller import Priority
 from nvpair.fleet.file import FleetFileError, load_fleet
 from nvpair.fleet.lanconfig import (
     SECRET_PREFIX,
@@ -50,7 +51,7 @@ def test_networks_keys_and_tls_relative_to_the_fleet_file(tmp_path: Path) -> Non
         tmp_path / "keys.toml",
         f'[[keys]]\nname = "laptop"\nsha256 = "{DIGEST.upper()}"\n'
         f'[[keys]]\nname = "phone"\nsha256 = "{"cd" * 32}"\nmodels = ["llama3*", "qwen2.5:*"]\n'
-        "manage = true\n",
+        'manage = true\npriority = "low"\n',
     )
     fleet = load_fleet(
         write(
@@ -63,7 +64,13 @@ def test_networks_keys_and_tls_relative_to_the_fleet_file(tmp_path: Path) -> Non
         (ipaddress.ip_network("192.168.1.0/24"), ipaddress.ip_network("fd00::/8")),
         (
             Key("laptop", bytes.fromhex(DIGEST)),
-            Key("phone", bytes.fromhex("cd" * 32), ("llama3*", "qwen2.5:*"), manage=True),
+            Key(
+                "phone",
+                bytes.fromhex("cd" * 32),
+                ("llama3*", "qwen2.5:*"),
+                manage=True,
+                priority=Priority.LOW,
+            ),
         ),
         LanTls(server.cert_pem + ca.cert_pem, server.key_pem),
     )
@@ -122,6 +129,10 @@ def test_a_bad_access_table_names_its_key(tmp_path: Path, table: object, message
         (
             f"[[keys]]\nname = 'a'\nsha256 = '{DIGEST}'\nmanage = 'yes'\n",
             "keys[0].manage: must be true or false",
+        ),
+        (
+            f"[[keys]]\nname = 'a'\nsha256 = '{DIGEST}'\npriority = 'urgent'\n",
+            'keys[0].priority: must be "high", "normal" or "low"',
         ),
         (
             f"[[keys]]\nname = 'a'\nsha256 = '{DIGEST}'\n"

@@ -90,6 +90,7 @@ def test_a_completed_workload_reads_with_its_path_and_the_engines_figures() -> N
         "tokensPerSecond": 42.5,
         "admittedAt": "2023-11-14T22:13:20.000+00:00",
         "endedAt": "2023-11-14T22:13:20.000+00:00",
+        "queuedMs": None,
     }
 
 

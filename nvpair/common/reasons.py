@@ -60,6 +60,16 @@ class Reason(enum.StrEnum):
     INTERNAL = "internal", 500, "internal error in the proxy"
     UNAUTHORIZED = "unauthorized", 401, "a valid key is required: Authorization: Bearer <key>"
     FORBIDDEN_MODEL = "forbidden-model", 403, "this key may not use this model"
+    QUEUE_FULL = (
+        "queue-full",
+        429,
+        "too many requests are waiting for this model: try again later",
+    )
+    QUEUE_TIMEOUT = (
+        "queue-timeout",
+        503,
+        "no node could start this request in time: try again later",
+    )
     FORBIDDEN_ROUTE = (
         "forbidden-route",
         403,

@@ -102,6 +102,8 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
         # it back keeps the engine's framing (else the client would get chunked encoding).
         set_field(headers, b"Content-Length", b"%d" % response.length)
     set_field(headers, b"X-Nvpair-Node", _answering_node(services, node).encode())
+    for name, value in job.queued_field():
+        set_field(headers, name, value)
     response.headers = SPENT
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
     clock = services.clock

@@ -19,6 +19,7 @@ from twisted.internet.defer import Deferred
 
 from nvpair.common.durations import format_duration
 from nvpair.common.reasons import Reason
+from nvpair.control.fairqueue import Option
 from nvpair.control.routing import Plan
 from nvpair.control.state import Discovery, Node
 from nvpair.dispatch.attempt import Failed, Fault, Outgoing
@@ -26,6 +27,8 @@ from nvpair.dispatch.candidates import model_key_on
 from nvpair.dispatch.delivery import answer_final, try_node
 from nvpair.dispatch.job import Job, Services
 from nvpair.dispatch.outcome import Verdict, classify
+from nvpair.dispatch.queueing import FleetQueue, QueueFull
+from nvpair.engines.caller import Priority
 from nvpair.facades.answers import no_owner_message, no_owner_timeout_message
 
 
@@ -50,6 +53,9 @@ async def serve_inference(services: Services, job: Job) -> None:
     )
     job.trail = services.recorder.admitted(job.workload)
     outgoing = job.outgoing()
+    if services.queue.enabled:
+        await _serve_queued(services, job, outgoing, round_plan)
+        return
     while True:
         if not round_plan.candidates:
             # An owner existed within this request's life and went away: wait for one, at
@@ -131,6 +137,149 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
         # Between attempts the job is placed nowhere.
         workload.submitted(None)
     return dispatched
+
+
+async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_plan: Plan) -> None:
+    """The failover loop with fleet mode's queue (docs/fleet-scheduling.md#the-queue): each
+    dispatch waits for a place the queue gives it on one of the round's owners not yet tried —
+    the first that frees, by the fleet order, in the caller's turn. A failed attempt comes back
+    with its place in the turns; a round ends when every owner has been tried."""
+    queue = services.queue
+    assert isinstance(queue, FleetQueue)
+    candidates, clock, admitted = services.candidates, services.clock, job.admitted
+    caller, engine = admitted.caller, admitted.engine
+    waiter = queue.waiter(
+        _caller_id(job),
+        caller.priority if caller is not None else Priority.NORMAL,
+        (admitted.engine.id, admitted.model_key),
+        engine.model_display(admitted.model) if admitted.model else "",
+    )
+    deadline = job.created + services.bounds.job_deadline
+    tried: set[tuple[str, str]] = set()
+    engine = admitted.engine
+    nodes: dict[tuple[str, str], Node] = {}
+
+    planned: list[Plan] = []
+
+    def options() -> list[Option]:
+        """The round's owners not yet tried, as the live snapshot has them now (the plan they
+        came from is kept: the one a place was given from)."""
+        nodes.clear()
+        found = []
+        plan = candidates.plan(admitted)
+        planned[:] = [plan]
+        for node in plan.candidates:
+            key = (node.engine, node.id)
+            if key not in tried:
+                nodes[key] = node
+                model = node.own_key(model_key_on(node.engine, admitted))
+                found.append(queue.option(key, model, node.model_keys))
+        return found
+
+    while True:
+        if not round_plan.candidates:
+            job.budget = job.budget.owners_gone(clock.seconds(), services.scheduling.owner_wait)
+            wait = job.budget.owner_wait(clock.seconds())
+            if wait is None:
+                job.refuse(
+                    Reason.NO_OWNER_TIMEOUT,
+                    retry_after=job.budget.retry_after(),
+                    message=no_owner_timeout_message(admitted.model, _bound(services, job)),
+                )
+                return
+            await _owner_change(services, engine.serves, wait)
+            job.budget = job.budget.backed_off()
+            round_plan = candidates.plan(admitted)
+            continue
+        job.budget = job.budget.owners_back()
+        if not options():
+            if not tried:
+                round_plan = candidates.plan(admitted)
+                continue
+            # Every owner has been tried: the round is over, as without the queue.
+            job.release(services.reservations)
+            pause = job.budget.pause(clock.seconds())
+            if pause is None:
+                job.refuse(Reason.DEADLINE, retry_after=job.budget.retry_after())
+                return
+            await task.deferLater(clock, pause, lambda: None)
+            job.budget = job.budget.backed_off()
+            tried.clear()
+            round_plan = candidates.plan(admitted)
+            continue
+        try:
+            # max-wait bounds the time spent waiting, every wait of the request together.
+            until = min(deadline, clock.seconds() + queue.options.max_wait - waiter.waited)
+            place = await queue.take(waiter, options, until)
+        except QueueFull:
+            job.refuse(Reason.QUEUE_FULL, retry_after=_queue_retry(queue))
+            return
+        finally:
+            job.queued = waiter.waited or None
+            assert job.workload is not None
+            job.workload.queued_ms = None if job.queued is None else round(job.queued * 1000)
+        if place is None:
+            job.refuse(Reason.QUEUE_TIMEOUT, retry_after=_queue_retry(queue))
+            return
+        try:
+            node = nodes.get(place.node)
+            live = None if node is None else candidates.live(admitted, node)
+            if live is None:
+                # Gone between the pump and now: no attempt spent, the round goes on.
+                continue
+            refusal = job.budget.refusal(clock.seconds())
+            if refusal is not None:
+                job.refuse(refusal, retry_after=job.budget.retry_after())
+                return
+            failed = await _dispatch(services, job, outgoing, live, planned[0])
+        finally:
+            queue.release(place)
+        if failed is None:
+            return
+        if job.budget.final:
+            answer_final(job, failed)
+            return
+        assert job.workload is not None
+        job.workload.submitted(None)
+        tried.add(place.node)
+        round_plan = candidates.plan(admitted)
+
+
+async def _dispatch(
+    services: Services, job: Job, outgoing: Outgoing, node: Node, plan: Plan
+) -> Failed | None:
+    """One dispatch the queue gave a place: spent, claimed and recorded as the plain loop's.
+
+    :param plan: the order the place was given from, before this dispatch's claim moved the
+        loads: affinity's node is the first behind any pin there (an id alone could name a
+        node of another engine in a round over several)."""
+    workload = job.workload
+    assert workload is not None
+    first = plan.candidates[int(plan.pinned)] if len(plan.candidates) > plan.pinned else None
+    affine = (
+        plan.affine is not None
+        and first is not None
+        and (first.engine, first.id) == (node.engine, node.id)
+    )
+    job.budget = job.budget.spend()
+    job.reserve(services.reservations, node.id)
+    workload.engine = node.engine
+    workload.submitted(node.id)
+    return await _attempt(services, job, outgoing, node, affine)
+
+
+def _caller_id(job: Job) -> str:
+    """Who the request is to the queue's turns: its key's name, else its source address."""
+    caller = job.admitted.caller
+    if caller is not None and caller.name is not None:
+        return f"key:{caller.name}"
+    return job.admitted.client or "local"
+
+
+def _queue_retry(queue: FleetQueue) -> int:
+    """A ``Retry-After`` for a queue's refusal: its collation bound, a fair guess at how long
+    a place takes to free (at least a second)."""
+    return max(1, int(queue.options.collate))
 
 
 def _down(services: Services, job: Job) -> list[str]:

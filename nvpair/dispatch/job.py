@@ -15,8 +15,9 @@ them to it):
   (:meth:`Job.refuse`), ``reservation`` (:meth:`Job.reserve`, :meth:`Job.release`),
   ``served_status`` and ``committed_at`` (:meth:`Job.served`): this module's methods, whoever
   calls them;
-- ``budget``, ``workload`` and ``trail``: :mod:`nvpair.dispatch.failover`, the inference loop (the
-  only route that spends a budget or is admitted as a workload);
+- ``budget``, ``workload``, ``trail`` and ``queued``: :mod:`nvpair.dispatch.failover`, the
+  inference loop (the only route that spends a budget, is admitted as a workload or waits in
+  the fleet's queue);
 - ``stats``: :mod:`nvpair.dispatch.delivery`, read from the body it relays; ``node`` and
   ``dispatches`` there too, as each dispatch starts (for the access log).
 """
@@ -39,6 +40,7 @@ from nvpair.dispatch.activity import NodeActivity
 from nvpair.dispatch.attempt import Attempts, Outgoing
 from nvpair.dispatch.budget import Bounds, RetryBudget
 from nvpair.dispatch.candidates import Candidates
+from nvpair.dispatch.queueing import NO_QUEUE, Queueing
 from nvpair.dispatch.seams import NO_LOG, AttemptLog, RequestCounter, Scheduling, WorkloadRecorder
 from nvpair.dispatch.workload import Workload, Workloads
 from nvpair.engines.inferstats import Stats
@@ -84,6 +86,8 @@ class Job:
     node: str | None = None
     #: Dispatches made, on any route.
     dispatches: int = 0
+    #: Seconds the request waited in fleet mode's queue, if it waited.
+    queued: float | None = None
 
     def run(self, serving: Coroutine[Any, Any, None]) -> Deferred[None]:
         """Run the route's server: the job's scope, which :meth:`cancel` cancels."""
@@ -126,7 +130,15 @@ class Job:
             retry_after=retry_after,
             message=message,
             cors=cors,
+            extra=self.queued_field(),
         )
+
+    def queued_field(self) -> tuple[tuple[bytes, bytes], ...]:
+        """``X-Nvpair-Queued-Ms`` for an answer to a request that waited in fleet mode's queue
+        (docs/fleet-scheduling.md#the-queue), else nothing."""
+        if self.queued is None:
+            return ()
+        return ((b"X-Nvpair-Queued-Ms", b"%d" % round(self.queued * 1000)),)
 
     def served(self, status: int, committed_at: float | None = None) -> None:
         """The engines' answer is served with ``status``: one node's, relayed from
@@ -198,3 +210,5 @@ class Services:
     recorder: WorkloadRecorder
     #: What ``/metrics`` counts.
     counter: RequestCounter
+    #: Fleet mode's queue (docs/fleet-scheduling.md#the-queue); none in broker mode.
+    queue: Queueing = NO_QUEUE

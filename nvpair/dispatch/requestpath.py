@@ -29,6 +29,7 @@ from nvpair.dispatch.failover import serve_inference
 from nvpair.dispatch.fleetwide import serve_inventory, serve_preflight
 from nvpair.dispatch.forwarding import serve_once_each, serve_peer
 from nvpair.dispatch.job import Ending, Job, Services
+from nvpair.dispatch.queueing import NO_QUEUE, Queueing
 from nvpair.dispatch.seams import (
     NOT_COUNTED,
     NOT_RECORDED,
@@ -70,6 +71,7 @@ class RequestPath(RequestHandler):
     :param counter: what ``/metrics`` counts; nothing when no admin listener runs.
     :param servers: each route class's server (:data:`SERVERS`).
     :param access: the access log; None when it is off.
+    :param queue: fleet mode's queue (docs/fleet-scheduling.md#the-queue); none in broker mode.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class RequestPath(RequestHandler):
         counter: RequestCounter = NOT_COUNTED,
         servers: Mapping[RouteClass, Server] = SERVERS,
         access: AccessLog | None = None,
+        queue: Queueing = NO_QUEUE,
     ) -> None:
         self._servers = servers
         candidates = Candidates(control, reservations, scheduling)
@@ -106,6 +109,7 @@ class RequestPath(RequestHandler):
             scheduling=scheduling,
             recorder=recorder,
             counter=counter,
+            queue=queue,
         )
         self._jobs: set[Job] = set()
         self._access = access
@@ -119,6 +123,7 @@ class RequestPath(RequestHandler):
         """Process shutdown: cancel everything in flight (each ends as cancelled)."""
         for job in list(self._jobs):
             job.cancel(Ending.SHUTDOWN)
+        self._services.queue.stop()
 
     def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
         services = self._services
@@ -267,6 +272,8 @@ def counted(counter: RequestCounter, job: Job, now: float) -> None:
     key = _key_name(admitted)
     if key is not None:
         counter.key_request_ended(key, admitted.engine.id, outcome(job))
+    if job.queued is not None:
+        counter.queue_waited(admitted.engine.id, job.queued)
 
 
 def _key_name(admitted: Admitted) -> str | None:
@@ -291,6 +298,7 @@ def finished(job: Job, now: float) -> Finished:
         ttfb_ms=None if committed is None else millis(committed - job.created),
         duration_ms=millis(now - job.created),
         key=_key_name(admitted),
+        queued_ms=None if job.queued is None else millis(job.queued),
     )
 
 

@@ -182,6 +182,9 @@ class RequestCounter(Protocol):
         stats: Stats | None = None,
     ) -> None: ...
 
+    def queue_waited(self, engine: str, seconds: float) -> None:
+        """A request that waited ``seconds`` in fleet mode's queue ended."""
+
     def key_request_ended(self, key: str, engine: str, outcome: str) -> None:
         """A request that came with the fleet key ``key`` ended (docs/lan.md#keys)."""
 
@@ -215,6 +218,9 @@ class _NotCounted:
         first_byte: float | None,
         stats: Stats | None = None,
     ) -> None:
+        pass
+
+    def queue_waited(self, engine: str, seconds: float) -> None:
         pass
 
     def key_request_ended(self, key: str, engine: str, outcome: str) -> None:

@@ -102,6 +102,9 @@ class Workload:
     stats: Stats | None = field(default=None)
     #: Who sent it, where ``[access]`` is in force; its key's name is the events' ``key``.
     caller: Caller | None = None
+    #: Milliseconds it waited in fleet mode's queue, if it waited (docs/fleet-scheduling.md
+    #: #the-queue).
+    queued_ms: int | None = None
 
     @property
     def ended(self) -> bool:

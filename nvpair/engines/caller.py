@@ -12,6 +12,7 @@ names is one the key may use, and which routes change what an engine holds.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 
@@ -19,6 +20,15 @@ from attrs import frozen
 
 from nvpair.engines.names import DEFAULT_TAG, parse_ollama_name
 from nvpair.engines.table import Dialect
+
+
+class Priority(enum.IntEnum):
+    """A key's ``priority`` in the fleet's queue (docs/fleet-scheduling.md#the-queue);
+    lower values are served first."""
+
+    HIGH = 0
+    NORMAL = 1
+    LOW = 2
 
 
 @frozen
@@ -33,12 +43,14 @@ class Caller:
         delete, load, ...); a loopback caller always may.
     :ivar lan: the caller is not on this machine: what only an operator there should see (a
         router's model file paths) is not shown to it.
+    :ivar priority: its key's place in the fleet's queue (docs/fleet-scheduling.md#the-queue).
     """
 
     name: str | None = None
     models: tuple[str, ...] = ()
     manage: bool = True
     lan: bool = False
+    priority: Priority = Priority.NORMAL
 
 
 #: A caller with no key.

@@ -43,6 +43,7 @@ class Finished:
     :ivar ttfb_ms: from admission to the first byte of the answer a node gave.
     :ivar duration_ms: from admission to the end of the answer.
     :ivar key: the name of the fleet key the request came with.
+    :ivar queued_ms: how long it waited in fleet mode's queue, if it waited.
     """
 
     engine: str
@@ -56,6 +57,7 @@ class Finished:
     ttfb_ms: float | None = None
     duration_ms: float | None = None
     key: str | None = None
+    queued_ms: float | None = None
 
     def fields(self) -> dict[str, object]:
         """The line's fields: only those known."""

@@ -96,6 +96,9 @@ class Admitted(NamedTuple):
     #: The body is there but no JSON object the proxy reads: what model it names, if any,
     #: cannot be judged (docs/lan.md#what-a-key-can-and-cannot-do).
     opaque: bool = False
+    #: The caller's source address (None off a socket): who a keyless caller is to the fleet's
+    #: queue (docs/fleet-scheduling.md#the-queue).
+    client: str | None = None
 
 
 class CallerGate(Protocol):
@@ -269,6 +272,7 @@ class Facade:
             member=member,
             others=others,
             opaque=opaque,
+            client=getattr(_client(request), "host", None),
         )
         if debug_enabled():
             self.log.debug(

@@ -17,11 +17,13 @@ from attrs import field, frozen
 
 from nvpair.common.durations import parse_duration
 from nvpair.control.affinity import DEFAULT_AFFINITY, AffinityOptions
+from nvpair.control.fairqueue import DEFAULT_QUEUE, QueueOptions
 from nvpair.engines.modelnames import NO_ALIASES, AliasError, Aliases
 from nvpair.engines.table import ENGINES, FACADES, served_engines
 from nvpair.facades.ports import ascii_digits, parse_aliases, valid_port
 from nvpair.fleet.credentials import Credential, read_credential
 from nvpair.fleet.lanconfig import Access, AccessError, parse_access
+from nvpair.fleet.queueconfig import parse_parallel, parse_queue
 
 
 class FleetFileError(ValueError):
@@ -42,6 +44,9 @@ class FleetNode:
     id: str
     engines: Mapping[str, str]
     credentials: Mapping[str, Credential] = field(factory=dict)
+    #: ``[nodes.parallel]``: per engine, the requests it serves at once per model
+    #: (docs/fleet-scheduling.md#capacity).
+    parallel: Mapping[str, int] = field(factory=dict)
 
 
 @frozen
@@ -60,6 +65,16 @@ class Fleet:
     access: Access | None = None
     #: ``[scheduling]``: affinity (docs/fleet-scheduling.md#conversations-go-where-their-cache-is).
     affinity: AffinityOptions = DEFAULT_AFFINITY
+    #: ``[queue]`` (docs/fleet-scheduling.md#the-queue).
+    queue: QueueOptions = DEFAULT_QUEUE
+
+    def parallel(self) -> dict[tuple[str, str], int]:
+        """(engine, node id) -> ``[nodes.parallel]`` where the file sets one."""
+        return {
+            (engine, node.id): count
+            for node in self.nodes
+            for engine, count in node.parallel.items()
+        }
 
     def authorizations(self) -> dict[str, bytes]:
         """Engine URL -> the ``Authorization`` value every request to it carries."""
@@ -204,7 +219,7 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         path,
         "top level",
         document,
-        {"inventory-interval", "facades", "nodes", "models", "access", "scheduling"},
+        {"inventory-interval", "facades", "nodes", "models", "access", "scheduling", "queue"},
     )
 
     interval_text = document.get("inventory-interval", "5s")
@@ -245,7 +260,7 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         where = f"nodes[{index}]"
         if not isinstance(item, dict):
             raise _fail(path, where, "must be a table")
-        _check_keys(path, where, item, {"id", "engines", "credentials"})
+        _check_keys(path, where, item, {"id", "engines", "credentials", "parallel"})
         node_id = item.get("id")
         if not isinstance(node_id, str) or not node_id or node_id in seen:
             raise _fail(path, f"{where}.id", "must be a unique non-empty string")
@@ -262,7 +277,11 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         credentials = _credentials(
             path, f"{where}.credentials", item.get("credentials", {}), engines, environ
         )
-        nodes.append(FleetNode(node_id, dict(engines), credentials))
+        try:
+            parallel = parse_parallel(f"{where}.parallel", item.get("parallel", {}), engines)
+        except ValueError as bad:
+            raise FleetFileError(f"{path}: {bad}") from None
+        nodes.append(FleetNode(node_id, dict(engines), credentials, parallel))
     _one_credential_per_url(path, nodes)
     try:
         models = Aliases.parse(document.get("models", {}))
@@ -273,7 +292,11 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
     except AccessError as error:
         raise FleetFileError(f"{path}: {error}") from None
     affinity = _scheduling(path, document.get("scheduling", {}))
-    return Fleet(interval, facades, tuple(nodes), models, access, affinity)
+    try:
+        queue = parse_queue(document.get("queue", {}))
+    except ValueError as bad:
+        raise FleetFileError(f"{path}: {bad}") from None
+    return Fleet(interval, facades, tuple(nodes), models, access, affinity, queue)
 
 
 #: The largest ``affinity-slack`` taken: past it, every owner is within it anyway.

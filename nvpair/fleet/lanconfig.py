@@ -19,6 +19,8 @@ from pathlib import Path
 
 from attrs import frozen
 
+from nvpair.engines.caller import Priority
+
 #: A key's name: shown in ``/status``, logs and metric labels, so plain and bounded.
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -53,6 +55,8 @@ class Key:
     digest: bytes
     models: tuple[str, ...] = ()
     manage: bool = False
+    #: Its requests' place in the fleet's queue (docs/fleet-scheduling.md#the-queue).
+    priority: Priority = Priority.NORMAL
 
 
 @frozen
@@ -215,7 +219,7 @@ def parse_keys(data: bytes, where: str) -> tuple[Key, ...]:
 def _key(where: str, entry: object) -> Key:
     if not isinstance(entry, dict):
         raise _fail(where, "must be a table")
-    unknown = sorted(set(entry) - {"name", "sha256", "models", "manage"})
+    unknown = sorted(set(entry) - {"name", "sha256", "models", "manage", "priority"})
     if unknown:
         raise _fail(where, f"unknown key(s) {', '.join(unknown)}")
     name = entry.get("name")
@@ -232,7 +236,10 @@ def _key(where: str, entry: object) -> Key:
     manage = entry.get("manage", False)
     if not isinstance(manage, bool):
         raise _fail(f"{where}.manage", "must be true or false")
-    return Key(name, bytes.fromhex(digest), tuple(models), manage)
+    priority = entry.get("priority", "normal")
+    if priority not in ("high", "normal", "low"):
+        raise _fail(f"{where}.priority", 'must be "high", "normal" or "low"')
+    return Key(name, bytes.fromhex(digest), tuple(models), manage, Priority[str(priority).upper()])
 
 
 def name_problem() -> str:

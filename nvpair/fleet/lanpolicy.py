@@ -104,7 +104,9 @@ LAN_KEYLESS = Caller(manage=False, lan=True)
 
 def caller_of(key: Key | None) -> Caller:
     """The LAN caller a valid key (or none) makes."""
-    return LAN_KEYLESS if key is None else Caller(key.name, key.models, key.manage, lan=True)
+    if key is None:
+        return LAN_KEYLESS
+    return Caller(key.name, key.models, key.manage, lan=True, priority=key.priority)
 
 
 def loopback_caller(access: Access, authorization: Sequence[bytes] | None) -> Caller:
@@ -113,4 +115,6 @@ def loopback_caller(access: Access, authorization: Sequence[bytes] | None) -> Ca
     secret = bearer(authorization) if access.keys else None
     key = None if secret is None or access.keys is None else find_key(access.keys, secret)
     # Loopback callers may manage whatever their key says: the machine is the operator's.
-    return KEYLESS if key is None else Caller(key.name, key.models)
+    if key is None:
+        return KEYLESS
+    return Caller(key.name, key.models, priority=key.priority)

@@ -82,6 +82,9 @@ class FleetScheduler:
         self._sent: dict[tuple[str, str], dict[str, float]] = {}
         # (engine, node) -> the model keys it last listed, while it is out of discovery
         self._away: dict[tuple[str, str], frozenset[str]] = {}
+        #: Called after every poll's reading: the fleet's queue looks for a place freed
+        #: (docs/fleet-scheduling.md#the-queue).
+        self.load_changed: Callable[[], None] = lambda: None
 
     def load(self, engine: str, node: str) -> LoadState:
         """What ``node``'s ``engine`` said about its load at its last poll."""
@@ -148,6 +151,7 @@ class FleetScheduler:
             self._loads.pop((engine, node), None)
         else:
             self._loads[(engine, node)] = state
+        self.load_changed()
 
     def away(self, engine: str, node: str, models: Sequence[str] | None) -> None:
         """``node`` left discovery having last listed ``models`` (its poll fails), or (None) is

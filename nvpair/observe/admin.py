@@ -88,9 +88,14 @@ class Admin:
                     reservations=reservations,
                     requests_in_flight=in_flight,
                     nodes_up=self._nodes_up,
+                    queue_depth=self._queue_depth,
                 ),
             )
         )
+
+    def _queue_depth(self) -> dict[tuple[str, str], int]:
+        queue = self._fleet.queue if self._fleet is not None else None
+        return {} if queue is None else queue.depths()
 
     def _facade_ports(self) -> dict[str, int | None]:
         """Every facade that listens or should (None: it does not)."""

@@ -60,6 +60,7 @@ class LiveState:
         reservations: Callable[[], Mapping[str, int]],
         requests_in_flight: Callable[[], int],
         nodes_up: Callable[[], Mapping[tuple[str, str], bool]] = dict,
+        queue_depth: Callable[[], Mapping[tuple[str, str], int]] = dict,
     ) -> None:
         """
         :param facades: engine -> the port its facade listens on, for every facade that is
@@ -70,6 +71,7 @@ class LiveState:
         :param requests_in_flight: admitted requests not yet ended.
         :param nodes_up: (engine, node) -> whether the node is up, for every configured node
             (fleet mode; empty in broker mode, where the broker keeps the fleet).
+        :param queue_depth: (facade, model) -> requests waiting in fleet mode's queue.
         """
         self.facades = facades
         self.discovery = discovery
@@ -77,6 +79,7 @@ class LiveState:
         self.reservations = reservations
         self.requests_in_flight = requests_in_flight
         self.nodes_up = nodes_up
+        self.queue_depth = queue_depth
 
 
 class MetricsCollector(Collector):
@@ -138,6 +141,20 @@ class MetricsCollector(Collector):
             "Decode rate of served answers, by engine.",
             ["engine"],
         )
+        yield histogram_family(
+            m.queue_wait,
+            "nvpair_queue_wait_seconds",
+            "How long each request that waited in the fleet's queue waited, served or not.",
+            ("engine",),
+        )
+        depth = GaugeMetricFamily(
+            "nvpair_queue_depth",
+            "Requests waiting in the fleet's queue, by facade and model.",
+            labels=["engine", "model"],
+        )
+        for (engine, model), count in sorted(live.queue_depth().items()):
+            depth.add_metric([engine, model], count)
+        yield depth
         in_flight = GaugeMetricFamily(
             "nvpair_in_flight",
             "This process's dispatches in flight, by engine and node.",

@@ -91,6 +91,8 @@ class Metrics:
         self._ended: dict[tuple[str, str, str], _Ended] = {}
         #: Requests ended by (key, engine, outcome), of those that came with a fleet key.
         self.keyed: dict[tuple[str, str, str], int] = {}
+        #: The wait of every request that waited in fleet mode's queue, by engine.
+        self.queue_wait = Histogram(LATENCY_BUCKETS)
 
     def attempt_ended(self, engine: str, node: str, outcome: Outcome, cut: bool = False) -> None:
         """A dispatch ended: failed, or served and its answer delivered (``cut``: truncated
@@ -145,6 +147,12 @@ class Metrics:
         """A request that came with the fleet key ``key`` ended (docs/lan.md#keys)."""
         labels = (key, engine, outcome)
         self.keyed[labels] = self.keyed.get(labels, 0) + 1
+
+    def queue_waited(self, engine: str, seconds: float) -> None:
+        """A request that waited in fleet mode's queue ended, served or not."""
+        counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] = 1
+        _add(self.queue_wait, (engine,), counts, seconds)
 
     # -- read when scraped ------------------------------------------------------------------
 

@@ -14,10 +14,12 @@ from attrs import frozen
 
 from nvpair.control.affinity import CacheShare
 from nvpair.control.state import ControlState
+from nvpair.dispatch.queueing import FleetQueue
 from nvpair.engines.loadstate import LoadState
 from nvpair.engines.table import ENGINES, FACADES
 from nvpair.fleet.pairs import PairReport, PollState
 from nvpair.fleet.scheduling import FleetScheduler
+from nvpair.observe.queueview import queue_document
 from nvpair.observe.recent import RecentWorkloads, Trail
 
 
@@ -38,11 +40,13 @@ class FleetView:
         (:meth:`nvpair.fleet.polls.FleetService.reports`).
     :ivar polled: whether every configured pair has been polled once.
     :ivar scheduler: load states and passive health.
+    :ivar queue: the requests waiting (docs/fleet-scheduling.md#the-queue); None: none kept.
     """
 
     reports: Callable[[], Mapping[str, tuple[PairReport, ...]]]
     polled: Callable[[], bool]
     scheduler: FleetScheduler
+    queue: FleetQueue | None = None
 
 
 def _when(seconds: float | None) -> str | None:
@@ -270,6 +274,8 @@ def recent_workload(trail: Trail) -> dict[str, object]:
         else None,
         "admittedAt": _when_ms(workload.created_at),
         "endedAt": _when_ms(workload.completed_at),
+        # Fleet mode's queue: how long it waited for a place, if it waited.
+        "queuedMs": workload.queued_ms,
         # Where [access] is in force: the fleet key it came with (docs/lan.md#keys).
         **({} if workload.caller is None else {"key": workload.caller.name}),
     }
@@ -322,6 +328,11 @@ def status_document(
         "reservations": {node: count for node, count in reservations.items() if count},
         "recent": recent_document(recent),
         **({} if fleet is None else {"affinity": affinity_document(fleet.scheduler)}),
+        **(
+            {}
+            if fleet is None or fleet.queue is None
+            else {"queue": queue_document(fleet.queue, now)}
+        ),
     }
 
 

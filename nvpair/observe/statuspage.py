@@ -251,16 +251,46 @@ SCRIPT = """
       row.append(el("td", "num", work.ttftMs == null ? "" : work.ttftMs + " ms"));
       row.append(el("td", "num", work.tokensPerSecond == null ? "" : work.tokensPerSecond));
       row.append(el("td", "num", clock(work.admittedAt)));
+      row.append(el("td", "num", work.queuedMs ? work.queuedMs + " ms" : ""));
       return row;
     });
     document.getElementById("recent-body").replaceChildren(...rows);
     document.getElementById("no-recent").hidden = rows.length > 0;
   }
 
+  // Who waits for what in the fleet's queue (docs/fleet-scheduling.md#the-queue).
+  function renderQueue(doc) {
+    const queue = doc.queue || {waiting: {}};
+    const rows = [];
+    Object.keys(queue.waiting || {}).sort().forEach((facade) => {
+      const models = queue.waiting[facade];
+      Object.keys(models).sort().forEach((model) => {
+        const waiting = models[model];
+        const row = el("tr");
+        row.dataset.model = model;
+        row.append(el("td", "", facade));
+        row.append(el("td", "", model));
+        row.append(el("td", "num", String(waiting.waiting)));
+        row.append(el("td", "num", (waiting.oldestMs / 1000).toFixed(1) + " s"));
+        const callers = Object.keys(waiting.callers || {}).sort()
+          .map((caller) => caller + " \u00d7" + waiting.callers[caller]).join(", ");
+        row.append(el("td", "", callers));
+        rows.push(row);
+      });
+    });
+    document.getElementById("queue-body").replaceChildren(...rows);
+    document.getElementById("queue").hidden = rows.length === 0;
+    const none = document.getElementById("no-queue");
+    none.hidden = rows.length > 0;
+    none.textContent = doc.queue == null ? "No queue (broker mode)."
+      : doc.queue.enabled ? "Nothing waits." : "The queue is off: every request goes at once.";
+  }
+
   function render(doc) {
     document.getElementById("mode").textContent = doc.mode + " mode";
     document.getElementById("in-flight").textContent = "in flight " + doc.inFlight;
     renderFleet(doc);
+    renderQueue(doc);
     renderRecent(doc);
   }
 
@@ -306,10 +336,16 @@ PAGE_TEMPLATE = """<!doctype html>
 <h2>Fleet</h2>
 <table id="fleet"><thead id="fleet-head"></thead><tbody id="fleet-body"></tbody></table>
 <p id="no-nodes" class="muted" hidden>No node configured or discovered.</p>
+<h2>Waiting</h2>
+<table id="queue" hidden>
+<thead><tr><th>facade</th><th>model</th><th>waiting</th><th>oldest</th><th>callers</th></tr></thead>
+<tbody id="queue-body"></tbody>
+</table>
+<p id="no-queue" class="muted"></p>
 <h2>Recent requests</h2>
 <table id="recent">
 <thead><tr><th>#</th><th>engine</th><th>model</th><th>state</th><th>attempts</th>
-<th>error</th><th>first byte</th><th>tokens/s</th><th>admitted</th></tr></thead>
+<th>error</th><th>first byte</th><th>tokens/s</th><th>admitted</th><th>queued</th></tr></thead>
 <tbody id="recent-body"></tbody>
 </table>
 <p id="no-recent" class="muted" hidden>No inference request yet.</p>

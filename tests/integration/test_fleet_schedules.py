@@ -24,10 +24,20 @@ from tests.integration.test_fleet import eventually
 
 
 def fleet_file(
-    tmp_path: Path, engine: str, port: int, sims: Sequence[SimEngine], interval: str = "100ms"
+    tmp_path: Path,
+    engine: str,
+    port: int,
+    sims: Sequence[SimEngine],
+    interval: str = "100ms",
+    queue: bool = True,
 ) -> Path:
+    """:param queue: false: the plain order alone, every request dispatched at once
+    (``[queue] enabled = false``, docs/fleet-scheduling.md#the-queue)."""
     nodes = {sim.node: sim.url for sim in sims}
-    return write_fleet(tmp_path / "fleet.toml", port, nodes, engine, interval)
+    path = write_fleet(tmp_path / "fleet.toml", port, nodes, engine, interval)
+    if not queue:
+        path.write_text(path.read_text() + "\n[queue]\nenabled = false\n")
+    return path
 
 
 def posts(sim: SimEngine) -> int:
@@ -142,7 +152,9 @@ async def test_a_second_request_joins_the_load_the_first_set_off(tmp_path: Path)
     )
     a, b = sims
     port = free_port()
-    fleet = fleet_file(tmp_path, "ollama", port, sims, interval="60s")
+    # The plain order's rule: with the queue, a's one place (Ollama runs one request per model
+    # by default) is taken, and the second request starts at once where it can, loading on b.
+    fleet = fleet_file(tmp_path, "ollama", port, sims, interval="60s", queue=False)
     try:
         async with running_proxy(tmp_path, "--fleet", str(fleet)) as proxy:
 
