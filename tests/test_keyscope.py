@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nvpair.control.keyscope import KeyScope
 from nvpair.control.reservations import Reservations
 from nvpair.control.state import ControlState
 from nvpair.dispatch.candidates import Candidates
@@ -499,3 +500,18 @@ def test_a_source_suffix_on_a_tagged_name_is_read_as_ollama_reads_it() -> None:
         assert refused(state, admitted(OLLAMA, body, phone("llama3*"))) is None
     body = b'{"model":"secret:latest:local"}'
     assert refused(state, admitted(OLLAMA, body, phone("llama3*"))) == "forbidden-model"
+
+
+def test_a_pattern_without_a_tag_names_the_model_as_ollama_does() -> None:
+    """Issue 31 item 2: ``models = ["llama3"]`` lists and serves ``llama3:latest`` (Ollama's
+    default tag), whatever its case; an alias ``fast`` is ``fast:latest`` to Ollama too."""
+    aliases = Aliases.parse({"fast": ["qwen:7b"]})
+    state = control({"ollama": {"a": ["llama3:latest", "qwen:7b", "llama3:70b"]}}, aliases)
+    scope = KeyScope(["llama3"], OLLAMA, state.discovery)
+    assert scope.allows("llama3:latest") and scope.allows("Llama3") and scope.allows("llama3")
+    assert not scope.allows("llama3:70b")
+    fast = KeyScope(["fast"], OLLAMA, state.discovery)
+    assert fast.allows("fast:latest") and fast.allows("Fast") and fast.allows("qwen:7b")
+    for name in (b"llama3:latest", b"LLAMA3"):
+        body = b'{"model":"%s"}' % name
+        assert refused(state, admitted(OLLAMA, body, phone("llama3"))) is None
