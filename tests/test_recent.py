@@ -75,7 +75,7 @@ def test_a_completed_workload_reads_with_its_path_and_the_engines_figures() -> N
     trail.attempt_ended("a", Failed(Fault.STATUS, status=503))
     trail.attempt_ended("b", Served(Response(200, b""), BodyRelay()))
     trail.workload.started("b")
-    trail.workload.terminal(State.COMPLETED, None, Stats(3, 10, 42.5, 180, False))
+    trail.workload.terminal(State.COMPLETED, None, Stats(3, 40, 42.5, 180, False))
     assert recent_workload(trail) == {
         "id": "1",
         "engine": "ollama",
@@ -88,10 +88,23 @@ def test_a_completed_workload_reads_with_its_path_and_the_engines_figures() -> N
         ],
         "ttftMs": 180,
         "tokensPerSecond": 42.5,
+        "facade": "ollama",
         "admittedAt": "2023-11-14T22:13:20.000+00:00",
         "endedAt": "2023-11-14T22:13:20.000+00:00",
         "queuedMs": None,
     }
+
+
+def test_a_rate_over_a_handful_of_tokens_is_not_shown() -> None:
+    """Issue 31 item 7: 12 tokens out of one batch at "10,481/s" is no decode speed."""
+    trail = RecentWorkloads().admitted(workloads().admit("llamacpp", "tiny", facade="openai"))
+    trail.workload.terminal(State.COMPLETED, None, Stats(5, 12, 10481.0, 20, False))
+    entry = recent_workload(trail)
+    assert entry["tokensPerSecond"] is None and entry["ttftMs"] == 20
+    assert (entry["facade"], entry["engine"]) == ("openai", "llamacpp")
+    trail = RecentWorkloads().admitted(workloads().admit("llamacpp", "tiny"))
+    trail.workload.terminal(State.COMPLETED, None, Stats(5, 16, 80.0, 20, False))
+    assert recent_workload(trail)["tokensPerSecond"] == 80.0
 
 
 def test_an_estimated_rate_is_not_shown() -> None:
@@ -145,7 +158,7 @@ def test_status_carries_recent_only_where_something_records_it() -> None:
 # -- fed by the request path ------------------------------------------------------------------
 
 USAGE = (
-    b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":10},'
+    b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":40},'
     b'"stats":{"tokens_per_second":42.5}}'
 )
 

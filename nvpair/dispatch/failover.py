@@ -50,6 +50,7 @@ async def serve_inference(services: Services, job: Job) -> None:
         round_plan.candidates[0].engine,
         engine.model_display(model) if model else "",
         caller=job.admitted.caller,
+        facade=engine.id,
     )
     job.trail = services.recorder.admitted(job.workload)
     outgoing = job.outgoing()

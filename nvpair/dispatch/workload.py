@@ -59,11 +59,18 @@ class Workloads:
         self._ids = itertools.count(1)
 
     def admit(
-        self, engine: str, model: str, originated_from: str = "", caller: Caller | None = None
+        self,
+        engine: str,
+        model: str,
+        originated_from: str = "",
+        caller: Caller | None = None,
+        facade: str = "",
     ) -> Workload:
         """A new admitted inference request: emits its first ``submitted``.
 
-        :param caller: who sent it, where fleet mode's ``[access]`` is in force."""
+        :param caller: who sent it, where fleet mode's ``[access]`` is in force.
+        :param facade: the facade it came through, when that is not its engine's own (the
+            ``openai`` facade)."""
         workload = Workload(
             emit=self._emit,
             wanted=self._wanted,
@@ -75,6 +82,7 @@ class Workloads:
             originated_from=originated_from,
             created_at=self._now_ms(),
             caller=caller,
+            facade=facade or engine,
         )
         workload.submitted(None)
         return workload
@@ -102,6 +110,8 @@ class Workload:
     stats: Stats | None = field(default=None)
     #: Who sent it, where ``[access]`` is in force; its key's name is the events' ``key``.
     caller: Caller | None = None
+    #: The facade it came through (the ``openai`` facade, or its engine's own).
+    facade: str = ""
     #: Milliseconds it waited in fleet mode's queue, if it waited (docs/fleet-scheduling.md
     #: #the-queue).
     queued_ms: int | None = None

@@ -15,6 +15,7 @@ from attrs import frozen
 from nvpair.control.affinity import CacheShare
 from nvpair.control.state import ControlState
 from nvpair.dispatch.queueing import FleetQueue
+from nvpair.engines.inferstats import Stats
 from nvpair.engines.loadstate import LoadState
 from nvpair.engines.table import ENGINES, FACADES
 from nvpair.fleet.pairs import PairReport, PollState
@@ -242,11 +243,22 @@ def _when_ms(milliseconds: int | None) -> str | None:
     return None if milliseconds is None else _when(milliseconds / 1000)
 
 
+#: Fewer tokens than this make no rate worth showing: a tiny answer's few tokens come out of one
+#: batch, and the engine's figure (10,481/s for 12 tokens) says nothing of its decode speed.
+MIN_RATE_TOKENS = 16
+
+
+def measurable(stats: Stats) -> bool:
+    """Whether an answer is long enough for its tokens per second to mean something."""
+    return (stats.completion_tokens or 0) >= MIN_RATE_TOKENS
+
+
 def recent_workload(trail: Trail) -> dict[str, object]:
     """One entry of ``recent``: a workload, the path it took and how it ended — no content.
 
-    ``tokensPerSecond`` is shown only when the engine reported usage: a rate derived from
-    counted stream events (``estimated``) is too rough to put beside a node's real figure.
+    ``tokensPerSecond`` is shown only when the engine reported usage, for an answer of at least
+    :data:`MIN_RATE_TOKENS` tokens: a rate derived from counted stream events (``estimated``),
+    or from a handful of tokens, is too rough to put beside a node's real figure.
     """
     workload = trail.workload
     stats = workload.stats
@@ -270,8 +282,11 @@ def recent_workload(trail: Trail) -> dict[str, object]:
         ],
         "ttftMs": stats.ttft_ms if stats is not None else None,
         "tokensPerSecond": stats.tokens_per_second
-        if stats is not None and not stats.estimated
+        if stats is not None and not stats.estimated and measurable(stats)
         else None,
+        # The facade it came through: the openai facade's requests are served by an engine of
+        # their node's (docs/openai-facade.md).
+        "facade": workload.facade or workload.engine,
         "admittedAt": _when_ms(workload.created_at),
         "endedAt": _when_ms(workload.completed_at),
         # Fleet mode's queue: how long it waited for a place, if it waited.

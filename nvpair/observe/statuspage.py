@@ -231,7 +231,9 @@ SCRIPT = """
       row.dataset.workload = String(work.id);
       row.dataset.state = String(work.state);
       row.append(el("td", "num", work.id));
-      row.append(el("td", "", work.engine));
+      // The facade it came through, where that is not its engine's own (the openai facade).
+      const via = work.facade && work.facade !== work.engine;
+      row.append(el("td", "", via ? work.facade + " \u2192 " + work.engine : work.engine));
       const model = el("td", "", work.model);
       // A fleet key's name (docs/lan.md#keys), as text like every value.
       if (typeof work.key === "string") model.append(el("div", "key", "key " + work.key));

@@ -45,9 +45,12 @@ async def failing_over(
 ) -> AsyncIterator[tuple[ProxyProcess, int, int]]:
     """The proxy in fleet mode over two nodes, ``first`` answering 503; yields the proxy, its
     Ollama facade port and its admin port once both nodes have been polled."""
+    # Answers of 24 tokens: long enough for a rate to be shown (docs/operations.md#status).
     a, b = started(
-        SimEngine(reactor, "ollama", models=["llama3:latest"], node="a"),
-        SimEngine(reactor, "ollama", models=["llama3:latest"], node="b"),
+        *(
+            SimEngine(reactor, "ollama", models=["llama3:latest"], node=node, tokens=["t "] * 24)
+            for node in ("a", "b")
+        )
     )
     a.faults.status = 503
     port, admin = free_port(), free_port()
@@ -328,7 +331,8 @@ async def test_the_page_names_the_openai_facade_and_its_nodes_engines(
                 ("ollama", "a", "up"),
             ], seen
             (row,) = seen["rows"]
-            assert row["cells"][1:4] == ["llamacpp", "tiny", "completed"], row
+            # The facade it came through, beside the engine that served it.
+            assert row["cells"][1:4] == ["openai \u2192 llamacpp", "tiny", "completed"], row
             assert [(a["node"], a["result"]) for a in row["attempts"]] == [
                 ("a", "status"),
                 ("b", "served"),
