@@ -319,6 +319,7 @@ def build(
         backlog=config.listen_backlog,
         membership=lambda: cluster.membership,
         access_log=access_log,
+        refusals=metrics,
         lan=lan,
         prefix_of=None if scheduler is None else scheduler.prefix_of,
         bounds=bounds,

@@ -40,10 +40,23 @@ def test_a_refusal_has_its_reasons_status_and_no_query() -> None:
 
 def test_bytes_that_are_no_request() -> None:
     line = refused("llamacpp", b"", None, Reason.BAD_REQUEST)
-    assert line.fields() == {"engine": "llamacpp", "status": 400, "outcome": "bad-request"}
+    assert line.fields() == {
+        "engine": "llamacpp",
+        "facade": "llamacpp",
+        "status": 400,
+        "outcome": "bad-request",
+    }
     assert line.template() == "unreadable request: {status}"
 
 
 def test_a_long_path_is_cut() -> None:
     line = refused("ollama", b"GET", "/" + "a" * 10_000, Reason.FORBIDDEN)
     assert line.path is not None and len(line.path) == MAX_PATH + 3
+
+
+def test_a_refusal_names_its_facade_and_who_knocked() -> None:
+    """docs/README.md#the-access-log: ``client`` is the source address, ``facade`` the facade
+    the request came through, refusals at the head included; an IPv4 caller reads as IPv4
+    whatever the listener saw."""
+    line = refused("openai", b"GET", "/v1/models", Reason.UNAUTHORIZED, client="::ffff:192.168.1.7")
+    assert (line.fields()["client"], line.fields()["facade"]) == ("192.168.1.7", "openai")

@@ -18,6 +18,7 @@ from nvpair.facades.facade import Admitted, Facade
 from nvpair.fleet.lanconfig import Access, Key, digest_of
 from nvpair.fleet.langate import LanGate
 from nvpair.fleet.lanpolicy import LAN_KEYLESS, caller_of
+from nvpair.observe.metrics import Metrics
 from nvpair.wire.facade_server import FacadeSite
 from tests.test_facade_http import Broken, split
 
@@ -30,8 +31,16 @@ def gate(clock: Clock | None = None, keys: tuple[Key, ...] | None = (LAPTOP,)) -
     return LanGate(clock or Clock(), Access((ipaddress.ip_network("192.168.1.0/24"),), keys))
 
 
-def exchange(engine: Engine, raw: bytes, lan: LanGate, peer: Any, handler: Broken) -> bytes:
-    site = FacadeSite(Facade(engine, handler, lan=lan), 1000)
+def exchange(
+    engine: Engine,
+    raw: bytes,
+    lan: LanGate,
+    peer: Any,
+    handler: Broken,
+    refusals: Metrics | None = None,
+    tls: bool = False,
+) -> bytes:
+    site = FacadeSite(Facade(engine, handler, lan=lan, refusals=refusals, tls=tls), 1000)
     protocol = site.buildProtocol(peer)
     from twisted.internet.testing import StringTransport
 
@@ -162,3 +171,47 @@ def test_without_access_a_fleet_facade_answers_byte_for_byte_as_before() -> None
     exchange(LLAMACPP, raw, without, LOOPBACK, seen)
     plain_exchange(LLAMACPP, raw, before, LOOPBACK)
     assert seen.seen == before.seen and seen.seen[0].caller is None
+
+
+def test_refusals_at_the_head_are_counted_routed_as_they_would_have_been() -> None:
+    """docs/operations.md#metrics: 401, 403 and a preflight's refusal, each under its reason
+    and its route; bytes that were no request under ``other``."""
+    metrics, handler, lan = Metrics(), Broken(), gate()
+    away = IPv4Address("TCP", "10.0.0.7", 40000)
+    body = json.dumps({"model": "llama3", "prompt": "x"}).encode()
+    exchange(OLLAMA, request("POST", "/api/generate", body=body), lan, HOME, handler, metrics)
+    exchange(OLLAMA, request("GET", "/api/tags"), lan, away, handler, metrics)
+    preflight = request(
+        "OPTIONS", "/api/chat", "Origin: http://x", "Access-Control-Request-Method: POST"
+    )
+    exchange(OLLAMA, preflight, lan, away, handler, metrics)
+    exchange(OLLAMA, b"SSH-2.0-OpenSSH\r\n\r\n", lan, LOOPBACK, handler, metrics)
+    assert metrics.requests == {
+        ("ollama", "inference", "unauthorized"): 1,
+        ("ollama", "inventory", "forbidden"): 1,
+        ("ollama", "preflight", "forbidden"): 1,
+        ("ollama", "other", "bad-request"): 1,
+    }
+    assert handler.seen == []
+
+
+def test_plaintext_is_tls_required_where_the_tls_facade_reads_on() -> None:
+    """docs/lan.md#plaintext-from-the-lan: the same caller and key, refused 403 on the
+    plaintext facade, admitted on the one LAN callers' TLS connections reach."""
+    from nvpair.fleet.lanconfig import LanTls
+    from tests.certs import issue, make_ca
+
+    server = issue(make_ca(), ["gpu.lan"])
+    tls = LanTls(server.cert_pem, server.key_pem)
+    access = Access((ipaddress.ip_network("192.168.1.0/24"),), (LAPTOP,), tls, require_tls=True)
+    lan = LanGate(Clock(), access)
+    asked = request("GET", "/v1/models", "Authorization: Bearer nvp_laptop")
+    status, headers, _ = split(exchange(LLAMACPP, asked, lan, HOME, Broken()))
+    assert status == "HTTP/1.1 403 Forbidden" and headers["x-nvpair-error"] == "tls-required"
+    handler = Broken()
+    exchange(LLAMACPP, asked, lan, HOME, handler, tls=True)
+    assert len(handler.seen) == 1
+    # Loopback callers are never affected.
+    handler = Broken()
+    exchange(LLAMACPP, asked, lan, LOOPBACK, handler)
+    assert len(handler.seen) == 1

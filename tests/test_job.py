@@ -28,7 +28,9 @@ OWNERS = {
     "queued": "failover",
     "stats": "delivery",
     "node": "delivery",
+    "node_engine": "delivery",
     "dispatches": "delivery",
+    "cut": "delivery",
 }
 MADE_WITH = {"admitted", "request", "created"}
 

@@ -73,7 +73,31 @@ def test_networks_keys_and_tls_relative_to_the_fleet_file(tmp_path: Path) -> Non
             ),
         ),
         LanTls(server.cert_pem + ca.cert_pem, server.key_pem),
+        require_tls=True,
     )
+
+
+def test_require_tls_is_the_default_with_tls_and_only_possible_with_it(tmp_path: Path) -> None:
+    """docs/lan.md#plaintext-from-the-lan: TLS served is TLS required unless ``require-tls =
+    false``; required without TLS would refuse every LAN caller, so it is a usage error."""
+    server = issue(make_ca(), ["gpu.lan"])
+    write(tmp_path / "lan.crt", server.cert_pem)
+    write(tmp_path / "lan.key", server.key_pem)
+    tls = {"networks": ["10.0.0.0/8"], "tls-cert": "lan.crt", "tls-key": "lan.key"}
+    required = parse_access(tls, tmp_path)
+    assert required is not None and required.require_tls
+    opted_out = parse_access({**tls, "require-tls": False}, tmp_path)
+    assert opted_out is not None and not opted_out.require_tls
+    plain = {"networks": ["10.0.0.0/8"]}
+    assert parse_access(plain, tmp_path) == parse_access({**plain, "require-tls": False}, tmp_path)
+    access = parse_access(plain, tmp_path)
+    assert access is not None and not access.require_tls
+    with pytest.raises(
+        AccessError, match=r"^access.require-tls: needs access.tls-cert and access.tls-key$"
+    ):
+        parse_access({**plain, "require-tls": True}, tmp_path)
+    with pytest.raises(AccessError, match=r"^access.require-tls: must be true or false$"):
+        parse_access({**tls, "require-tls": "yes"}, tmp_path)
 
 
 def test_no_networks_is_no_access_but_the_key_file_is_still_checked(tmp_path: Path) -> None:

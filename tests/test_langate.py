@@ -11,7 +11,7 @@ from twisted.web.http_headers import Headers
 from nvpair.common.reasons import Reason
 from nvpair.engines.caller import KEYLESS
 from nvpair.fleet.lanconfig import Access, Key, LanTls, digest_of
-from nvpair.fleet.langate import LOOPBACK_ONLY, NOT_LISTED, UNAUTHORIZED, LanGate
+from nvpair.fleet.langate import LOOPBACK_ONLY, NOT_LISTED, TLS_REQUIRED, UNAUTHORIZED, LanGate
 from nvpair.fleet.lanpolicy import LAN_KEYLESS, caller_of
 from nvpair.wire.facade_server import Refusal
 from tests.certs import issue, make_ca
@@ -95,6 +95,24 @@ def test_the_tls_context_follows_the_certificate_through_reloads() -> None:
     assert gate.tls is None
 
 
+def test_with_tls_required_a_lan_caller_over_plaintext_is_refused_its_key_unjudged() -> None:
+    """docs/lan.md#plaintext-from-the-lan: 403 ``tls-required`` for a listed caller over
+    plaintext, before its key is judged (a wrong one is not counted as failed); over TLS it is
+    judged as always; an unlisted one is still ``forbidden``; ``require-tls = false`` serves
+    plaintext."""
+    server = issue(make_ca(), ["a.lan"])
+    tls = LanTls(server.cert_pem, server.key_pem)
+    gate = LanGate(Clock(), Access(LAN, (LAPTOP,), tls, require_tls=True))
+    assert Refusal(Reason.TLS_REQUIRED) == TLS_REQUIRED and TLS_REQUIRED.reason.status == 403
+    for _ in range(20):
+        assert gate.refusal(HOME, headers(b"Bearer nvp_guess")) == TLS_REQUIRED
+    assert gate.refusal(HOME, headers(b"Bearer nvp_laptop"), tls=True) is None
+    assert gate.refusal(HOME, headers(), tls=True) == UNAUTHORIZED
+    assert gate.refusal(AWAY, headers(b"Bearer nvp_laptop")) == NOT_LISTED
+    gate.reload(Access(LAN, (LAPTOP,), tls, require_tls=False))
+    assert gate.refusal(HOME, headers(b"Bearer nvp_laptop")) is None
+
+
 _WITHOUT_TLS = """
 import sys, ipaddress
 sys.modules["OpenSSL"] = None  # as tap.leave_tls_unloaded leaves a process without TLS
@@ -102,18 +120,22 @@ from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 from nvpair.fleet.lanconfig import Access, LanTls
 from nvpair.fleet.langate import LanGate
+from twisted.internet.address import IPv4Address
+from twisted.web.http_headers import Headers
 said = []
 globalLogPublisher.addObserver(lambda event: said.append(event.get("log_format", "")))
 gate = LanGate(Clock(), None)
-gate.reload(Access((ipaddress.ip_network("10.0.0.0/8"),), None, LanTls(b"c", b"k")))
+gate.reload(Access((ipaddress.ip_network("10.0.0.0/8"),), None, LanTls(b"c", b"k"), True))
 print(gate.tls is None, gate.access is not None and gate.access.tls is None)
+print(gate.refusal(IPv4Address("TCP", "10.0.0.7", 1), Headers()))
 print([line for line in said if "restart" in line])
 """
 
 
 def test_tls_added_at_a_reload_to_a_process_without_it_waits_for_a_restart() -> None:
     """docs/lan.md#tls: pyOpenSSL was kept out at start; the rest of [access] applies now,
-    and the log says TLS needs a restart."""
+    and the log says TLS needs a restart; TLS required is not required meanwhile (there is
+    none to use)."""
     import subprocess
     import sys
 
@@ -123,6 +145,7 @@ def test_tls_added_at_a_reload_to_a_process_without_it_waits_for_a_restart() -> 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "True True",
+        "None",
         "['access.tls-cert: TLS for LAN callers needs a restart to start']",
     ]
 

@@ -145,3 +145,17 @@ def test_requests_with_a_fleet_key_are_counted_by_key() -> None:
         labels(key="laptop", engine="ollama", outcome="served"): 2,
         labels(key="phone", engine="ollama", outcome="forbidden-model"): 1,
     }
+
+
+def test_a_refusal_before_the_request_path_counts_as_a_request_and_in_no_histogram() -> None:
+    """docs/operations.md#metrics: every refusal is in ``nvpair_requests_total`` under its
+    reason, the head's too; it took no time worth a latency bucket."""
+    metrics = Metrics()
+    metrics.request_refused("ollama", "inventory", "unauthorized")
+    metrics.request_refused("ollama", "inventory", "unauthorized")
+    metrics.request_refused("ollama", "other", "tls-required")
+    assert scrape(metrics)["nvpair_requests_total"] == {
+        labels(engine="ollama", route="inventory", outcome="unauthorized"): 2,
+        labels(engine="ollama", route="other", outcome="tls-required"): 1,
+    }
+    assert metrics.duration.series == {} and metrics.first_byte.series == {}

@@ -168,9 +168,15 @@ def test_a_model_two_engines_serve_fails_over_from_one_engine_to_the_other(
         ("lc", "status", 503),
         ("ol", "served", 200),
     ]
-    # The access log names the facade, and the node whose answer the client got.
+    # The access log names the facade, and the node whose answer the client got with its
+    # engine (docs/openai-facade.md#what-an-operator-sees).
     [line] = [r for r in fleet.log_lines() if r["msg"] == "POST /v1/chat/completions 200"]
-    assert (line["engine"], line["node"], line["attempts"]) == ("openai", "ol", 2)
+    assert (line["facade"], line["engine"], line["node"], line["attempts"]) == (
+        "openai",
+        "ollama",
+        "ol",
+        2,
+    )
 
 
 def test_the_model_list_merges_every_engine_in_candidate_order(fleet: Fleetwide) -> None:

@@ -85,3 +85,8 @@ class Reason(enum.StrEnum):
         429,
         "too many failed keys from this address: try again later",
     )
+    TLS_REQUIRED = (
+        "tls-required",
+        403,
+        "callers from the LAN must use TLS (https://) on this port",
+    )

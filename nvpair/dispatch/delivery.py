@@ -42,6 +42,7 @@ async def try_node(
         else services.activity.tracking(node.engine, node.id)
     )
     job.node = node.id
+    job.node_engine = node.engine
     job.dispatches += 1
     outgoing = _for_node(job, outgoing, node)
     with tracking:
@@ -85,6 +86,7 @@ def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bo
     """A served attempt's answer has ended: it counts as served, or as truncated when its
     engine cut it short (docs/operations.md#recent-workloads). The workload is unchanged."""
     if cut:
+        job.cut = True
         job.trail.truncated()
     services.counter.attempt_ended(node.engine, node.id, served, cut)
 

@@ -18,8 +18,9 @@ them to it):
 - ``budget``, ``workload``, ``trail`` and ``queued``: :mod:`nvpair.dispatch.failover`, the
   inference loop (the only route that spends a budget, is admitted as a workload or waits in
   the fleet's queue);
-- ``stats``: :mod:`nvpair.dispatch.delivery`, read from the body it relays; ``node`` and
-  ``dispatches`` there too, as each dispatch starts (for the access log).
+- ``stats``: :mod:`nvpair.dispatch.delivery`, read from the body it relays; ``node``,
+  ``node_engine`` and ``dispatches`` there too, as each dispatch starts, and ``cut`` as its
+  answer ends (for the access log).
 """
 
 from __future__ import annotations
@@ -84,10 +85,14 @@ class Job:
     committed_at: float | None = None
     #: The node last dispatched to: the one whose answer (or failure) the client got.
     node: str | None = None
+    #: That node's engine (the ``openai`` facade reaches several).
+    node_engine: str | None = None
     #: Dispatches made, on any route.
     dispatches: int = 0
     #: Seconds the request waited in fleet mode's queue, if it waited.
     queued: float | None = None
+    #: The answer served was cut by its engine before its end (docs/README.md#the-access-log).
+    cut: bool = False
 
     def run(self, serving: Coroutine[Any, Any, None]) -> Deferred[None]:
         """Run the route's server: the job's scope, which :meth:`cancel` cancels."""

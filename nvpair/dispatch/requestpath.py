@@ -39,7 +39,14 @@ from nvpair.dispatch.seams import (
 )
 from nvpair.dispatch.workload import State, Workloads
 from nvpair.engines.table import RouteClass
-from nvpair.facades.access import FAN_OUT, AccessLog, Finished, bounded_path, millis
+from nvpair.facades.access import (
+    FAN_OUT,
+    AccessLog,
+    Finished,
+    bounded_path,
+    millis,
+    shown_address,
+)
 from nvpair.facades.answers import forbidden_model_message
 from nvpair.facades.facade import Admitted, RequestHandler
 from nvpair.wire.web import ProxiedRequest, UpstreamClient
@@ -286,19 +293,23 @@ def finished(job: Job, now: float) -> Finished:
     admitted, request = job.admitted, job.request
     committed = job.committed_at
     return Finished(
-        engine=admitted.engine.id,
+        engine=job.node_engine or admitted.engine.id,
+        facade=admitted.engine.id,
         method=admitted.method.decode("latin-1"),
         path=bounded_path(admitted.path),
         # What was written, if anything was: a requester gone before any answer has none.
         status=request.code if request.startedWriting else None,
         route=admitted.route.value,
-        outcome=outcome(job),
+        # The metric's outcome stays served: its engine answered, and only the attempt and
+        # this line say it was cut (docs/README.md#the-access-log).
+        outcome="truncated" if job.cut else outcome(job),
         node=job.node,
         attempts=None if admitted.route in FAN_OUT else job.dispatches,
         ttfb_ms=None if committed is None else millis(committed - job.created),
         duration_ms=millis(now - job.created),
         key=_key_name(admitted),
         queued_ms=None if job.queued is None else millis(job.queued),
+        client=shown_address(admitted.client),
     )
 
 

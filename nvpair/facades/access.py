@@ -3,17 +3,23 @@
 
 A request is finished when its answer is: relayed from a node, answered by the proxy, or refused
 at its head or its body before it was admitted. Its line holds operational fields only, each
-present when known and absent otherwise: engine, route class, method, path (never the query),
-status, outcome, node, attempts, time to first byte, duration and the fleet key's name. Never
-content: no query string, body or header reaches it.
+present when known and absent otherwise: facade, engine, route class, method, path (never the
+query), status, outcome, node, attempts, time to first byte, duration, the fleet key's name and
+the source address. Never content: no query string, body or header reaches it.
+
+A refusal before admission is also counted in ``nvpair_requests_total`` under its reason
+(:class:`RefusalCounter`), as the request path counts every refusal after it.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from attrs import fields, frozen
 from twisted.logger import Logger
 
 from nvpair.common.reasons import Reason
+from nvpair.engines.admission import parse_ip
 from nvpair.engines.table import RouteClass
 
 #: The longest path a line quotes: a path is metadata, but a client chooses its length.
@@ -34,19 +40,32 @@ def millis(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
+def shown_address(host: str | None) -> str | None:
+    """A source address as a line gives it: an IPv4 caller as IPv4 (``192.168.1.7``), though
+    a dual-stack listener sees it as ``::ffff:192.168.1.7``, as ``[access]`` judges it."""
+    if host is None:
+        return None
+    ip = parse_ip(host)
+    return host if ip is None else str(ip)
+
+
 @frozen
 class Finished:
     """One finished request as its access line says it; None is "not known" (left out).
 
-    :ivar outcome: ``served`` (a node's answer was relayed), the proxy's reason, or
-        ``cancelled``.
+    :ivar facade: the facade it came through (``openai``, or an engine's own).
+    :ivar engine: the engine of the node last dispatched to; the facade's where none was.
+    :ivar outcome: ``served`` (a node's answer was relayed; ``truncated`` when its engine cut
+        it before its end), the proxy's reason, or ``cancelled``.
     :ivar ttfb_ms: from admission to the first byte of the answer a node gave.
     :ivar duration_ms: from admission to the end of the answer.
     :ivar key: the name of the fleet key the request came with.
     :ivar queued_ms: how long it waited in fleet mode's queue, if it waited.
+    :ivar client: the source address it came from.
     """
 
     engine: str
+    facade: str | None = None
     method: str | None = None
     path: str | None = None
     status: int | None = None
@@ -58,6 +77,7 @@ class Finished:
     duration_ms: float | None = None
     key: str | None = None
     queued_ms: float | None = None
+    client: str | None = None
 
     def fields(self) -> dict[str, object]:
         """The line's fields: only those known."""
@@ -72,15 +92,24 @@ class Finished:
 
 
 def refused(
-    engine: str, method: bytes, path: str | None, reason: Reason, route: RouteClass | None = None
+    engine: str,
+    method: bytes,
+    path: str | None,
+    reason: Reason,
+    route: RouteClass | None = None,
+    client: str | None = None,
 ) -> Finished:
     """A request the proxy refused before admitting it (at its head, or for its body).
 
+    :param engine: the facade's id, its engine as well (no node was asked).
     :param method: as read; empty when no request line could be.
     :param path: the target's path, None when the target is no path.
+    :param client: the source address.
     """
     return Finished(
         engine=engine,
+        facade=engine,
+        client=shown_address(client),
         method=method.decode("latin-1") or None,
         path=None if path is None else bounded_path(path),
         status=reason.status,
@@ -90,6 +119,15 @@ def refused(
 
 
 _FIELDS = tuple(field.name for field in fields(Finished))
+
+
+class RefusalCounter(Protocol):
+    """Where a facade counts the requests it refuses before the request path
+    (:class:`nvpair.observe.metrics.Metrics`, with an admin listener)."""
+
+    def request_refused(self, engine: str, route: str, outcome: str) -> None:
+        """A request to ``engine``'s facade, routed as ``route``, refused with the reason
+        ``outcome``."""
 
 
 class AccessLog:

@@ -105,9 +105,10 @@ class CallerGate(Protocol):
     """What a facade asks of fleet mode's ``[access]`` (:class:`nvpair.fleet.langate.LanGate`)."""
 
     def refusal(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False, tls: bool = False
     ) -> Refusal | None:
-        """A non-loopback caller's refusal at its request head, or None to read on."""
+        """A non-loopback caller's refusal at its request head, or None to read on;
+        ``tls``: the connection is TLS."""
 
     def caller(
         self, peer: IAddress | None, headers: Headers, preflight: bool = False
@@ -139,6 +140,10 @@ class Facade:
     :param prefix_of: fleet mode's affinity: an inference body's prefix keys, from the body as
         admission parsed it (docs/fleet-scheduling.md#conversations-go-where-their-cache-is);
         None: none are wanted (broker mode).
+    :param refusals: where a refusal before the request path is counted (None: nowhere,
+        without an admin listener).
+    :param tls: this facade serves LAN callers' TLS connections, where the plaintext one
+        serves the rest: ``[access]`` may refuse a LAN caller over plaintext (docs/lan.md#tls).
     """
 
     log = Logger()
@@ -152,6 +157,8 @@ class Facade:
         access_log: access.AccessLog | None = None,
         lan: CallerGate | None = None,
         prefix_of: Callable[[object], tuple[int, ...]] | None = None,
+        refusals: access.RefusalCounter | None = None,
+        tls: bool = False,
     ) -> None:
         """:param peer: serve the cluster personality with this live membership: every request
         is a pinned peer's and goes to the local engine as it is."""
@@ -161,6 +168,8 @@ class Facade:
         self._access = access_log
         self._lan = lan
         self._prefix_of = prefix_of
+        self._tls = tls
+        self._refusals = refusals
 
     def serve(self, request: FacadeRequest) -> None:
         """Admit a whole request (head and body) and hand it to the request path."""
@@ -169,7 +178,9 @@ class Facade:
         except Exception:
             self.log.failure("admitting a request failed", engine=self.engine.id)
             if not request.startedWriting:
-                self._refused(request.method, request.path.decode("latin-1"), Reason.INTERNAL)
+                path = routing_path(request.path)
+                route = self._route(request.method, path, request.requestHeaders)
+                self._refused(request.method, path, Reason.INTERNAL, route, _host(request))
                 write_error(request, self.engine, Reason.INTERNAL)
 
     def refusal_at_head(
@@ -184,19 +195,30 @@ class Facade:
         if not is_loopback(peer):
             if self._lan is None:
                 return FORBIDDEN
-            return self._lan.refusal(peer, headers, preflight_head(method, headers))
+            return self._lan.refusal(peer, headers, preflight_head(method, headers), self._tls)
         if self.engine.host_guard:
             hosts = headers.getRawHeaders(b"host")
             if not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
                 return FORBIDDEN_HOST
         return None
 
-    def refusal_answer(self, refusal: Refusal, target: bytes, method: bytes) -> bytes:
-        """The refusal in this engine's dialect; with the access log on, its line too."""
+    def refusal_answer(
+        self,
+        refusal: Refusal,
+        target: bytes,
+        method: bytes,
+        headers: Headers | None = None,
+        peer: IAddress | None = None,
+    ) -> bytes:
+        """The refusal in this engine's dialect; counted, and with the access log on, its
+        line too."""
         form = origin_form(target)
         path = (form or b"/").split(b"?", 1)[0].decode("latin-1")
         # No method: no request line was read, and the target is a stand-in.
-        self._refused(method, path if form is not None and method else None, refusal.reason)
+        read = form is not None and bool(method)
+        route = self._route(method, routing_path(path.encode("latin-1")), headers) if read else None
+        host = getattr(peer, "host", None)
+        self._refused(method, path if read else None, refusal.reason, route, host, logged=False)
         return head_refusal(
             self.engine,
             path,
@@ -206,11 +228,37 @@ class Facade:
             extra=refusal.headers,
         )
 
+    def _route(self, method: bytes, path: str, headers: Headers | None) -> RouteClass:
+        """The route class a request would have had, as admission classifies it."""
+        if self._peer is not None:
+            return RouteClass.PEER
+        if headers is not None and preflight_head(method, headers):
+            return RouteClass.PREFLIGHT
+        return self.engine.classify(method, path)
+
     def _refused(
-        self, method: bytes, path: str | None, reason: Reason, route: RouteClass | None = None
+        self,
+        method: bytes,
+        path: str | None,
+        reason: Reason,
+        route: RouteClass | None,
+        client: str | None,
+        logged: bool = True,
     ) -> None:
+        """A request refused before the request path: counted under its reason, routed as it
+        would have been (``other`` for bytes that were no request; docs/operations.md#metrics),
+        and written to the access log.
+
+        :param logged: whether the access line names the route (a head refusal's does not:
+            it was refused before it was classified)."""
+        engine = self.engine.id
+        if self._refusals is not None:
+            counted = RouteClass.OTHER if route is None else route
+            self._refusals.request_refused(engine, counted.value, reason.value)
         if self._access is not None:
-            self._access.write(access.refused(self.engine.id, method, path, reason, route))
+            self._access.write(
+                access.refused(engine, method, path, reason, route if logged else None, client)
+            )
 
     def _admit(self, request: FacadeRequest) -> None:
         engine = self.engine
@@ -231,7 +279,8 @@ class Facade:
                 )
                 if isinstance(found, Refusal):
                     # [access] was reloaded since the head: it lets this caller in no more.
-                    self._refused(request.method, path, found.reason)
+                    route = self._route(request.method, path, request.requestHeaders)
+                    self._refused(request.method, path, found.reason, route, _host(request))
                     write_error(
                         request, engine, found.reason, message=found.message, extra=found.headers
                     )
@@ -245,7 +294,7 @@ class Facade:
             try:
                 read, prefix = request.read_json(partial(self._read_body, route, path))
             except BadBody as refused:
-                self._refused(request.method, path, refused.reason, route)
+                self._refused(request.method, path, refused.reason, route, _host(request))
                 write_error(request, engine, refused.reason)
                 return
             model, member, others, opaque = read.model, read.member, read.others, read.opaque
@@ -272,7 +321,7 @@ class Facade:
             member=member,
             others=others,
             opaque=opaque,
-            client=getattr(_client(request), "host", None),
+            client=_host(request),
         )
         if debug_enabled():
             self.log.debug(
@@ -340,3 +389,9 @@ def _client(request: FacadeRequest) -> IAddress | None:
     """The address the request came from (over TLS, the TLS transport's underlying one)."""
     channel = request.channel
     return channel.peer if channel is not None and channel.transport is not None else None
+
+
+def _host(request: FacadeRequest) -> str | None:
+    """The source address of the request, as text."""
+    host = getattr(_client(request), "host", None)
+    return host if isinstance(host, str) else None

@@ -18,7 +18,7 @@ from twisted.logger import Logger
 
 from nvpair.control.outbox import Outbox
 from nvpair.engines.table import FACADES, Dialect
-from nvpair.facades.access import AccessLog
+from nvpair.facades.access import AccessLog, RefusalCounter
 from nvpair.facades.facade import CallerGate, Facade, RequestHandler
 from nvpair.facades.ports import (
     PortCorrupt,
@@ -98,6 +98,7 @@ class FacadeManager:
         backlog: int = 4096,
         membership: Callable[[], Membership | None] = lambda: None,
         access_log: AccessLog | None = None,
+        refusals: RefusalCounter | None = None,
         lan: CallerGate | None = None,
         prefix_of: Callable[[object], tuple[int, ...]] | None = None,
         bounds: ConnectionCounts | None = None,
@@ -107,6 +108,7 @@ class FacadeManager:
             (``--max-body-memory``).
         :param membership: the live cluster membership (None: plaintext personality only).
         :param access_log: where each facade writes the requests it refuses (None: off).
+        :param refusals: where each facade counts them (None: nowhere).
         :param lan: fleet mode's ``[access]``, which lets LAN callers in (None: nobody).
         :param prefix_of: fleet mode's affinity: an inference body's prefix keys (None: not
             wanted).
@@ -126,6 +128,7 @@ class FacadeManager:
         self._idle_timeout = idle_timeout
         self._backlog = backlog
         self._access = access_log
+        self._refusals = refusals
         self._lan = lan
         self._prefix_of = prefix_of
         self._bounds = bounds
@@ -179,22 +182,23 @@ class FacadeManager:
         peers = not engine.spans_engines
         membership = self._membership if peers else _no_membership
         lan = self._lan
-        plain = self._site(
-            Facade(
-                engine,
-                self._handler,
-                access_log=self._access,
-                lan=lan,
-                prefix_of=self._prefix_of,
-            )
-        )
+        plain = self._site(self._facade(engine, tls=False))
         factory = SniffingFactory(
             self._clock,
             plain,
-            self._site(Facade(engine, self._handler, peer=membership, access_log=self._access)),
+            self._site(
+                Facade(
+                    engine,
+                    self._handler,
+                    peer=membership,
+                    access_log=self._access,
+                    refusals=self._refusals,
+                )
+            ),
             membership,
-            # LAN callers over TLS are served as over plaintext, under the same rules.
-            lan=None if lan is None else plain,
+            # LAN callers over TLS are served as over plaintext, under the same rules, but
+            # for their own facade's knowing the connection is TLS (docs/lan.md#tls).
+            lan=None if lan is None else self._site(self._facade(engine, tls=True)),
             lan_tls=(lambda: None) if lan is None else (lambda: lan.tls),
             bounds=self._bounds,
         )
@@ -206,6 +210,17 @@ class FacadeManager:
             self._listen_alias(live, alias)
         self._ready(live)
         return self._result(live)
+
+    def _facade(self, engine: Dialect, *, tls: bool) -> Facade:
+        return Facade(
+            engine,
+            self._handler,
+            access_log=self._access,
+            refusals=self._refusals,
+            lan=self._lan,
+            prefix_of=self._prefix_of,
+            tls=tls,
+        )
 
     def _site(self, facade: Facade) -> FacadeSite:
         return FacadeSite(

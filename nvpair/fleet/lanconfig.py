@@ -72,11 +72,14 @@ class Access:
     """A fleet's ``[access]``: only present when it lets some network in.
 
     :ivar keys: the key file's keys; None when no key file is named (LAN callers need none).
+    :ivar require_tls: a LAN caller over plaintext is refused at its head (``tls-required``);
+        only ever true with ``tls``, as there is no TLS to ask for otherwise.
     """
 
     networks: tuple[IPNetwork, ...]
     keys: tuple[Key, ...] | None = None
     tls: LanTls | None = None
+    require_tls: bool = False
 
 
 def _fail(where: str, why: str) -> AccessError:
@@ -124,7 +127,7 @@ def parse_access(table: object, fleet_dir: Path) -> Access | None:
         return None
     if not isinstance(table, dict):
         raise _fail("access", "must be a table ([access])")
-    unknown = sorted(set(table) - {"networks", "keys", "tls-cert", "tls-key"})
+    unknown = sorted(set(table) - {"networks", "keys", "tls-cert", "tls-key", "require-tls"})
     if unknown:
         raise _fail("access", f"unknown key(s) {', '.join(unknown)}")
     listed = table.get("networks", [])
@@ -138,9 +141,22 @@ def parse_access(table: object, fleet_dir: Path) -> Access | None:
         path = _file(fleet_dir, "access.keys", table["keys"])
         keys = parse_keys(_read("access.keys", path), f"access.keys: {path}")
     tls = _tls(table, fleet_dir)
+    require_tls = _require_tls(table, tls)
     if not networks:
         return None
-    return Access(networks, keys, tls)
+    return Access(networks, keys, tls, require_tls)
+
+
+def _require_tls(table: Mapping[str, object], tls: LanTls | None) -> bool:
+    """``require-tls``: true unless said otherwise once TLS is served, since a key sent over
+    plaintext has crossed the LAN in clear before it is judged (docs/lan.md#tls)."""
+    value = table.get("require-tls", tls is not None)
+    if not isinstance(value, bool):
+        raise _fail("access.require-tls", "must be true or false")
+    if value and tls is None:
+        # Every LAN caller would be refused, with no TLS to turn to.
+        raise _fail("access.require-tls", "needs access.tls-cert and access.tls-key")
+    return value
 
 
 def _tls(table: Mapping[str, object], fleet_dir: Path) -> LanTls | None:

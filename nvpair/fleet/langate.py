@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 #: Without ``[access]``: the answer every non-loopback caller gets, exactly as in broker mode.
 LOOPBACK_ONLY = Refusal(Reason.FORBIDDEN)
 NOT_LISTED = Refusal(Reason.FORBIDDEN, "this address is in none of the fleet's [access] networks")
+TLS_REQUIRED = Refusal(Reason.TLS_REQUIRED)
 UNAUTHORIZED = Refusal(
     Reason.UNAUTHORIZED, headers=((b"WWW-Authenticate", b'Bearer realm="nvpair"'),)
 )
@@ -102,11 +103,12 @@ class LanGate:
         return None
 
     def refusal(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+        self, peer: IAddress | None, headers: Headers, preflight: bool = False, tls: bool = False
     ) -> Refusal | None:
         """A non-loopback caller's refusal at its request head, or None to read on.
 
-        :param preflight: a CORS preflight, which needs no key (:func:`judge`)."""
+        :param preflight: a CORS preflight, which needs no key (:func:`judge`).
+        :param tls: the request came over TLS."""
         access = self.access
         if access is None:
             return LOOPBACK_ONLY
@@ -115,6 +117,10 @@ class LanGate:
         verdict, _ = judge(access, ip, authorization, preflight)
         if verdict is Verdict.FORBIDDEN:
             return NOT_LISTED
+        if not tls and access.require_tls and self.tls is not None:
+            # Before the throttle and the key: a key sent in clear is neither judged nor
+            # counted as failed (docs/lan.md#tls).
+            return TLS_REQUIRED
         assert ip is not None
         # A host may use any address of its IPv6 /64: one caller (docs/lan.md#failed-keys).
         block = source_of(str(ip)) or str(ip)
@@ -150,4 +156,5 @@ class LanGate:
 
 
 def _without_tls(access: Access) -> Access:
-    return Access(access.networks, access.keys, None)
+    # No TLS to serve: none can be required either.
+    return Access(access.networks, access.keys, None, require_tls=False)

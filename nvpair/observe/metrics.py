@@ -143,6 +143,16 @@ class Metrics:
                 ended.rate[bisect.bisect_left(RATE_BUCKETS, rate)] += 1
                 ended.rate_sum += rate
 
+    def request_refused(self, engine: str, route: str, outcome: str) -> None:
+        """A request refused before the request path (at its head, for its body): counted in
+        ``nvpair_requests_total`` beside every other refusal, in no histogram (it took no time
+        worth measuring, and no node was asked; docs/operations.md#metrics)."""
+        key = (engine, route, outcome)
+        ended = self._ended.get(key)
+        if ended is None:
+            ended = self._ended[key] = _Ended()
+        ended.count += 1
+
     def key_request_ended(self, key: str, engine: str, outcome: str) -> None:
         """A request that came with the fleet key ``key`` ended (docs/lan.md#keys)."""
         labels = (key, engine, outcome)

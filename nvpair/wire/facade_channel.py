@@ -339,7 +339,10 @@ class FacadeChannel(Protocol):
         self._timeouts.disarm_head()
         target = request.uri if request is not None and request.uri else b"/"
         method = request.method if request is not None else b""
-        self.outlet.send(self.site.gate.refusal_answer(refusal, target, method))
+        headers = request.requestHeaders if request is not None and request.method else None
+        self.outlet.send(
+            self.site.gate.refusal_answer(refusal, target, method, headers, self._address)
+        )
         parser = self._parser
         if request is None or parser is None or request is not parser.parsing:
             self.close()

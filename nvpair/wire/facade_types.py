@@ -32,11 +32,20 @@ class Gate(Protocol):
         :param target: the request target as sent.
         """
 
-    def refusal_answer(self, refusal: Refusal, target: bytes, method: bytes) -> bytes:
+    def refusal_answer(
+        self,
+        refusal: Refusal,
+        target: bytes,
+        method: bytes,
+        headers: Headers | None = None,
+        peer: IAddress | None = None,
+    ) -> bytes:
         """A whole answer to ``refusal``, in the facade's dialect, saying the connection closes.
 
         :param target: the request target as sent (``b"/"`` when no request line was read).
         :param method: the request's method (empty when no request line was read).
+        :param headers: the request's headers, where its head was read.
+        :param peer: the client's address.
         """
 
     def serve(self, request: FacadeRequest) -> None:

@@ -107,12 +107,13 @@ async def test_a_stream_its_engine_cuts_is_a_truncated_attempt(
 ) -> None:
     """The node dies mid-body (a chunked stream after two chunks; a ``Content-Length`` body
     after 9 bytes): the client sees the cut, the workload is ``completed`` all the same, and
-    its one attempt is ``truncated`` with its 200 in ``/status`` and in ``/metrics``. A whole
-    answer before it stays ``served``."""
+    its one attempt is ``truncated`` with its 200 in ``/status`` and in ``/metrics``, and its
+    access line's outcome is ``truncated`` where the request counter's stays ``served``. A
+    whole answer before it stays ``served``."""
     (a,) = started(SimEngine(reactor, "ollama", models=["llama3:latest"], node="a"))
     try:
         nodes = {"a": a.url}
-        async with fleet_with_admin(tmp_path, nodes, "--log-level", "debug") as (
+        async with fleet_with_admin(tmp_path, nodes, "--log-level", "debug", "--access-log") as (
             proxy,
             port,
             admin,
@@ -141,6 +142,15 @@ async def test_a_stream_its_engine_cuts_is_a_truncated_attempt(
                 labels(engine="ollama", node="a", result="served"): 1,
                 labels(engine="ollama", node="a", result="truncated"): 1,
             }
+            served = labels(engine="ollama", route="inference", outcome="served")
+            assert got["nvpair_requests_total"][served] == 2
+            outcomes = [
+                r["outcome"]
+                for r in proxy.logs
+                if r.get("namespace", "").startswith("nvpair.facades.access")
+                and r.get("route") == "inference"
+            ]
+            assert outcomes == ["served", "truncated"]
             # The terminal event is unchanged: completed, without an error.
             ends = [
                 r

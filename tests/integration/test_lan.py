@@ -199,6 +199,17 @@ async def test_the_openai_sdk_on_the_lan_with_its_api_key(tmp_path: Path) -> Non
                     ("/v1/models", 200, "laptop"),
                     ("/v1/models", 401, None),
                 }
+                # Who knocked, and through which facade, on every line, refusals included
+                # (the loopback one is the test's own wait for the model list).
+                assert {(r["client"], r["facade"]) for r in lines} == {
+                    (lan.ns_ip, "lmstudio"),
+                    ("127.0.0.1", "lmstudio"),
+                }
+                # Refused at the head, and counted all the same.
+                assert (
+                    'nvpair_requests_total{engine="lmstudio",outcome="unauthorized",'
+                    'route="inventory"} 2.0' in await metrics(admin)
+                )
                 completed = [r for r in proxy.logs if r.get("method") == "workload:completed"]
                 assert [r["key"] for r in completed] == ["laptop"]
                 # The admin listener stays on loopback: from the LAN it is not even there.
@@ -272,10 +283,11 @@ def _hup(proxy: ProxyProcess) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_curl_over_tls_the_throttle_and_a_reload(tmp_path: Path) -> None:
-    """TLS with a self-made CA on the facade's own port, by name and by address; Ollama's
+    """TLS with a self-made CA on the facade's own port, by name and by address; plaintext
+    from the LAN then 403 tls-required, loopback unaffected; Ollama's
     Host guard for loopback callers only; ten failed keys close the address (429, with
     Retry-After); SIGHUP applies a new key file and networks, and keeps the running ones
-    when the new file is broken."""
+    when the new file is broken; ``require-tls = false`` serves LAN plaintext again."""
     key, other = new_key("laptop")[0], new_key("tv")[0]
     keys = keys_file(tmp_path / "keys.toml", ("laptop", key, ()))
     port, admin = free_port(), free_port()
@@ -300,10 +312,22 @@ async def test_curl_over_tls_the_throttle_and_a_reload(tmp_path: Path) -> None:
                 assert code == 401 and headers["x-nvpair-error"] == "unauthorized"
                 # A LAN caller names this machine as it likes; a loopback one is guarded.
                 rebound = ["-H", "Host: rebind.example.com"]
+                by_address = f"https://{lan.host_ip}:{port}/api/tags"
                 code, _, _ = await curl(
-                    lan, *rebound, "-H", bearer, f"http://{lan.host_ip}:{port}/api/tags"
+                    lan, "--cacert", ca_file, *rebound, "-H", bearer, by_address
                 )
                 assert code == 200
+                # TLS served is TLS required: the key sent in clear is not even judged.
+                plaintext = f"http://{lan.host_ip}:{port}/api/tags"
+                code, headers, body = await curl(lan, "-H", bearer, plaintext)
+                assert code == 403 and headers["x-nvpair-error"] == "tls-required"
+                assert "must use TLS (https://)" in body
+                code, headers, _ = await curl(lan, "-H", "Authorization: Bearer x", plaintext)
+                assert code == 403 and headers["x-nvpair-error"] == "tls-required"
+                # Loopback callers never need it.
+                local = await treq.get(f"http://127.0.0.1:{port}/api/tags")
+                await local.content()
+                assert local.code == 200
                 local = await treq.get(
                     f"http://127.0.0.1:{port}/api/tags",
                     headers=Headers({b"Host": [b"rebind.example.com"]}),
@@ -318,8 +342,12 @@ async def test_curl_over_tls_the_throttle_and_a_reload(tmp_path: Path) -> None:
                 await proxy.wait_for_log(lambda r: "not reloaded" in r.get("msg", ""))
                 code, _, _ = await curl(lan, *by_name, "-H", bearer, tags)
                 assert code == 200
-                # ... a good one replaces them.
+                # ... a good one replaces them; and plaintext is served beside TLS once
+                # require-tls = false.
                 keys_file(keys, ("tv", other, ()))
+                fleet_file(
+                    fleet, "ollama", port, {"node-a": sim.url}, access + "require-tls = false\n"
+                )
                 mark = len(proxy.logs)
                 _hup(proxy)
                 await proxy.wait_for_log(
@@ -332,6 +360,8 @@ async def test_curl_over_tls_the_throttle_and_a_reload(tmp_path: Path) -> None:
                 assert code == 401
                 code, _, _ = await curl(lan, *by_name, "-H", f"Authorization: Bearer {other}", tags)
                 assert code == 200
+                code, _, _ = await curl(lan, "-H", f"Authorization: Bearer {other}", plaintext)
+                assert code == 200
 
                 # Ten failed keys within a minute: refused, valid key or not.
                 for _ in range(9):  # one failed above already
@@ -343,6 +373,18 @@ async def test_curl_over_tls_the_throttle_and_a_reload(tmp_path: Path) -> None:
                 assert code == 429 and headers["x-nvpair-error"] == "too-many-auth-failures"
                 assert 50 <= int(headers["retry-after"]) <= 60
                 assert "too many failed keys" in body
+                # Every refusal at the head is counted under its reason.
+                counted = await metrics(admin)
+                for outcome, count in (
+                    ("tls-required", 2),
+                    ("unauthorized", 11),
+                    ("forbidden-host", 1),
+                    ("too-many-auth-failures", 1),
+                ):
+                    assert (
+                        f'nvpair_requests_total{{engine="ollama",outcome="{outcome}",'
+                        f'route="inventory"}} {count}.0'
+                    ) in counted, (outcome, counted)
 
                 # A network no longer listed: 403, as without [access].
                 fleet_file(fleet, "ollama", port, {"node-a": sim.url}, "")

@@ -115,8 +115,9 @@ async def test_a_failover_read_back_from_the_log(tmp_path: Path, fmt: str) -> No
         assert not [word for word in NOT_WORDS if word in message], message
     if fmt == "text":
         assert re.fullmatch(
-            r".* info  POST /completion 200 engine=llamacpp route=inference outcome=served "
-            r"node=b attempts=2 ttfb_ms=[\d.]+ duration_ms=[\d.]+",
+            r".* info  POST /completion 200 engine=llamacpp facade=llamacpp route=inference "
+            r"outcome=served node=b attempts=2 ttfb_ms=[\d.]+ duration_ms=[\d.]+ "
+            r"client=127\.0\.0\.1",
             failover,
         ), failover
     else:
