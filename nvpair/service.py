@@ -377,6 +377,7 @@ def build(
             clock=clock,
             node_in_flight=activity.in_flight,
             tls=lambda: cluster.membership is not None,
+            lan=(lambda: lan.shown()) if lan is not None else (lambda: None),
             fleet=FleetView(fleet.reports, lambda: fleet.polled, scheduler, queue)
             if fleet is not None and scheduler is not None
             else None,

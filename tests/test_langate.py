@@ -95,6 +95,28 @@ def test_the_tls_context_follows_the_certificate_through_reloads() -> None:
     assert gate.tls is None
 
 
+def test_the_status_shows_who_the_access_in_force_admits() -> None:
+    """Issue 31 item 7: per facade, ``lan`` says networks, keys, TLS and TLS required."""
+    ca = make_ca()
+    server = issue(ca, ["gpu.lan"])
+    gate = LanGate(Clock(), Access(LAN, (LAPTOP,), LanTls(server.cert_pem, server.key_pem), True))
+    assert gate.shown() == {
+        "networks": ["192.168.1.0/24"],
+        "keys": True,
+        "tls": True,
+        "tlsRequired": True,
+    }
+    gate.reload(Access(LAN))
+    assert gate.shown() == {
+        "networks": ["192.168.1.0/24"],
+        "keys": False,
+        "tls": False,
+        "tlsRequired": False,
+    }
+    gate.reload(None)
+    assert gate.shown() is None
+
+
 def test_with_tls_required_a_lan_caller_over_plaintext_is_refused_its_key_unjudged() -> None:
     """docs/lan.md#plaintext-from-the-lan: 403 ``tls-required`` for a listed caller over
     plaintext, before its key is judged (a wrong one is not counted as failed); over TLS it is

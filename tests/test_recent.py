@@ -15,7 +15,8 @@ from nvpair.dispatch.workload import State, Workloads
 from nvpair.engines.inferstats import Stats
 from nvpair.observe.metrics import Metrics
 from nvpair.observe.recent import RECENT, AttemptRecord, RecentWorkloads
-from nvpair.observe.status import recent_document, recent_workload, status_document
+from nvpair.observe.recentview import recent_document, recent_workload
+from nvpair.observe.status import status_document
 from tests.fakes import ClientRequest, Harness, Response, harness, node
 
 A, B = node("a", "m"), node("b", "m")

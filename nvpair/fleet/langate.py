@@ -90,6 +90,19 @@ class LanGate:
             tls="TLS too" if self.tls is not None else "plaintext only",
         )
 
+    def shown(self) -> dict[str, object] | None:
+        """The ``[access]`` in force as ``/status`` shows it for every facade: who besides
+        loopback is admitted (docs/lan.md#who-may-call); None: nobody."""
+        access = self.access
+        if access is None:
+            return None
+        return {
+            "networks": [str(network) for network in access.networks],
+            "keys": access.keys is not None,
+            "tls": self.tls is not None,
+            "tlsRequired": access.require_tls and self.tls is not None,
+        }
+
     def _context(self, tls: LanTls | None) -> SSL.Context | None:
         if tls is None:
             return None

@@ -45,6 +45,8 @@ class Admin:
     :param recent: the last workloads the request path recorded (``recent`` in ``/status``).
     :param metrics: what the request path counted (``/metrics``).
     :param live: (engine, node) -> this process's dispatches in flight.
+    :param lan: fleet mode's ``[access]`` in force, as ``/status`` shows it per facade (None:
+        loopback callers only).
     """
 
     app = Klein()
@@ -64,6 +66,7 @@ class Admin:
         recent: RecentWorkloads | None = None,
         metrics: Metrics | None = None,
         live: Callable[[], Mapping[tuple[str, str], int]] = dict,
+        lan: Callable[[], Mapping[str, object] | None] = lambda: None,
     ) -> None:
         self._control = control
         self._facades = facades
@@ -72,6 +75,7 @@ class Admin:
         self._clock = clock
         self._node_in_flight = node_in_flight
         self._tls = tls
+        self._lan = lan
         self._fleet = fleet
         self._expected = expected
         self._recent = recent
@@ -111,8 +115,10 @@ class Admin:
 
     def _views(self) -> dict[str, FacadeView]:
         tls = self._tls()
+        lan = self._lan()
+        lan_tls = bool(lan and lan.get("tls"))
         return {
-            engine: FacadeView(live.port, tuple(live.aliases), tls and live.peers)
+            engine: FacadeView(live.port, tuple(live.aliases), (tls and live.peers) or lan_tls, lan)
             for engine, live in self._facades.facades.items()
         }
 

@@ -15,22 +15,28 @@ from attrs import frozen
 from nvpair.control.affinity import CacheShare
 from nvpair.control.state import ControlState
 from nvpair.dispatch.queueing import FleetQueue
-from nvpair.engines.inferstats import Stats
 from nvpair.engines.loadstate import LoadState
 from nvpair.engines.table import ENGINES, FACADES
 from nvpair.fleet.pairs import PairReport, PollState
 from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.observe.queueview import queue_document
-from nvpair.observe.recent import RecentWorkloads, Trail
+from nvpair.observe.recent import RecentWorkloads
+from nvpair.observe.recentview import recent_document
 
 
 @frozen
 class FacadeView:
-    """An enabled facade as the status shows it; ``tls``: peers are admitted over mTLS."""
+    """An enabled facade as the status shows it.
+
+    :ivar tls: it serves TLS: to pinned peers (mTLS) or to LAN callers.
+    :ivar lan: fleet mode's ``[access]`` as it admits LAN callers to it (``networks``, whether
+        a key is required, TLS, TLS required); None: loopback callers only.
+    """
 
     port: int
     aliases: tuple[str, ...]
     tls: bool
+    lan: Mapping[str, object] | None = None
 
 
 @frozen
@@ -239,70 +245,6 @@ def affinity_document(scheduler: FleetScheduler) -> dict[str, object]:
     }
 
 
-def _when_ms(milliseconds: int | None) -> str | None:
-    return None if milliseconds is None else _when(milliseconds / 1000)
-
-
-#: Fewer tokens than this make no rate worth showing: a tiny answer's few tokens come out of one
-#: batch, and the engine's figure (10,481/s for 12 tokens) says nothing of its decode speed.
-MIN_RATE_TOKENS = 16
-
-
-def measurable(stats: Stats) -> bool:
-    """Whether an answer is long enough for its tokens per second to mean something."""
-    return (stats.completion_tokens or 0) >= MIN_RATE_TOKENS
-
-
-def recent_workload(trail: Trail) -> dict[str, object]:
-    """One entry of ``recent``: a workload, the path it took and how it ended — no content.
-
-    ``tokensPerSecond`` is shown only when the engine reported usage, for an answer of at least
-    :data:`MIN_RATE_TOKENS` tokens: a rate derived from counted stream events (``estimated``),
-    or from a handful of tokens, is too rough to put beside a node's real figure.
-    """
-    workload = trail.workload
-    stats = workload.stats
-    return {
-        "id": workload.id,
-        "engine": workload.engine,
-        "model": workload.model,
-        "state": workload.state.value,
-        # The terminal event's error: the proxy's reason when it answered for itself
-        # (``deadline``, ``upstream-transport``, ...), ``upstream status N`` for an engine's
-        # error relayed, the cancellation's cause; None in flight and when completed.
-        "error": workload.error,
-        "attempts": [
-            {
-                "node": attempt.node,
-                "result": attempt.result,
-                "status": attempt.status,
-                "detail": attempt.detail or None,
-            }
-            for attempt in trail.attempts
-        ],
-        "ttftMs": stats.ttft_ms if stats is not None else None,
-        "tokensPerSecond": stats.tokens_per_second
-        if stats is not None and not stats.estimated and measurable(stats)
-        else None,
-        # The facade it came through: the openai facade's requests are served by an engine of
-        # their node's (docs/openai-facade.md).
-        "facade": workload.facade or workload.engine,
-        "admittedAt": _when_ms(workload.created_at),
-        "endedAt": _when_ms(workload.completed_at),
-        # Fleet mode's queue: how long it waited for a place, if it waited.
-        "queuedMs": workload.queued_ms,
-        # Where [access] is in force: the fleet key it came with (docs/lan.md#keys).
-        **({} if workload.caller is None else {"key": workload.caller.name}),
-    }
-
-
-def recent_document(recent: RecentWorkloads | None) -> list[dict[str, object]]:
-    """``recent``: the last workloads, newest first (empty when nothing records them)."""
-    if recent is None:
-        return []
-    return [recent_workload(trail) for trail in recent.newest_first()]
-
-
 def status_document(
     facades: Mapping[str, FacadeView],
     control: ControlState,
@@ -333,7 +275,12 @@ def status_document(
     return {
         "mode": "fleet" if fleet is not None else "broker",
         "facades": {
-            engine: {"port": view.port, "aliases": list(view.aliases), "tls": view.tls}
+            engine: {
+                "port": view.port,
+                "aliases": list(view.aliases),
+                "tls": view.tls,
+                **({} if view.lan is None else {"lan": view.lan}),
+            }
             for engine, view in sorted(facades.items())
         },
         "nodes": nodes,
@@ -393,7 +340,5 @@ __all__ = [
     "fleet_nodes_up",
     "fleet_state",
     "readiness",
-    "recent_document",
-    "recent_workload",
     "status_document",
 ]
