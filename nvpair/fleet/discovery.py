@@ -12,7 +12,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from nvpair.control.state import ControlState
-from nvpair.engines.modelnames import Aliases
+from nvpair.engines.modelnames import Aliases, known_names
 from nvpair.engines.table import ENGINES
 from nvpair.fleet.liveness import LivenessProbes
 from nvpair.fleet.nodes import discovery_nodes
@@ -141,8 +141,17 @@ class FleetDiscovery:
         if self._scheduler is not None:
             # What a node that left last listed: who a request for it finds down.
             away = None if models is not None else self._known[engine].get(node_id, ())
-            self._scheduler.away(engine, node_id, away)
+            self._scheduler.away(engine, node_id, self._every_name(engine, away))
         self.publish(engine)
+
+    def _every_name(self, engine: str, models: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """``models`` and the other names a node is known by for them (file names, aliases):
+        a request by any of them finds the node down, as one by its own name does
+        (docs/fleet-scheduling.md#every-owner-down)."""
+        if not models:
+            return models
+        others = known_names(ENGINES[engine], [models], self._aliases()).others[0]
+        return (*models, *(other.name for other in others))
 
     def publish(self, engine: str) -> None:
         """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now, each
@@ -160,7 +169,7 @@ class FleetDiscovery:
             hung = self._liveness is not None and self._liveness.hung(engine, nid)
             if self._scheduler is not None:
                 # A hung owner is named when nobody serves its model (every-owner-down).
-                self._scheduler.away(engine, nid, names if hung else None)
+                self._scheduler.away(engine, nid, self._every_name(engine, names) if hung else None)
             if not hung:
                 serving[nid] = names
         found = discovery_nodes(ENGINES[engine], serving, urls, self._aliases())

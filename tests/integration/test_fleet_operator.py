@@ -179,6 +179,7 @@ async def test_every_owner_down_is_said_not_a_wrong_model_name(tmp_path: Path) -
     )
     port = free_port()
     fleet = write_fleet(tmp_path / "fleet.toml", port, {"a": a.url, "b": b.url})
+    fleet.write_text(fleet.read_text() + '[models]\n"fast" = ["llama3"]\n')
     try:
         async with running_proxy(tmp_path, "--fleet", str(fleet)) as proxy:
             for line in ("a joined", "b joined"):
@@ -192,6 +193,12 @@ async def test_every_owner_down_is_said_not_a_wrong_model_name(tmp_path: Path) -
                 502,
                 "no-owner",
                 {"error": 'every node that serves model "llama3" is down: a, b'},
+            )
+            # An alias of it says the same (issue 31 item 6).
+            assert await ollama_error(port, "fast") == (
+                502,
+                "no-owner",
+                {"error": 'every node that serves model "fast" is down: a, b'},
             )
             assert await ollama_error(port, "mistral") == (
                 502,
