@@ -9,6 +9,7 @@ it builds is then imported ahead of the checkout's.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -85,3 +86,37 @@ def test_the_built_package_prints_them(built: Path, tmp_path: Path, flag: str, n
     )
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout == (built / "nvpair" / "examples" / name).read_text()
+
+
+#: How setuptools (84, the newest pyproject.toml allows) begins the warning it prints when asked
+#: for a compat-mode editable install: a summary line, then a starred banner of twelve lines.
+COMPAT_WARNING = (
+    "Compat editable installs\n!!\n\n" + "*" * 80 + "\nThe 'compat' editable mode is transitional"
+)
+
+
+def test_the_first_make_installs_without_the_setuptools_banner(tmp_path: Path) -> None:
+    """``make demo``'s first install asks for compat mode (twisted/plugins stays visible); the
+    warning setuptools gives for it is filtered out of that one command, nothing else."""
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "pyproject.toml").touch()
+    shown = subprocess.run(
+        ["make", "--no-print-directory", "-n", ".venv/.installed"],
+        cwd=tmp_path, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    (install,) = [line for line in shown.splitlines() if "editable_mode=compat" in line]
+    words = shlex.split(install)
+    settings = dict(word.split("=", 1) for word in words[: words.index(".venv/bin/pip")])
+    warn = (
+        "import warnings\n"
+        "class SetuptoolsDeprecationWarning(UserWarning): pass\n"
+        f"warnings.warn({COMPAT_WARNING!r}, SetuptoolsDeprecationWarning)\n"
+        "warnings.warn('anything else', SetuptoolsDeprecationWarning)\n"
+    )
+    plain = subprocess.run([sys.executable, "-c", warn], capture_output=True, text=True)
+    assert "Compat editable installs" in plain.stderr
+    filtered = subprocess.run(
+        [sys.executable, "-c", warn], capture_output=True, text=True, env={**os.environ, **settings}
+    )
+    assert "Compat editable installs" not in filtered.stderr
+    assert "anything else" in filtered.stderr
