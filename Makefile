@@ -11,11 +11,13 @@ CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # A default editable install hides twisted plugins; compat mode keeps twisted/plugins visible.
-# (setuptools calls compat mode transitional: pyproject.toml caps setuptools below 85.)
+# (setuptools calls compat mode transitional: pyproject.toml caps setuptools below 85.) Saying so
+# takes setuptools a 12-line banner that --quiet lets through; the filter drops that one warning.
+QUIET_COMPAT := PYTHONWARNINGS='ignore:Compat editable installs'
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,dev]' --config-settings editable_mode=compat
+	$(QUIET_COMPAT) $(BIN)/pip install --quiet -e '.[test,dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,8 +35,11 @@ chromium:
 
 # The real-engine tests (tests/real) are part of the suite: llama-server is built first, once per
 # machine (below); NVPAIR_REQUIRE_LLAMA_SERVER makes a missing binary fail them instead of skip.
+# Exported rather than written before the command, so make runs pytest itself and not through a
+# shell: make passes a SIGTERM on to its child, and a shell would die of it, leaving pytest running.
+test test-real: export NVPAIR_REQUIRE_LLAMA_SERVER = 1
 test: $(STAMP) chromium llama-server
-	NVPAIR_REQUIRE_LLAMA_SERVER=1 $(BIN)/pytest -q
+	$(BIN)/pytest -q
 
 # The performance table (bench/README.md): nvpair beside a minimal Twisted proxy (the floor),
 # nginx and LiteLLM, with PASS/MISS per target; not part of `make test`. nginx and wrk come from
@@ -47,7 +52,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 BENCH_ARGS ?=
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/pip install --quiet -e '.[test,dev,bench]' --config-settings editable_mode=compat
+	$(QUIET_COMPAT) $(BIN)/pip install --quiet -e '.[test,dev,bench]' --config-settings editable_mode=compat
 	touch $(BENCH_STAMP)
 
 bench-tools:
@@ -78,7 +83,8 @@ soak: $(STAMP)
 # outside the checkout, $XDG_CACHE_HOME/nvpair (else ~/.cache/nvpair), keyed by that version:
 # about 8 minutes on 2 cores once per machine, nothing after (tests/real/llama_build.py, which
 # also says what makes an interrupted build safe). cmake and a C++ compiler come from Debian's
-# packages when missing. `make test-real` runs only the real-engine tests.
+# packages when missing; with NVPAIR_LLAMA_SERVER set, neither (README "Development").
+# `make test-real` runs only the real-engine tests.
 LLAMA_BUILD_TOOLS := cmake c++ make
 
 llama-build-tools:
@@ -95,7 +101,7 @@ llama-server: $(STAMP)
 	$(BIN)/python -m tests.real.llama_build
 
 test-real: $(STAMP) llama-server
-	NVPAIR_REQUIRE_LLAMA_SERVER=1 $(BIN)/pytest -q tests/real
+	$(BIN)/pytest -q tests/real
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

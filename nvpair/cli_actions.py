@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import IO, NoReturn
 
 from twisted.application import reactors
@@ -20,6 +21,19 @@ from nvpair.fleet.lanconfig import AccessError, new_key
 
 #: The program's name in its own messages (usage errors, the terminal hint).
 PROG = "nvpair-proxy"
+
+#: Where ``pip install`` puts the pages of docs/, under the environment's prefix
+#: (pyproject.toml's data-files): there is no public web copy to link to.
+INSTALLED_DOCS = Path("share", "doc", PROG)
+
+
+def docs_dir(prefix: str = sys.prefix) -> Path:
+    """The pages ``docs/...`` names in ``--help``: the installed copy, else (a checkout, whose
+    editable install ships none) the checkout's own docs/."""
+    installed = Path(prefix) / INSTALLED_DOCS
+    if (installed / "README.md").is_file():
+        return installed
+    return Path(__file__).resolve().parents[1] / "docs"
 
 
 def print_and_exit(name: str, out: IO[str] | None = None) -> NoReturn:

@@ -21,7 +21,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from nvpair.cli_actions import PROG as PROG
-from nvpair.cli_actions import ActionOptions
+from nvpair.cli_actions import ActionOptions, docs_dir
 from nvpair.common.durations import parse_duration
 from nvpair.common.logs import parse_level, parse_log_format
 from nvpair.config import DEFAULTS, Config, parse_count
@@ -89,7 +89,8 @@ class Options(ActionOptions):
     synopsis = "[options]"
     longdesc = (
         "One facade per enabled engine; with no --fleet, the broker drives the process over "
-        "JSON-RPC on stdin/stdout. Durations use Go's form: 250ms, 10s, 30m, 1h30m, 0."
+        "JSON-RPC on stdin/stdout. Durations use Go's form: 250ms, 10s, 30m, 1h30m, 0. "
+        f"The docs/ pages named above are in {docs_dir()}."
     )
 
     optParameters: list[list[Any]] = [

@@ -200,3 +200,12 @@ def test_troubleshooting_ports_are_the_demos() -> None:
         for port in re.findall(r"(?:127\.0\.0\.1:|--admin-port )(\d+)", command.text)
     }
     assert ports and sorted(ports - demo) == []
+
+
+def test_the_quick_start_says_how_long_make_test_takes() -> None:
+    """A first `make test` builds llama-server before the suite: the quick start says how long
+    the suite takes without it and how long the build adds, so neither looks like a hang."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"`make test` takes about \d+ minutes", quick_start)
+    assert re.search(r"build.*about \d+\s+minutes", quick_start, re.DOTALL)

@@ -15,6 +15,9 @@ An interrupted build is never taken for a finished one: everything happens in a 
 directory, and the finished directory appears by one ``rename`` only once the binary in it has
 run. A lock serialises two builds on one machine; the one that waited finds the work done.
 Staging directories left by a build that was killed are removed by the next build.
+
+``NVPAIR_LLAMA_SERVER=/path/to/llama-server`` names a binary of one's own: nothing is built, and
+no build tools are installed, when it is set.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ CMAKE_FLAGS = (
 )
 
 _STAGING_PREFIX = ".staging-"
+
+#: Names the ``llama-server`` to run instead of the cached build (the README's "Development").
+OVERRIDE = "NVPAIR_LLAMA_SERVER"
 
 
 def cache_root(environ: Mapping[str, str] = os.environ) -> Path:
@@ -162,10 +168,23 @@ def _run(command: list[str], log: Path) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Build when not built yet; with ``--check``, only say (exit status 1: not built)."""
+def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
+    """Build when not built yet; with ``--check``, only say (exit status 1: not built).
+
+    With ``NVPAIR_LLAMA_SERVER`` set there is nothing to build: ``--check`` says so (the build
+    tools are not wanted), and the build step only checks that the named binary exists.
+    """
     args = sys.argv[1:] if argv is None else argv
-    target = build_dir()
+    override = environ.get(OVERRIDE)
+    if override:
+        if args == ["--check"]:
+            return 0
+        if not Path(override).is_file():
+            print(f"{OVERRIDE}={override}: no such file", file=sys.stderr)
+            return 1
+        print(f"using {OVERRIDE}={override}: nothing to build", flush=True)
+        return 0
+    target = build_dir(environ)
     if args == ["--check"]:
         return 0 if (target / "llama-server").exists() else 1
     if not (target / "llama-server").exists():

@@ -31,13 +31,10 @@ from twisted.web.http_headers import Headers
 
 from tests.integration.conftest import running_proxy
 from tests.integration.harness import ProxyProcess, free_port
-from tests.real.llama_build import installed_binary
+from tests.real.llama_build import OVERRIDE, installed_binary
 
 #: Set to ``1`` (the Makefile does) to fail, not skip, when there is no binary.
 REQUIRE = "NVPAIR_REQUIRE_LLAMA_SERVER"
-
-#: Names the ``llama-server`` to run instead of the cached build.
-OVERRIDE = "NVPAIR_LLAMA_SERVER"
 
 
 def find_llama_server(environ: Mapping[str, str] = os.environ) -> Path:

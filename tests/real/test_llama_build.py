@@ -121,9 +121,28 @@ def test_a_build_that_waited_for_another_finds_it_done(tmp_path: Path) -> None:
 
 def test_check_says_whether_it_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("NVPAIR_LLAMA_SERVER", raising=False)
     assert llama_build.main(["--check"]) == 1
     ensure_built(build_dir(), fake_build([]))
     assert llama_build.main(["--check"]) == 0
+
+
+def test_a_named_binary_is_not_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NVPAIR_LLAMA_SERVER`` skips the build (and the build tools ``--check`` would fetch):
+    the step only checks that the named file is there."""
+
+    def no_build(*args: object, **kwargs: object) -> llama_build.Builder:
+        raise AssertionError("the build ran")
+
+    monkeypatch.setattr(llama_build, "build_from_sdist", no_build)
+    own = tmp_path / "bin" / "llama-server"
+    environ = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "NVPAIR_LLAMA_SERVER": str(own)}
+    assert llama_build.main(["--check"], environ) == 0
+    assert llama_build.main([], environ) == 1  # named, but not there
+    own.parent.mkdir()
+    own.write_bytes(b"")
+    assert llama_build.main([], environ) == 0
+    assert not (tmp_path / "cache").exists()
 
 
 def test_the_tests_find_the_cached_build_unless_told_otherwise(tmp_path: Path) -> None:
