@@ -253,3 +253,28 @@ def test_the_example_fleet_files_access_uncommented_is_an_access(tmp_path: Path)
     assert fleet.access.networks == (ipaddress.ip_network("192.168.1.0/24"),)
     assert fleet.access.keys is not None and [k.name for k in fleet.access.keys] == ["laptop"]
     assert fleet.access.tls == LanTls(server.cert_pem, server.key_pem)
+
+
+def test_tls_from_systemd_credentials(tmp_path: Path) -> None:
+    """docs/lan.md#as-a-service: ``credential:NAME`` is ``$CREDENTIALS_DIRECTORY/NAME``, so a
+    dynamic user reads systemd's copy of a key it could not read where it is."""
+    server = issue(make_ca(), ["gpu.lan"])
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    write(credentials / "lan.crt", server.cert_pem)
+    write(credentials / "lan.key", server.key_pem)
+    table = {
+        "networks": ["10.0.0.0/8"],
+        "tls-cert": "credential:lan.crt",
+        "tls-key": "credential:lan.key",
+    }
+    environ = {"CREDENTIALS_DIRECTORY": str(credentials)}
+    access = parse_access(table, tmp_path / "elsewhere", environ)
+    assert access is not None and access.tls == LanTls(server.cert_pem, server.key_pem)
+    with pytest.raises(AccessError, match=r"^access.tls-cert: credential lan.crt: .*not set"):
+        parse_access(table, tmp_path, {})
+    with pytest.raises(AccessError, match=r"^access.tls-key: credential '../k' is not a file"):
+        parse_access({**table, "tls-key": "credential:../k"}, tmp_path, environ)
+    (credentials / "lan.key").unlink()
+    with pytest.raises(AccessError, match=r"^access.tls-key: cannot read .*lan.key"):
+        parse_access(table, tmp_path, environ)

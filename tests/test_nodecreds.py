@@ -31,7 +31,7 @@ SECRET = "sk-live-0123456789abcdef"
 
 def test_a_variable_set_is_a_bearer_credential_whose_repr_hides_it() -> None:
     credential = read_credential("env:GPU1_KEY", {"GPU1_KEY": SECRET})
-    assert credential == Credential("GPU1_KEY", b"Bearer " + SECRET.encode())
+    assert credential == Credential("env:GPU1_KEY", b"Bearer " + SECRET.encode())
     assert SECRET not in repr(credential) and "GPU1_KEY" in repr(credential)
 
 
@@ -64,6 +64,60 @@ def test_what_is_wrong_is_said_and_the_secret_never(value: object, why: str) -> 
     message = str(refused.value)
     assert why in message
     assert SECRET not in message and "sk-live" not in message
+
+
+# -- file:PATH and credential:NAME ----------------------------------------------------------------
+
+
+def test_a_file_beside_the_fleet_file_with_its_trailing_newline_dropped(tmp_path: Path) -> None:
+    (tmp_path / "gpu1.key").write_text(SECRET + "\n")
+    credential = read_credential("file:gpu1.key", {}, tmp_path)
+    assert credential == Credential("file:gpu1.key", b"Bearer " + SECRET.encode())
+
+
+def test_a_systemd_credential_is_read_from_its_directory(tmp_path: Path) -> None:
+    (tmp_path / "gpu1.key").write_text(SECRET)
+    environ = {"CREDENTIALS_DIRECTORY": str(tmp_path)}
+    credential = read_credential("credential:gpu1.key", environ, tmp_path / "elsewhere")
+    assert credential == Credential("credential:gpu1.key", b"Bearer " + SECRET.encode())
+
+
+@pytest.mark.parametrize(
+    ("value", "environ", "why"),
+    [
+        ("file:", {}, "PATH is empty"),
+        ("file:missing.key", {}, "file missing.key: cannot read"),
+        ("file:empty.key", {}, "file empty.key is empty"),
+        ("file:newline.key", {}, "file newline.key is empty"),
+        ("file:two.key", {}, "file two.key holds what a bearer token cannot"),
+        ("credential:k", {}, "credential k: CREDENTIALS_DIRECTORY is not set"),
+        ("credential:missing", {"CREDENTIALS_DIRECTORY": "."}, "credential missing: cannot"),
+        ("credential:../two.key", {"CREDENTIALS_DIRECTORY": "."}, "is not a file name"),
+        ("credential:", {"CREDENTIALS_DIRECTORY": "."}, "is not a file name"),
+    ],
+)
+def test_a_source_that_cannot_be_used_is_named_never_shown(
+    tmp_path: Path, value: str, environ: dict[str, str], why: str
+) -> None:
+    (tmp_path / "empty.key").write_text("")
+    (tmp_path / "newline.key").write_text("\n")
+    (tmp_path / "two.key").write_text(SECRET + "\n\n")
+    if "CREDENTIALS_DIRECTORY" in environ:
+        environ = {"CREDENTIALS_DIRECTORY": str(tmp_path)}
+    with pytest.raises(ValueError) as refused:
+        read_credential(value, environ, tmp_path)
+    assert why in str(refused.value) and "sk-live" not in str(refused.value)
+
+
+def test_two_sources_for_one_url_are_refused_even_if_they_hold_the_same_key(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "k").write_text(SECRET)
+    text = FILE.format(value="env:K") + SAME_URL.replace("env:OTHER", "file:k")
+    assert refused(tmp_path, text, {"K": SECRET}) == (
+        "nodes[2].credentials.llamacpp: nodes[0].credentials.llamacpp names another "
+        "source for the same URL"
+    )
 
 
 # -- the fleet file -------------------------------------------------------------------------------
@@ -99,7 +153,7 @@ def test_a_node_credential_is_read_from_the_environment_given(tmp_path: Path) ->
     path.write_text(FILE.format(value="env:GPU1_KEY"))
     fleet = load_fleet(path, {"GPU1_KEY": SECRET})
     assert fleet.authorizations() == {"http://192.168.1.20:8080": b"Bearer " + SECRET.encode()}
-    assert fleet.nodes[0].credentials["llamacpp"].variable == "GPU1_KEY"
+    assert fleet.nodes[0].credentials["llamacpp"].source == "env:GPU1_KEY"
     assert fleet.nodes[1].credentials == {}
     # Nothing that shows the fleet shows the secret.
     assert SECRET not in repr(fleet)
@@ -148,7 +202,7 @@ def test_the_process_environment_is_read_by_default(
         (
             FILE.format(value="env:K") + SAME_URL,
             "nodes[2].credentials.llamacpp: nodes[0].credentials.llamacpp names another "
-            "variable for the same URL",
+            "source for the same URL",
         ),
         (
             FILE.format(value="env:K").replace(

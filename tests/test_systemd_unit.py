@@ -253,3 +253,25 @@ def test_systemd_analyze_security_rates_the_sandbox_ok(unit_text: str, tmp_path:
     if "--offline" in result.stderr and result.returncode != 0 and "unrecognized" in result.stderr:
         pytest.skip("this systemd-analyze has no --offline (systemd before 250)")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+
+
+def test_credentials_for_the_dynamic_user_are_offered_commented(unit_text: str) -> None:
+    """docs/lan.md#as-a-service: the dynamic user cannot read a 0600 root ``lan.key`` nor has
+    a node key in its environment; the unit carries the ``LoadCredential=`` lines that hand
+    them over, commented (a fleet without TLS or node keys has no such files), and the docs'
+    service section uses exactly those lines and names them ``credential:NAME``."""
+    commented = [line[1:] for line in unit_text.splitlines() if line.startswith("#LoadCredential=")]
+    uncommented = parse_unit("[Service]\n" + "\n".join(commented))["Service"]["LoadCredential"]
+    names = [value.partition(":")[0] for value in uncommented]
+    assert names == ["lan.crt", "lan.key", "gpu1-llama.key"]
+    assert all(
+        value == f"{name}:/etc/nvpair/{name}"
+        for name, value in zip(names, uncommented, strict=True)
+    )
+    assert "LoadCredential" not in parse_unit(unit_text)["Service"]
+    lan = (ROOT / "docs" / "lan.md").read_text()
+    section = lan.split("### As a service", 1)[1].split("\n### ", 1)[0]
+    for line in commented:
+        assert f"\n{line}\n" in section
+    for name in names:
+        assert f'"credential:{name}"' in section

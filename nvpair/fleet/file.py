@@ -170,7 +170,8 @@ def _one_facade_per_port(path: Path, facades: Mapping[str, FacadeSpec]) -> None:
 def _credentials(
     path: Path, where: str, table: object, engines: Mapping[str, str], environ: Mapping[str, str]
 ) -> dict[str, Credential]:
-    """A node's ``[nodes.credentials]``: engine = "env:NAME", each read from ``environ``."""
+    """A node's ``[nodes.credentials]``: engine = "env:NAME" (or ``file:``, ``credential:``),
+    each read now, ``file:`` beside the fleet file."""
     if not isinstance(table, dict):
         raise _fail(path, where, 'must be a table of engine = "env:NAME"')
     credentials: dict[str, Credential] = {}
@@ -180,7 +181,7 @@ def _credentials(
         if engine not in engines:
             raise _fail(path, f"{where}.{engine}", f"the node has no engines.{engine} URL")
         try:
-            credentials[engine] = read_credential(value, environ)
+            credentials[engine] = read_credential(value, environ, path.parent)
         except ValueError as bad:
             raise _fail(path, f"{where}.{engine}", str(bad)) from None
     return credentials
@@ -188,22 +189,23 @@ def _credentials(
 
 def _one_credential_per_url(path: Path, nodes: list[FleetNode]) -> None:
     """A credential belongs to the engine at a URL: two that differ for one URL cannot both
-    be sent."""
+    be sent. The sources are compared, not the secrets: two that name one secret two ways
+    (``env:`` and ``file:``) are refused too, as the next rotation could part them."""
     holders: dict[str, tuple[str, str]] = {}
     for index, node in enumerate(nodes):
         for engine, credential in node.credentials.items():
             url = node.engines[engine]
             where = f"nodes[{index}].credentials.{engine}"
-            holder, variable = holders.setdefault(url, (where, credential.variable))
-            if variable != credential.variable:
-                raise _fail(path, where, f"{holder} names another variable for the same URL")
+            holder, source = holders.setdefault(url, (where, credential.source))
+            if source != credential.source:
+                raise _fail(path, where, f"{holder} names another source for the same URL")
 
 
 def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
     """Parse and validate a fleet file; :class:`FleetFileError` names what is wrong.
 
-    :param environ: where ``env:NAME`` credentials are read (the process's environment,
-        read now, when None).
+    :param environ: where ``env:NAME`` credentials and ``$CREDENTIALS_DIRECTORY`` are read
+        (the process's environment, read now, when None).
     """
     environ = os.environ if environ is None else environ
     try:
@@ -288,7 +290,7 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
     except AliasError as bad:
         raise _fail(path, f"models{bad.where}", bad.why) from None
     try:
-        access = parse_access(document.get("access"), path.parent)
+        access = parse_access(document.get("access"), path.parent, environ)
     except AccessError as error:
         raise FleetFileError(f"{path}: {error}") from None
     affinity = _scheduling(path, document.get("scheduling", {}))

@@ -20,6 +20,7 @@ from pathlib import Path
 from attrs import frozen
 
 from nvpair.engines.caller import Priority
+from nvpair.fleet.credentials import CREDENTIAL, SourceError, credential_path
 
 #: A key's name: shown in ``/status``, logs and metric labels, so plain and bounded.
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -113,8 +114,11 @@ def _read(where: str, path: Path) -> bytes:
     return data
 
 
-def parse_access(table: object, fleet_dir: Path) -> Access | None:
-    """The ``[access]`` table of a fleet file whose directory is ``fleet_dir``.
+def parse_access(
+    table: object, fleet_dir: Path, environ: Mapping[str, str] | None = None
+) -> Access | None:
+    """The ``[access]`` table of a fleet file whose directory is ``fleet_dir``; ``environ``
+    holds ``$CREDENTIALS_DIRECTORY`` for a ``credential:NAME`` certificate or key.
 
     None when there is no table or it lets no network in: then nothing differs from a fleet
     without one (docs/lan.md#who-may-call). The key file and the certificate are read and
@@ -140,7 +144,7 @@ def parse_access(table: object, fleet_dir: Path) -> Access | None:
     if "keys" in table:
         path = _file(fleet_dir, "access.keys", table["keys"])
         keys = parse_keys(_read("access.keys", path), f"access.keys: {path}")
-    tls = _tls(table, fleet_dir)
+    tls = _tls(table, fleet_dir, {} if environ is None else environ)
     require_tls = _require_tls(table, tls)
     if not networks:
         return None
@@ -159,15 +163,28 @@ def _require_tls(table: Mapping[str, object], tls: LanTls | None) -> bool:
     return value
 
 
-def _tls(table: Mapping[str, object], fleet_dir: Path) -> LanTls | None:
+def _tls_file(fleet_dir: Path, where: str, value: object, environ: Mapping[str, str]) -> Path:
+    """A file name, or ``credential:NAME``: the service's dynamic user cannot read a key that
+    is 0600 root, but systemd hands it a copy (docs/lan.md#as-a-service)."""
+    if isinstance(value, str) and value.startswith(CREDENTIAL):
+        try:
+            return credential_path(value[len(CREDENTIAL) :], environ)
+        except SourceError as error:
+            raise _fail(where, str(error)) from None
+    return _file(fleet_dir, where, value)
+
+
+def _tls(table: Mapping[str, object], fleet_dir: Path, environ: Mapping[str, str]) -> LanTls | None:
     named = [name for name in ("tls-cert", "tls-key") if name in table]
     if not named:
         return None
     if len(named) == 1:
         other = "tls-key" if named == ["tls-cert"] else "tls-cert"
         raise _fail(f"access.{named[0]}", f"needs access.{other} beside it")
-    cert = _read("access.tls-cert", _file(fleet_dir, "access.tls-cert", table["tls-cert"]))
-    key = _read("access.tls-key", _file(fleet_dir, "access.tls-key", table["tls-key"]))
+    cert_path = _tls_file(fleet_dir, "access.tls-cert", table["tls-cert"], environ)
+    key_path = _tls_file(fleet_dir, "access.tls-key", table["tls-key"], environ)
+    cert = _read("access.tls-cert", cert_path)
+    key = _read("access.tls-key", key_path)
     problem = pem_problem(cert, key)
     if problem is not None:
         raise _fail(problem[0], problem[1])

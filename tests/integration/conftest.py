@@ -24,6 +24,7 @@ async def running_proxy(
     twistd_reactor: str | None = None,
     console_script: bool = False,
     open_files: int | None = None,
+    run_as: tuple[str, str] | None = None,
 ) -> AsyncIterator[ProxyProcess]:
     """The proxy process for the body of a ``with``; terminated (and reaped) afterwards."""
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -34,6 +35,7 @@ async def running_proxy(
         twistd_reactor=twistd_reactor,
         console_script=console_script,
         open_files=open_files,
+        run_as=run_as,
     )
     try:
         yield proxy

@@ -233,6 +233,7 @@ def start_proxy(
     twistd_reactor: str | None = None,
     console_script: bool = False,
     open_files: int | None = None,
+    run_as: tuple[str, str] | None = None,
 ) -> ProxyProcess:
     """Spawn ``twistd -n nvpair-proxy`` with this side as its broker.
 
@@ -242,6 +243,8 @@ def start_proxy(
         operator runs it (it writes no pid file by itself).
     :param open_files: the process's open-files limit, soft and hard (the process raises its
         soft limit to the hard one, so both are set); None: this process's.
+    :param run_as: a user and group to run it as, with no supplementary groups (as a unit's
+        dynamic user runs: docs/lan.md#as-a-service); needs root.
     """
     proxy = ProxyProcess()
     # NVPAIR_TEST_REACTOR=uvloop runs the whole integration suite on another twistd reactor.
@@ -256,6 +259,11 @@ def start_proxy(
     if open_files is not None:
         # Set in the child before it becomes the proxy: exec keeps the limit and the pid.
         command = [sys.executable, "-c", _WITH_OPEN_FILES, str(open_files), *command]
+    if run_as is not None:
+        # setpriv execs the proxy: its pid is the proxy's, which the test signals.
+        user, group = run_as
+        setpriv = ["/usr/bin/setpriv", f"--reuid={user}", f"--regid={group}", "--clear-groups"]
+        command = [*setpriv, *command]
     reactor.spawnProcess(
         proxy,
         command[0],
