@@ -609,9 +609,9 @@ async def test_llamacpp_health_models_props_slots(start: Start) -> None:
     assert [m["name"] for m in listing["models"]] == ["tiny"]
     assert [(d["id"], d["owned_by"]) for d in listing["data"]] == [("tiny", "llamacpp")]
     props = (await fetch("GET", engine.url + "/props")).json()
-    assert props["total_slots"] == 1
+    assert props["total_slots"] == 4  # -np auto
     slots = (await fetch("GET", engine.url + "/slots")).json()
-    assert slots[0]["is_processing"] is False
+    assert [slot["is_processing"] for slot in slots] == [False] * 4
 
 
 @pytest_twisted.ensureDeferred

@@ -119,10 +119,14 @@ def test_a_load_past_the_cap_evicts_an_idle_model_at_once() -> None:
     assert claim.wait == 1.0 and memory.loads == 3 and memory.evictions == 1
     gone = eviction_order("a", "b")[0]
     assert names(memory) == {"a", "b", "c"} - {gone}
-    # Capacity counts the loading model: the next new model evicts again.
+    # Capacity counts the loading model: the next new model, once that load is done (one at
+    # a time), evicts again.
     memory.release(claim)
-    memory.release(memory.claim(gone))
-    assert memory.evictions == 2 and len(memory.resident()) == 2
+    again = memory.claim(gone)
+    assert wait(again) is None and memory.evictions == 1
+    clock.advance(1.0)
+    assert wait(again) == 1.0 and memory.evictions == 2 and len(memory.resident()) == 2
+    memory.release(again)
 
 
 def test_the_victim_is_chosen_by_path_not_by_how_recently_it_was_used() -> None:
@@ -165,21 +169,50 @@ def test_with_every_model_busy_the_load_waits_for_the_chosen_one_to_end() -> Non
     assert names(memory) == {second, "c"} and memory.loads == 3 and memory.waiting == 0
 
 
-def test_every_request_behind_a_load_waiting_for_room_waits_too() -> None:
-    """Ollama schedules one request at a time: a request for a loaded model queues behind."""
-    clock = Clock()
+def both_busy(clock: Clock) -> tuple[Memory, Claim, Claim]:
+    """A memory at its cap of two, a request running on each model: on the first in eviction
+    order (the one a load will choose), then on the second."""
     first, second = eviction_order("a", "b")
     memory = full(clock, first, second)
-    on_first, on_second = memory.claim(first), memory.claim(second)
+    return memory, memory.claim(first), memory.claim(second)
+
+
+def test_a_request_for_a_model_in_memory_passes_a_load_waiting_for_room() -> None:
+    """``getRunner`` hands a loaded model's runner over at once, queue or not -- the model
+    chosen to make room included, which then stays busy longer."""
+    memory, on_first, on_second = both_busy(Clock())
+    first, second = on_first.model, on_second.model
+    told: list[float] = []
+    blocked = memory.claim("c")
+    blocked.admitted = told.append
+    assert wait(memory.claim(second)) == 0 and memory.waiting == 1
+    passing = memory.claim(first)  # the model chosen to go
+    assert wait(passing) == 0
+    memory.release(on_first)
+    assert told == [] and names(memory) == {first, second}
+    memory.release(passing)
+    assert told == [1.0] and names(memory) == {second, "c"}
+    memory.release(on_second)
+
+
+def test_the_pending_queue_goes_in_arrival_order_behind_a_load_waiting_for_room() -> None:
+    """What is not in memory waits in Ollama's pending queue, served one at a time: a model
+    that is neither loaded nor loading waits behind the blocked load, whatever its room."""
+    clock = Clock()
+    memory, on_first, on_second = both_busy(clock)
     order: list[str] = []
     blocked = memory.claim("c")
     blocked.admitted = lambda wait: order.append("c")
-    behind = memory.claim(second)  # loaded, but behind the blocked load
-    behind.admitted = lambda wait: order.append(second)
+    behind = memory.claim("d")
+    behind.admitted = lambda wait: order.append("d")
     assert wait(behind) is None and memory.waiting == 2
     memory.release(on_first)
-    assert order == ["c", second] and wait(behind) == 0
-    for claim in (on_second, blocked, behind):
+    assert order == ["c"] and memory.loads == 3  # one load at a time
+    clock.advance(1.0)
+    assert order == ["c"]  # "d" needs room too, and both models are busy
+    memory.release(blocked)
+    assert order == ["c", "d"] and memory.loads == 4
+    for claim in (on_second, behind):
         memory.release(claim)
 
 
@@ -228,11 +261,15 @@ def test_closing_leaves_no_timer_behind() -> None:
     assert clock.getDelayedCalls() == []
 
 
-def test_without_a_cap_any_number_of_models_stay() -> None:
+def test_without_a_cap_any_number_of_models_stay_loaded_one_at_a_time() -> None:
+    """``processPending`` loads one model at a time: each load waits for the one before."""
     clock = Clock()
     memory = Memory(clock, load_delay=1.0, keep_alive=None, warm=())
-    for model in "abcdefgh":
-        assert memory.claim(model).wait == 1.0
+    claims = [memory.claim(model) for model in "abcdefgh"]
+    for n in range(8):
+        assert [wait(c) for c in claims] == [1.0] * (n + 1) + [None] * (7 - n)
+        assert memory.loads == n + 1
+        clock.advance(1.0)
     assert len(memory.resident()) == 8 and memory.evictions == 0
 
 
@@ -389,7 +426,8 @@ async def test_llamacpp_slots_are_busy_while_generating(start: Start) -> None:
     stalled = await send("POST", engine.url + path, body)
     assert stalled.code == 200
     slots = (await fetch("GET", engine.url + "/slots")).json()
-    assert [s["is_processing"] for s in slots] == [True, False]
+    # The slot it really runs in: a fresh server starts on its highest (promptcache.py).
+    assert [s["is_processing"] for s in slots] == [False, True]
     assert (await fetch("GET", engine.url + "/props")).json()["total_slots"] == 2
     await engine.refuse()
 

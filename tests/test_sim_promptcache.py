@@ -233,8 +233,9 @@ TURN2 = [
 async def test_llamacpp_reports_what_it_read_from_cache_as_llama_server(start: Start) -> None:
     """First turn: all evaluated; next turn: the first one's prompt from cache, the rest
     evaluated (and only that costs prompt time); the same request again: all but one token.
-    Reported twice over: ``timings`` and ``usage.prompt_tokens_details``."""
-    engine = start("llamacpp")
+    Reported twice over: ``timings`` and ``usage.prompt_tokens_details``. One slot, so that
+    every turn finds it."""
+    engine = start("llamacpp", parallel=1)
     url = engine.url + "/v1/chat/completions"
 
     async def ask(messages: object) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -320,7 +321,7 @@ async def test_the_openai_sdk_reads_the_cached_tokens(start: Start) -> None:
     """Through the openai SDK, one slot, two conversations in turn: with the RAM prompt cache
     (the default) each turn finds its conversation's last prompt; with ``cache_ram=0`` each
     evicts the other and nothing is found."""
-    with_ram, without = start("llamacpp"), start("llamacpp", cache_ram=0)
+    with_ram, without = start("llamacpp", parallel=1), start("llamacpp", parallel=1, cache_ram=0)
 
     def chat(engine: SimEngine, conversations: list[list[dict[str, str]]]) -> list[int]:
         found = []

@@ -9,6 +9,13 @@ first request waits two seconds for its load, and a model unused for thirty seco
 third evicts one first (:mod:`nvpair.sim.memory`). ``--cache-ram 0`` turns llama.cpp's RAM
 prompt cache off (:mod:`nvpair.sim.promptcache`), as ``llama-server --cache-ram 0`` does.
 
+``--parallel 2`` runs two answers at once per model on every engine, the rest waiting their turn
+in order (:mod:`nvpair.sim.turns`): llama.cpp's ``-np`` (default 4, as ``-np auto``), Ollama's
+``OLLAMA_NUM_PARALLEL`` (default 1), LM Studio's Max Concurrent Predictions (default 4).
+``--max-queue 8`` is Ollama's ``OLLAMA_MAX_QUEUE`` (default 512): requests for models not in
+memory past that many waiting are answered 503. ``--cold --load-delay 3 --max-loaded 1`` makes
+an Ollama a small box that swaps its one model, in arrival order.
+
 Two of the fault knobs (:class:`~nvpair.sim.engine.Faults`) are worked by signal while it runs,
 for every engine of the process: ``SIGUSR1`` turns failing on and off (each inference answers
 503), ``SIGUSR2`` turns "gone" on and off (connections refused, as a machine that went away).
@@ -33,6 +40,7 @@ from twisted.logger import (
 )
 
 from nvpair.sim.engine import DIALECTS, SimEngine
+from nvpair.sim.ollama import DEFAULT_MAX_QUEUE
 from nvpair.sim.promptcache import DEFAULT_CACHE_RAM_MIB
 
 #: The status every inference answers while SIGUSR1 has the process failing.
@@ -91,6 +99,23 @@ def _parser() -> argparse.ArgumentParser:
         "more evicts one first (default: any number)",
     )
     parser.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="answers each engine runs at once per model, the rest waiting in order "
+        "(default: the engine's own: llama.cpp -np auto 4, OLLAMA_NUM_PARALLEL 1, "
+        "LM Studio Max Concurrent Predictions 4)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_QUEUE,
+        metavar="N",
+        help="Ollama's OLLAMA_MAX_QUEUE: requests for models not in memory that may wait; one "
+        f"more is answered 503 (default {DEFAULT_MAX_QUEUE})",
+    )
+    parser.add_argument(
         "--cache-ram",
         type=int,
         default=DEFAULT_CACHE_RAM_MIB,
@@ -113,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--load-delay and --keep-alive must not be negative")
     if args.max_loaded is not None and args.max_loaded < 1:
         parser.error("--max-loaded must be at least 1")
+    if args.parallel is not None and args.parallel < 1:
+        parser.error("--parallel must be at least 1")
+    if args.max_queue < 0:
+        parser.error("--max-queue must not be negative")
     if args.cache_ram < -1:
         parser.error("--cache-ram is MiB, 0 (off) or -1 (no limit)")
     specs: list[tuple[str, int, str, list[str]]] = []
@@ -147,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             warm=() if args.cold else None,
             max_loaded=args.max_loaded,
             cache_ram=args.cache_ram,
+            parallel=args.parallel,
+            max_queue=args.max_queue,
         )
         try:
             bound = sim.listen(port, "127.0.0.1")

@@ -3,9 +3,16 @@
 record of what it received, and the machinery that delivers a dialect's reply over time.
 
 The dialect (:mod:`nvpair.sim.ollama`, :mod:`~nvpair.sim.lmstudio`, :mod:`~nvpair.sim.llamacpp`)
-decides *what* to answer; this module decides *when*: header and first-byte delays, a stall, a
-connection killed mid-stream, chunks spaced by ``chunk_interval``, a client going away, and a
-model that must be loaded first (:mod:`nvpair.sim.memory`).
+decides *what* to answer; this module decides *when*: a model that must be loaded first
+(:mod:`nvpair.sim.memory`), a turn among the ``parallel`` answers the engine runs at once
+(:mod:`nvpair.sim.turns`), then header and first-byte delays, a stall, a connection killed
+mid-stream, chunks spaced by ``chunk_interval``, a client going away.
+
+An answer that waits -- for its model, for its turn -- sends nothing until it starts: llama.cpp
+and Ollama write no header before the first token, LM Studio a stream's headers on accept and
+its first byte when it starts. The fault knobs apply from the start on: ``header_delay`` counts
+from the turn, a stall holds its place until the client goes away, a connection killed frees
+it. Errors (a fault's ``status`` included) are answered at once and take no place.
 """
 
 from __future__ import annotations
@@ -39,9 +46,10 @@ from nvpair.sim.generation import default_tokens
 from nvpair.sim.llamacpp import LlamaCppDialect
 from nvpair.sim.lmstudio import LMStudioDialect
 from nvpair.sim.memory import Claim, Memory
-from nvpair.sim.ollama import OllamaDialect
+from nvpair.sim.ollama import DEFAULT_MAX_QUEUE, MAX_QUEUE_ERROR, OllamaDialect
 from nvpair.sim.promptcache import DEFAULT_CACHE_RAM_MIB, PromptCache
-from nvpair.sim.wire import Call, Dialect, Reply, RouteKind
+from nvpair.sim.turns import Turn, Turns
+from nvpair.sim.wire import Answer, Call, Dialect, Reply, RouteKind, Task
 
 DIALECTS = ("ollama", "lmstudio", "llamacpp")
 
@@ -60,9 +68,11 @@ CorsSetting = bool | str | Sequence[str] | None
 class Faults:
     """Failure knobs, read when a request arrives (a change affects the next request, not one
     already being answered). The inference knobs shape whatever the route answers, errors
-    included; ``stall`` wins over ``die_after_chunks``; CORS preflights and denials ignore them.
+    included, from the moment it starts (an answer waiting for its model or its turn has not);
+    ``stall`` wins over ``die_after_chunks``; CORS preflights and denials ignore them.
 
-    :param status: answer every inference request with this status and the dialect's error body.
+    :param status: answer every inference request at once with this status and the dialect's
+        error body.
     :param header_delay: seconds before the headers of an inference answer are sent.
     :param first_byte_delay: seconds between those headers and the first body byte (streamed or
         not: a whole body is sent in one piece after the delay).
@@ -184,13 +194,16 @@ class _Gate(enum.Enum):
 
 
 class _Delivery:
-    """Writes one reply to one request over time, and stops when the client goes away."""
+    """Writes one reply to one request over time, and stops when the client goes away.
+
+    Behind a :attr:`_Gate.HEADERS` gate the reply may be decided only when the gate opens.
+    """
 
     def __init__(
         self,
         clock: IReactorTime,
         request: _WebRequest,
-        reply: Reply,
+        reply: Reply | None,
         plan: _Plan,
         interval: float,
         ended: Callable[[_Delivery, bool], None],
@@ -220,9 +233,16 @@ class _Delivery:
         else:
             self._send_headers()
 
-    def open(self, wait: float) -> None:
-        """The model is let into memory and ready ``wait`` seconds from now: the gated part
-        goes on, that much later than its plan."""
+    @property
+    def reply(self) -> Reply:
+        assert self._reply is not None, "the gate decides the reply before anything is written"
+        return self._reply
+
+    def open(self, wait: float, reply: Reply | None = None) -> None:
+        """The answer starts, its model ready ``wait`` seconds from now: the gated part goes
+        on, that much later than its plan, with ``reply`` when it was decided only now."""
+        if reply is not None:
+            self._reply = reply
         gate, self._gate = self._gate, _Gate.NONE
         if self._done or gate is _Gate.NONE:
             return
@@ -263,7 +283,7 @@ class _Delivery:
             # Nothing was written, so nothing can be lost by aborting at once.
             self._die()
             return
-        _write_head(self._request, self._reply)
+        _write_head(self._request, self.reply)
         self._request.write(b"")  # sends the headers now, before any body
         self._heads()
         self._headers_out = True
@@ -273,18 +293,19 @@ class _Delivery:
             self._die_soon()
         elif self._gate is _Gate.BODY:
             pass  # the first byte waits for the model: open() goes on
-        elif self._plan.first_byte_delay > 0 or self._reply.streamed:
+        elif self._plan.first_byte_delay > 0 or self.reply.streamed:
             # Even without a delay a stream yields to the reactor between pieces.
             self._later(self._plan.first_byte_delay, self._send_next)
         else:
             self._send_next()
 
     def _send_next(self) -> None:
+        reply = self.reply
         if self._plan.cut_at is not None:
-            self._request.write(self._reply.body[: self._plan.cut_at])
+            self._request.write(reply.body[: self._plan.cut_at])
             self._die_soon()
             return
-        chunks = self._reply.chunks if self._reply.streamed else (self._reply.body,)
+        chunks = reply.chunks if reply.streamed else (reply.body,)
         if self._sent < len(chunks):
             self._request.write(chunks[self._sent])
             self._sent += 1
@@ -305,6 +326,21 @@ class _Delivery:
     def _die(self) -> None:
         self._end(abandoned=False)
         _abort(self._request.transport)
+
+
+@attrs.define(eq=False)
+class _Job:
+    """What one answer holds, from accept until it ends: its model in memory, its turn, the
+    llama.cpp slot it runs in."""
+
+    kind: RouteKind
+    claim: Claim | None = None
+    turn: Turn | None = None
+    slot: int | None = None
+    #: When its model is (was) ready, once let into memory.
+    ready_at: float = 0.0
+    #: It has its turn and its model (its wait for them is over).
+    started: bool = False
 
 
 class _QuietSite(Site):
@@ -378,8 +414,14 @@ class SimEngine:
         ``keep_alive``, LM Studio's idle TTL); None keeps it for good. llama.cpp never unloads.
     :param warm: the models in memory at the start (default: every model, or the first
         ``max_loaded``), so a cold start is ``warm=()``.
-    :param parallel: requests the engine runs at once, as llama.cpp's ``/slots`` lists them;
-        llama.cpp keeps a prompt per slot (:mod:`nvpair.sim.promptcache`).
+    :param parallel: answers the engine runs at once, per model; the rest wait their turn in
+        order, unbounded (:mod:`nvpair.sim.turns`). llama.cpp: its slots (``-np``; ``/slots``
+        lists them, each keeping a prompt, :mod:`nvpair.sim.promptcache`), default 4 as
+        ``-np auto``. Ollama: ``OLLAMA_NUM_PARALLEL``, default 1. LM Studio: Max Concurrent
+        Predictions, default 4.
+    :param max_queue: Ollama's ``OLLAMA_MAX_QUEUE`` (default 512): requests for models not
+        in memory that may wait in its scheduler's queue; one more is answered 503 (None: no
+        bound). The other dialects ignore it.
     :param cache_ram: llama.cpp's RAM prompt cache in MiB (``--cache-ram``): 0 off, -1
         unbounded; the other dialects ignore it.
     :param max_loaded: how many models may be in memory at once (Ollama's
@@ -402,9 +444,10 @@ class SimEngine:
         load_delay: float = 0.0,
         keep_alive: float | None = None,
         warm: Iterable[str] | None = None,
-        parallel: int = 1,
+        parallel: int | None = None,
         max_loaded: int | None = None,
         cache_ram: int = DEFAULT_CACHE_RAM_MIB,
+        max_queue: int | None = DEFAULT_MAX_QUEUE,
     ) -> None:
         self._reactor = reactor
         self._impl = _dialect(dialect)
@@ -423,18 +466,25 @@ class SimEngine:
             None if single else keep_alive,
             self.models[:cap] if warm is None else warm,
             cap,
+            max_queue if dialect == "ollama" else None,
         )
+        if parallel is None:
+            parallel = self._impl.default_parallel
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
         self._parallel = parallel
         self._prompts = PromptCache(parallel, cache_ram)
+        pins = (lambda slot: not self._prompts.busy(slot)) if single else None
+        self._turns = Turns(parallel, pins)
         self.requests: list[RecordedRequest] = []
         self.abandoned = 0
         """How many answers the client abandoned (disconnected) before they were complete."""
         self.headers_sent = 0
         """How many answers have had their status line and headers written (any route)."""
+        self.refused = 0
+        """How many requests Ollama's full scheduler queue answered 503 (``max_queue``)."""
         self._ids = itertools.count(1)
-        self._deliveries: dict[_Delivery, tuple[RouteKind, Claim | None, int | None]] = {}
+        self._deliveries: dict[_Delivery, _Job] = {}
         self._resource = _SimResource(self._render)
         self._connections = _Connections(_QuietSite(self._resource, reactor=reactor))
         self._listening: IListeningPort | None = None
@@ -445,8 +495,23 @@ class SimEngine:
 
     @property
     def in_flight(self) -> int:
-        """Inference answers still being delivered (delayed, streaming or stalled)."""
-        return sum(1 for kind, *_ in self._deliveries.values() if kind is RouteKind.INFERENCE)
+        """Inference answers not yet complete: waiting, delayed, streaming or stalled."""
+        return sum(1 for job in self._deliveries.values() if job.kind is RouteKind.INFERENCE)
+
+    @property
+    def queued(self) -> int:
+        """Inference answers waiting to start: for their model (to be let into memory) or for
+        their turn."""
+        return sum(
+            1
+            for job in self._deliveries.values()
+            if job.kind is RouteKind.INFERENCE and not job.started
+        )
+
+    @property
+    def running(self) -> int:
+        """Answers holding one of the ``parallel`` places (llama.cpp: busy slots)."""
+        return self._turns.running()
 
     @property
     def memory(self) -> Memory:
@@ -455,6 +520,7 @@ class SimEngine:
 
     @property
     def parallel(self) -> int:
+        """Answers run at once, per model (llama.cpp: its slots)."""
         return self._parallel
 
     @property
@@ -499,9 +565,7 @@ class SimEngine:
         The Deferred fires once the listening socket is closed.
         """
         listening, self._listening = self._listening, None
-        for delivery in list(self._deliveries):
-            delivery.cancel()
-        self._connections.abort_all()
+        self._cut()
         if listening is None:
             return succeed(None)
         return maybeDeferred(listening.stopListening).addCallback(lambda _: None)
@@ -517,14 +581,21 @@ class SimEngine:
     def drop_connections(self) -> None:
         """Abort every open connection but keep listening: a client's pooled keep-alive
         connections go away (and whatever was being answered on them is cut)."""
+        self._cut()
+
+    def _cut(self) -> None:
+        # The waiting go first: an answer cut frees its turn, which no waiter may take now.
+        self._turns.clear()
         for delivery in list(self._deliveries):
             delivery.cancel()
         self._connections.abort_all()
 
     def stop(self) -> Deferred[None]:
         """Stop listening and abort open connections (test teardown); safe to call twice."""
+        # Closed after the cut: requests ending may set the queue going, and a timer with it.
+        stopped = self.refuse()
         self._memory.close()
-        return self.refuse()
+        return stopped
 
     @property
     def listening(self) -> bool:
@@ -553,9 +624,16 @@ class SimEngine:
             return self._send_now(request, cors.answer)
         kind = self._impl.classify(call)
         faults = attrs.evolve(self.faults)  # knobs as they were when the request arrived
-        reply = self._reply(call, kind, faults).with_headers(cors.headers)
-        plan = _plan(kind, faults, reply)
-        model = self._model(call, kind, faults, reply)
+        answer = self._reply(call, kind, faults)
+        model = self._model(call, kind, faults, answer)
+        if model is not None and self._memory.refuses(model):
+            # Ollama's scheduler queue is full: refused before anything is scheduled.
+            self.refused += 1
+            answer, model = self._impl.failure(call, 503, MAX_QUEUE_ERROR), None
+        if isinstance(answer, Task):
+            return self._run(request, kind, faults, answer, model, cors.headers)
+        reply = answer.with_headers(cors.headers)
+        plan = _plan(kind, faults, reply.streamed)
         claim = None if model is None else self._memory.claim(model)
         body_first = reply.streamed and self._impl.stream_headers_first
         gate = _Gate.NONE
@@ -563,16 +641,82 @@ class SimEngine:
             # Waiting for room in memory: how long is known once it is let in.
             gate = _Gate.BODY if body_first else _Gate.HEADERS
         elif claim is not None and claim.wait:
-            if body_first:
-                plan = attrs.evolve(plan, first_byte_delay=plan.first_byte_delay + claim.wait)
-            else:
-                plan = attrs.evolve(plan, header_delay=plan.header_delay + claim.wait)
+            plan = _later_by(plan, claim.wait, body_first)
         if plan.immediate and not reply.streamed and gate is _Gate.NONE:
             if claim is not None:
                 self._memory.release(claim)
-            if reply.slot is not None:
-                self._prompts.release(reply.slot)
             return self._send_now(request, reply)
+        job = _Job(kind, claim, started=gate is _Gate.NONE)
+        delivery = self._deliver(request, reply, plan, gate, job)
+        if claim is not None and gate is not _Gate.NONE:
+            claim.admitted = lambda wait: self._admitted(delivery, job, wait)
+        return NOT_DONE_YET
+
+    def _run(
+        self,
+        request: _WebRequest,
+        kind: RouteKind,
+        faults: Faults,
+        task: Task,
+        model: str | None,
+        cors: Sequence[tuple[str, str]],
+    ) -> bytes | int:
+        """An answer that runs on the model: its model in memory, then its turn, then the
+        reply, decided when it starts."""
+        plan = _plan(kind, faults, task.streamed)
+        claim = None if model is None else self._memory.claim(model)
+        job = _Job(kind, claim)
+        wait = 0.0 if claim is None else claim.wait
+        if wait is not None:
+            job.ready_at = self.now() + wait
+            job.turn = self._turns.take(model or "", task.pin)
+        if job.turn is not None and job.turn.running:
+            # It starts now, as it would have before there were turns.
+            job.started = True
+            reply = self._decide(task, cors, job)
+            load = max(0.0, job.ready_at - self.now())
+            if plan.immediate and not reply.streamed and not load:
+                self._end(job)
+                return self._send_now(request, reply)
+            plan = _later_by(plan, load, reply.streamed and self._impl.stream_headers_first)
+            self._deliver(request, reply, plan, _Gate.NONE, job)
+            return NOT_DONE_YET
+        body_first = task.streamed and self._impl.stream_headers_first
+        # A stream whose headers go out on accept needs its reply now; the rest is decided
+        # when it starts.
+        early = self._decide(task, cors, job) if body_first else None
+        gate = _Gate.BODY if body_first else _Gate.HEADERS
+        delivery = self._deliver(request, early, plan, gate, job)
+
+        def start() -> None:
+            job.started = True
+            reply = early if early is not None else self._decide(task, cors, job)
+            delivery.open(max(0.0, job.ready_at - self.now()), reply)
+
+        if job.turn is not None:
+            job.turn.started = start
+        else:
+            assert claim is not None
+
+            def admitted(wait: float) -> None:
+                job.ready_at = self.now() + wait
+                job.turn = self._turns.take(model or "", task.pin)
+                if job.turn.running:
+                    start()
+                else:
+                    job.turn.started = start
+
+            claim.admitted = admitted
+        return NOT_DONE_YET
+
+    def _decide(self, task: Task, cors: Sequence[tuple[str, str]], job: _Job) -> Reply:
+        reply = task.decide().with_headers(cors)
+        job.slot = reply.slot
+        return reply
+
+    def _deliver(
+        self, request: _WebRequest, reply: Reply | None, plan: _Plan, gate: _Gate, job: _Job
+    ) -> _Delivery:
         delivery = _Delivery(
             self._reactor,
             request,
@@ -583,20 +727,24 @@ class SimEngine:
             self._headers_written,
             gate,
         )
-        self._deliveries[delivery] = (kind, claim, reply.slot)
-        if gate is not _Gate.NONE:
-            assert claim is not None
-            claim.admitted = delivery.open
+        self._deliveries[delivery] = job
         delivery.start()
-        return NOT_DONE_YET
+        return delivery
 
-    def _model(self, call: Call, kind: RouteKind, faults: Faults, reply: Reply) -> str | None:
+    def _admitted(self, delivery: _Delivery, job: _Job, wait: float) -> None:
+        """A reply that waited for room in memory (no turn to wait for) goes on."""
+        job.started = True
+        delivery.open(wait)
+
+    def _model(self, call: Call, kind: RouteKind, faults: Faults, answer: Answer) -> str | None:
         """The model an inference answer runs on, when the engine loads models on demand."""
-        if kind is not RouteKind.INFERENCE or faults.status is not None or reply.status >= 400:
+        if kind is not RouteKind.INFERENCE or faults.status is not None:
+            return None
+        if isinstance(answer, Reply) and answer.status >= 400:
             return None
         return self._impl.model_for(self, call)
 
-    def _reply(self, call: Call, kind: RouteKind, faults: Faults) -> Reply:
+    def _reply(self, call: Call, kind: RouteKind, faults: Faults) -> Answer:
         if kind is RouteKind.INFERENCE and faults.status is not None:
             message = f"simulated failure on {self.node} (HTTP {faults.status})"
             return self._impl.failure(call, faults.status, message)
@@ -619,13 +767,21 @@ class SimEngine:
         self.headers_sent += 1
 
     def _delivery_ended(self, delivery: _Delivery, abandoned: bool) -> None:
-        _, claim, slot = self._deliveries.pop(delivery, (RouteKind.OTHER, None, None))
-        if claim is not None:
-            self._memory.release(claim)
-        if slot is not None:
-            self._prompts.release(slot)
+        job = self._deliveries.pop(delivery, None)
+        if job is not None:
+            self._end(job)
         if abandoned:
             self.abandoned += 1
+
+    def _end(self, job: _Job) -> None:
+        """Give back what an answer held: its slot first, so that a waiter that asked for it
+        finds it idle, then its turn (the next one may start), then its model."""
+        if job.slot is not None:
+            self._prompts.release(job.slot)
+        if job.turn is not None:
+            self._turns.end(job.turn, job.slot)
+        if job.claim is not None:
+            self._memory.release(job.claim)
 
     def _record(self, request: _WebRequest) -> Call:
         target = request.uri.decode("latin-1")
@@ -644,16 +800,26 @@ class SimEngine:
         return Call(method, path, query, headers, body)
 
 
-def _plan(kind: RouteKind, faults: Faults, reply: Reply) -> _Plan:
+def _plan(kind: RouteKind, faults: Faults, streamed: bool) -> _Plan:
     if kind is RouteKind.INFERENCE:
         return _Plan(
             header_delay=faults.header_delay,
             first_byte_delay=faults.first_byte_delay,
             stall=faults.stall,
-            die_after=faults.die_after_chunks if reply.streamed else None,
-            cut_at=None if reply.streamed else faults.die_after_bytes,
+            die_after=faults.die_after_chunks if streamed else None,
+            cut_at=None if streamed else faults.die_after_bytes,
             reset=faults.reset_before_headers,
         )
     if kind is RouteKind.INVENTORY:
         return _Plan(header_delay=faults.inventory_delay)
     return _Plan()
+
+
+def _later_by(plan: _Plan, wait: float, body_first: bool) -> _Plan:
+    """``plan`` with a known wait for the model before it: the headers wait, or for a stream
+    whose headers go out on accept, its first byte."""
+    if not wait:
+        return plan
+    if body_first:
+        return attrs.evolve(plan, first_byte_delay=plan.first_byte_delay + wait)
+    return attrs.evolve(plan, header_delay=plan.header_delay + wait)

@@ -9,7 +9,13 @@ named in every response. Every configured name is listed by ``/models``. With no
 the server behaves as while loading: inference answers 503 ``Loading model``. While the server
 loads its model (a cold start: from :meth:`~nvpair.sim.SimEngine.listen` for the engine's load
 delay) every route, ``/health`` included, answers 503 ``Loading model``, as current builds do.
-``/slots`` lists the engine's ``parallel`` slots, as many busy as answers are being delivered.
+
+Every completion, chat, embedding and rerank runs in one of the server's ``parallel`` slots
+(``-np``; :data:`DEFAULT_PARALLEL` as ``-np auto``). With every slot busy the request is
+deferred, as llama-server defers its task: no answer, not even headers, until a slot frees, in
+arrival order (:mod:`nvpair.sim.turns`; an ``id_slot`` waits for that slot). ``/slots`` shows
+which slots are busy, ``/props`` ``total_slots`` how many there are; deferred requests appear
+in neither, as in the real server.
 
 Completions and chats go through the prompt cache (:mod:`nvpair.sim.promptcache`): each is
 given a slot, reads from cache the prefix its prompt shares with what that slot (or the RAM
@@ -40,12 +46,14 @@ from nvpair.sim.generation import (
 from nvpair.sim.promptcache import Reuse
 from nvpair.sim.wire import (
     SSE_TYPE,
+    Answer,
     BadJSON,
     Call,
     EngineView,
     Reply,
     RouteKind,
     Routes,
+    Task,
     get_int,
     include_usage,
     json_reply,
@@ -56,6 +64,8 @@ from nvpair.sim.wire import (
 BUILD = "b0-nvpair-sim"
 N_CTX = 4096
 CREATED = 1_767_225_600  # 2026-01-01T00:00:00Z, the model file's (fixed) creation time
+#: The slots of ``-np auto`` (the default, -1): llama-server then sets 4.
+DEFAULT_PARALLEL = 4
 
 Json = dict[str, object]
 
@@ -147,7 +157,7 @@ class LlamaCppDialect:
     def classify(self, call: Call) -> RouteKind:
         return self._routes.kind(call)
 
-    def answer(self, view: EngineView, call: Call) -> Reply:
+    def answer(self, view: EngineView, call: Call) -> Answer:
         if view.models and view.memory.loading(view.models[0]):
             # The server's own gate while it loads: before routing, so every path answers it.
             return error_reply(503, "Loading model")
@@ -162,6 +172,8 @@ class LlamaCppDialect:
 
     #: The model is loaded once, at start (single-model mode), never per request.
     stream_headers_first = False
+
+    default_parallel = DEFAULT_PARALLEL
 
     def model_for(self, view: EngineView, call: Call) -> str | None:
         return None
@@ -257,9 +269,10 @@ class LlamaCppDialect:
         return json_reply(200, props)
 
     def _slots(self, view: EngineView, call: Call) -> Reply:
-        # One slot per parallel request; a slot is busy while an inference answer is delivered.
-        busy = min(view.in_flight, view.parallel)
-        if busy == view.parallel and "fail_on_no_slot=1" in call.query.split("&"):
+        # A slot is busy while the answer running in it is delivered; deferred requests wait
+        # for a slot and show nowhere.
+        busy = [view.prompts.busy(index) for index in range(view.parallel)]
+        if all(busy) and "fail_on_no_slot=1" in call.query.split("&"):
             return error_reply(503, "no slot available")
         slots = [
             {
@@ -267,15 +280,15 @@ class LlamaCppDialect:
                 "id_task": -1,
                 "n_ctx": N_CTX,
                 "speculative": False,
-                "is_processing": index < busy,
+                "is_processing": processing,
             }
-            for index in range(view.parallel)
+            for index, processing in enumerate(busy)
         ]
         return json_reply(200, slots)
 
     # -- native inference ----------------------------------------------------------------------
 
-    def _native_completion(self, view: EngineView, call: Call) -> Reply:
+    def _native_completion(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call)
         if isinstance(prepared, Reply):
             return prepared
@@ -292,30 +305,14 @@ class LlamaCppDialect:
             return error_reply(400, "'prompt' is required")
         limit = get_int(body, "n_predict")
         words = prompt_words(prompt)
-        reuse = _take(view, body, words)
-        gen = generate(view.tokens, len(words), limit, reuse.cached)
-        final = _native_final(model, gen, prompt, limit, reuse.slot)
-        if body.get("stream") is not True:
-            return attrs.evolve(json_reply(200, {**final, "content": gen.text}), slot=reuse.slot)
-        events = [
-            sse_data(
-                {
-                    "index": 0,
-                    "content": token,
-                    "tokens": [],
-                    "stop": False,
-                    "id_slot": -1,
-                    "tokens_predicted": i + 1,
-                    "tokens_evaluated": gen.prompt_tokens,
-                }
-            )
-            for i, token in enumerate(gen.tokens)
-        ]
-        # The native stream ends with the stop chunk; it sends no [DONE].
-        events.append(sse_data(final))
-        return Reply(200, tuple(events), SSE_TYPE, streamed=True, slot=reuse.slot)
+        stream = body.get("stream") is True
 
-    def _native_embeddings(self, view: EngineView, call: Call) -> Reply:
+        def decide() -> Reply:
+            return _native_reply(view, body, model, prompt, words, limit, stream)
+
+        return Task(decide, stream, _pin(view, body))
+
+    def _native_embeddings(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call)
         if isinstance(prepared, Reply):
             return prepared
@@ -323,11 +320,11 @@ class LlamaCppDialect:
         inputs = body.get("content", body.get("input"))
         # Pooled embeddings still come as a one-row matrix on the native route.
         answer = [{"index": i, "embedding": [embedding(t)]} for i, t in enumerate(texts(inputs))]
-        return json_reply(200, answer)
+        return _in_a_slot(view, json_reply(200, answer))
 
     # -- OpenAI-compatible inference -----------------------------------------------------------
 
-    def _oai(self, view: EngineView, call: Call, chat: bool) -> Reply:
+    def _oai(self, view: EngineView, call: Call, chat: bool) -> Answer:
         prepared = self._prepare(view, call)
         if isinstance(prepared, Reply):
             return prepared
@@ -339,25 +336,31 @@ class LlamaCppDialect:
         if limit is None:
             limit = get_int(body, "max_completion_tokens")
         words = chat_words(body[key]) if chat else prompt_words(body[key])
-        reuse = _take(view, body, words)
-        gen = generate(view.tokens, len(words), limit, reuse.cached)
-        prefix = "chatcmpl" if chat else "cmpl"
-        head = openai.Head(f"{prefix}-{view.next_id()}", int(view.now()), model)
-        if body.get("stream") is True:
-            stream = openai.chat_stream if chat else openai.text_stream
-            reply = stream(FLAVOR, head, gen, include_usage(body))
-        else:
-            build = openai.chat_body if chat else openai.text_body
-            reply = json_reply(200, build(FLAVOR, head, gen, {}))
-        return attrs.evolve(reply, slot=reuse.slot)
+        stream = body.get("stream") is True
 
-    def _oai_chat(self, view: EngineView, call: Call) -> Reply:
+        def decide() -> Reply:
+            # The slot, and so what it reads from cache, is known only once it starts.
+            reuse = _take(view, body, words)
+            gen = generate(view.tokens, len(words), limit, reuse.cached)
+            prefix = "chatcmpl" if chat else "cmpl"
+            head = openai.Head(f"{prefix}-{view.next_id()}", int(view.now()), model)
+            if stream:
+                streamer = openai.chat_stream if chat else openai.text_stream
+                reply = streamer(FLAVOR, head, gen, include_usage(body))
+            else:
+                build = openai.chat_body if chat else openai.text_body
+                reply = json_reply(200, build(FLAVOR, head, gen, {}))
+            return attrs.evolve(reply, slot=reuse.slot)
+
+        return Task(decide, stream, _pin(view, body))
+
+    def _oai_chat(self, view: EngineView, call: Call) -> Answer:
         return self._oai(view, call, chat=True)
 
-    def _oai_completions(self, view: EngineView, call: Call) -> Reply:
+    def _oai_completions(self, view: EngineView, call: Call) -> Answer:
         return self._oai(view, call, chat=False)
 
-    def _oai_embeddings(self, view: EngineView, call: Call) -> Reply:
+    def _oai_embeddings(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call)
         if isinstance(prepared, Reply):
             return prepared
@@ -365,9 +368,10 @@ class LlamaCppDialect:
         if "input" not in body:
             return error_reply(400, "'input' is required")
         inputs = body["input"]
-        return json_reply(200, openai.embeddings_body(model, inputs, count_words(inputs)))
+        reply = json_reply(200, openai.embeddings_body(model, inputs, count_words(inputs)))
+        return _in_a_slot(view, reply)
 
-    def _rerank(self, view: EngineView, call: Call) -> Reply:
+    def _rerank(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call)
         if isinstance(prepared, Reply):
             return prepared
@@ -393,7 +397,52 @@ class LlamaCppDialect:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "results": results,
         }
-        return json_reply(200, answer)
+        return _in_a_slot(view, json_reply(200, answer))
+
+
+def _pin(view: EngineView, body: dict[str, object]) -> int | None:
+    """The slot a request's ``id_slot`` names (past the last one it wraps around); None: any."""
+    slot = get_int(body, "id_slot")
+    return None if slot is None or slot < 0 else slot % view.parallel
+
+
+def _in_a_slot(view: EngineView, reply: Reply) -> Task:
+    """An embedding or a rerank: known now, but it runs in a slot all the same."""
+    return Task(lambda: attrs.evolve(reply, slot=view.prompts.occupy()), reply.streamed)
+
+
+def _native_reply(
+    view: EngineView,
+    body: dict[str, object],
+    model: str,
+    prompt: object,
+    words: Sequence[str],
+    limit: int | None,
+    stream: bool,
+) -> Reply:
+    """A native completion's answer, once it has its slot (and knows what that slot kept)."""
+    reuse = _take(view, body, words)
+    gen = generate(view.tokens, len(words), limit, reuse.cached)
+    final = _native_final(model, gen, prompt, limit, reuse.slot)
+    if not stream:
+        return attrs.evolve(json_reply(200, {**final, "content": gen.text}), slot=reuse.slot)
+    events = [
+        sse_data(
+            {
+                "index": 0,
+                "content": token,
+                "tokens": [],
+                "stop": False,
+                "id_slot": -1,
+                "tokens_predicted": i + 1,
+                "tokens_evaluated": gen.prompt_tokens,
+            }
+        )
+        for i, token in enumerate(gen.tokens)
+    ]
+    # The native stream ends with the stop chunk; it sends no [DONE].
+    events.append(sse_data(final))
+    return Reply(200, tuple(events), SSE_TYPE, streamed=True, slot=reuse.slot)
 
 
 def _take(view: EngineView, body: dict[str, object], words: Sequence[str]) -> Reuse:

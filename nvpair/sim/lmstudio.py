@@ -3,6 +3,12 @@
 (``/api/v0/*``, answers carry ``stats``) and REST v1 (``/api/v1/models``, ``/api/v1/chat`` with
 named SSE events), Express's HTTP 200 "Unexpected endpoint" for anything unrouted, and LM Studio's
 model choice (one loaded model answers whatever name was asked for).
+
+Predictions (completions and chats) run Max Concurrent Predictions at a time per model
+(:data:`DEFAULT_MAX_CONCURRENT_PREDICTIONS`, LM Studio's default); the rest are queued, in
+order and without bound as far as its documentation says (:mod:`nvpair.sim.turns`). A queued
+stream has its headers on accept, as one waiting for its model's load does, and its first byte
+when it starts. Embeddings are no predictions: they take no turn.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ from nvpair.sim import openai
 from nvpair.sim.generation import Generation, count_words, generate
 from nvpair.sim.wire import (
     SSE_TYPE,
+    Answer,
     BadJSON,
     Call,
     EngineView,
     Reply,
     RouteKind,
     Routes,
+    Task,
     get_int,
     get_str,
     include_usage,
@@ -34,6 +42,8 @@ FLAVOR = openai.Flavor(role_chunk=True, role_chunk_content="", logprobs=True)
 DEFAULT_PUBLISHER = "lmstudio-community"
 CONTEXT_LENGTH = 4096
 MAX_CONTEXT_LENGTH = 131072
+#: "By default, Max Concurrent Predictions is set to 4" (LM Studio's parallel-requests page).
+DEFAULT_MAX_CONCURRENT_PREDICTIONS = 4
 
 Json = dict[str, object]
 
@@ -103,7 +113,7 @@ class LMStudioDialect:
     def classify(self, call: Call) -> RouteKind:
         return self._routes.kind(call)
 
-    def answer(self, view: EngineView, call: Call) -> Reply:
+    def answer(self, view: EngineView, call: Call) -> Answer:
         route = self._routes.find(call.method, call.path)
         if route is not None:
             return route.handler(view, call)
@@ -117,6 +127,8 @@ class LMStudioDialect:
     #: A stream's headers go out on accept; its first byte waits: what the first-body budget
     #: is for (docs/retry-budget.md#per-attempt-budgets).
     stream_headers_first = True
+
+    default_parallel = DEFAULT_MAX_CONCURRENT_PREDICTIONS
 
     def model_for(self, view: EngineView, call: Call) -> str | None:
         # JIT loading: a request for a model not in memory loads it.
@@ -209,7 +221,7 @@ class LMStudioDialect:
 
     # -- OpenAI-compatible and REST v0 inference -----------------------------------------------
 
-    def _completion(self, view: EngineView, call: Call, chat: bool, v0: bool) -> Reply:
+    def _completion(self, view: EngineView, call: Call, chat: bool, v0: bool) -> Answer:
         prepared = self._prepare(view, call)
         if isinstance(prepared, Reply):
             return prepared
@@ -230,21 +242,21 @@ class LMStudioDialect:
         flavor = attrs.evolve(FLAVOR, fingerprint=model)
         if body.get("stream") is True:
             stream = openai.chat_stream if chat else openai.text_stream
-            return stream(flavor, head, gen, include_usage(body))
+            return Task.of(stream(flavor, head, gen, include_usage(body)))
         extra = _v0_extra(gen) if v0 else {}
         build = openai.chat_body if chat else openai.text_body
-        return json_reply(200, build(flavor, head, gen, extra))
+        return Task.of(json_reply(200, build(flavor, head, gen, extra)))
 
-    def _v1_chat(self, view: EngineView, call: Call) -> Reply:
+    def _v1_chat(self, view: EngineView, call: Call) -> Answer:
         return self._completion(view, call, chat=True, v0=False)
 
-    def _v1_completions(self, view: EngineView, call: Call) -> Reply:
+    def _v1_completions(self, view: EngineView, call: Call) -> Answer:
         return self._completion(view, call, chat=False, v0=False)
 
-    def _v0_chat(self, view: EngineView, call: Call) -> Reply:
+    def _v0_chat(self, view: EngineView, call: Call) -> Answer:
         return self._completion(view, call, chat=True, v0=True)
 
-    def _v0_completions(self, view: EngineView, call: Call) -> Reply:
+    def _v0_completions(self, view: EngineView, call: Call) -> Answer:
         return self._completion(view, call, chat=False, v0=True)
 
     def _embeddings(self, view: EngineView, call: Call) -> Reply:
@@ -257,7 +269,7 @@ class LMStudioDialect:
 
     # -- REST v1 chat --------------------------------------------------------------------------
 
-    def _rest_chat(self, view: EngineView, call: Call) -> Reply:
+    def _rest_chat(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call)
         if isinstance(prepared, Reply):
             return prepared
@@ -270,7 +282,7 @@ class LMStudioDialect:
         gen = generate(view.tokens, count_words(body["input"]), get_int(body, "max_output_tokens"))
         result = _rest_result(view, model, gen, body)
         if body.get("stream") is not True:
-            return json_reply(200, result)
+            return Task.of(json_reply(200, result))
         events = [
             sse_event("chat.start", {"type": "chat.start", "model_instance_id": model}),
             sse_event("prompt_processing.start", {"type": "prompt_processing.start"}),
@@ -283,7 +295,7 @@ class LMStudioDialect:
             sse_event("message.end", {"type": "message.end"}),
             sse_event("chat.end", {"type": "chat.end", "result": result}),
         ]
-        return Reply(200, tuple(events), SSE_TYPE, streamed=True)
+        return Task.of(Reply(200, tuple(events), SSE_TYPE, streamed=True))
 
 
 def _rest_result(view: EngineView, model: str, gen: Generation, body: Mapping[str, object]) -> Json:

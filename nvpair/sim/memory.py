@@ -1,36 +1,46 @@
 # -*- test-case-name: tests.test_sim_memory -*-
-"""Which models a simulated engine holds in memory: the cold-start and capacity knobs.
+"""Which models a simulated engine holds in memory: the cold-start and capacity knobs, and the
+queue of Ollama's scheduler in front of them.
 
 A model that is not in memory answers its first request only after ``load_delay``; it stays in
 memory while requests run on it and for ``keep_alive`` after the last one ends, then it is
 unloaded and the next request loads it again (Ollama's ``keep_alive``, LM Studio's idle TTL).
-Requests that arrive while a model loads wait for that same load.
 
-``max_loaded`` bounds how many models are in memory at once, loading ones included, as
-``OLLAMA_MAX_LOADED_MODELS`` (default three per GPU) and, in practice, the GPU's memory bound a
-real Ollama. The rules are those of Ollama's scheduler (``server/sched.go``,
-``processPending`` and ``findRunnerToUnload``):
+The rules are those of Ollama's scheduler (v0.33, ``server/sched.go``: ``getRunner``,
+``processPending``, ``findRunnerToUnload``), which LM Studio's simulation shares:
 
-- A request for a model not in memory, with no room, evicts a model first. The one chosen is
-  the first of the models in memory, ordered by keep-alive (shortest first) and then by the
-  model's file path, that has no request running and is not loading. Ollama's path is the
-  model's blob, named by its digest: the sim stands in the SHA-256 of the model's name, an order
-  that has nothing to do with how recently or how much a model was used.
+- **A request for a model in memory and ready goes straight to it** (``getRunner`` finds the
+  runner in ``loaded``), whatever waits in the queue, even when that model has been chosen to
+  make room: steady traffic to it keeps it, and delays the load waiting for its room.
+- **Any other request joins the pending queue**, served one at a time in arrival order. Its
+  model loads if there is room, and nothing behind it moves until that load is done (one load
+  at a time); requests for the model being loaded then find it ready.
+- ``max_loaded`` bounds how many models are in memory at once, loading ones included, as
+  ``OLLAMA_MAX_LOADED_MODELS`` (default three per GPU) and, in practice, the GPU's memory. A
+  load with no room evicts first the first of the models in memory, ordered by keep-alive
+  (shortest first) and then by the model's file path, that has no request running and is not
+  loading. Ollama's path is the model's blob, named by its digest: the sim stands in the
+  SHA-256 of the model's name, an order that has nothing to do with how recently or how much a
+  model was used.
 - When every model in memory is busy, Ollama picks the first of them in that order anyway and
   waits: that model is unloaded as soon as its last request ends (its keep-alive no longer
-  applies), or room appears sooner when another model's keep-alive runs out.
-- Ollama schedules one request at a time, so while a load waits for room every request after
-  it waits too, whatever its model ("we're queueing up all incoming requests, even if they were
-  for a different model that's loaded"). Requests already running go on.
+  applies), or room appears sooner when another model's keep-alive runs out. The queue behind
+  waits too.
+- ``max_queue`` is ``OLLAMA_MAX_QUEUE`` (default 512), the pending queue's capacity: a request
+  that would join a full queue is refused (:meth:`Memory.refuses`; Ollama answers 503). The
+  request being scheduled is out of the queue; one that left keeps its place until reached.
+  A request that goes straight to a ready model is never refused.
 
-Not modelled: the VRAM each model takes (``max_loaded`` is a count), the seconds Ollama may wait
-for the GPU's memory to be reported free after an unload, ``OLLAMA_NUM_PARALLEL`` (any number
-of requests run on a model at once), and a request's own ``keep_alive`` (one for every model).
+How many requests run on a model at once (``OLLAMA_NUM_PARALLEL``) is the engine's
+(:mod:`nvpair.sim.turns`): a request waiting for its turn holds its model all the same, as
+Ollama counts it in the runner's references. Not modelled: the VRAM each model takes
+(``max_loaded`` is a count), the seconds Ollama may wait for the GPU's memory to be reported
+free after an unload, a request's own ``keep_alive`` (one for every model), reloads for changed
+options.
 
-Time is the engine's clock. Without ``max_loaded`` nothing is scheduled: every question is
-answered from the times recorded. With it, a load waiting for room is let in when the request
-that frees the room ends, or by a timer at the keep-alive's end of a model that went idle
-meanwhile.
+Time is the engine's clock. A timer lets the queue go on when a load ends, and, while a load
+waits for room, at the keep-alive's end of a model that went idle meanwhile; a request ending
+lets it go on at once.
 """
 
 from __future__ import annotations
@@ -85,14 +95,16 @@ def _path(model: str) -> str:
 
 
 class Memory:
-    """The models a simulated engine holds in memory.
+    """The models a simulated engine holds in memory, and the queue of requests for the others.
 
-    :param clock: the engine's clock (its timer, too, when ``max_loaded`` is set).
+    :param clock: the engine's clock (and its timers).
     :param load_delay: seconds a model takes to load.
     :param keep_alive: seconds a model stays in memory after its last request ends; None: for
         good.
     :param warm: the models in memory (and ready) at the start.
     :param max_loaded: how many models may be in memory at once; None: any number.
+    :param max_queue: how many requests the pending queue holds (``OLLAMA_MAX_QUEUE``); None:
+        any number.
     """
 
     def __init__(
@@ -102,23 +114,30 @@ class Memory:
         keep_alive: float | None,
         warm: Iterable[str],
         max_loaded: int | None = None,
+        max_queue: int | None = None,
     ) -> None:
         if max_loaded is not None and max_loaded < 1:
             raise ValueError("max_loaded must be at least 1")
+        if max_queue is not None and max_queue < 0:
+            raise ValueError("max_queue must not be negative")
         self._clock = clock
         self._now = clock.seconds
         self.load_delay = load_delay
         self.keep_alive = keep_alive
         self.max_loaded = max_loaded
+        self.max_queue = max_queue
         # In memory, loading included, in the order loaded: model -> when it is (was) ready.
         self._ready: dict[str, float] = {}
         self._users: dict[str, int] = {}
         self._idle_since: dict[str, float] = {}
         # Chosen to make room while busy: unloaded when its last request ends.
         self._evicting: set[str] = set()
-        # Requests not let in yet, in arrival order; the first waits for room.
+        # The pending queue, in arrival order: requests not let in yet, and those that left
+        # before they were reached. The first waits for room while _waiting_for_room.
         self._queue: deque[Claim] = deque()
         self._waiting_for_room = False
+        # The model the queue loaded last: nothing behind it moves until it is ready.
+        self._loaded_last: str | None = None
         self._timer: IDelayedCall | None = None
         self.loads = 0
         """How many loads have started (cold starts), the warm models at the start not counted."""
@@ -162,21 +181,44 @@ class Memory:
 
     @property
     def waiting(self) -> int:
-        """Requests not let in yet: a load waiting for room, and every request behind it."""
-        return len(self._queue)
+        """Requests not let in yet: in the pending queue, or first in it waiting for room."""
+        return sum(1 for claim in self._queue if not claim.released)
+
+    @property
+    def pending(self) -> int:
+        """What fills Ollama's pending queue (``pendingReqCh``): every request not yet reached,
+        those that left included, but not the one being scheduled."""
+        pending = len(self._queue) - (1 if self._waiting_for_room else 0)
+        loading = self._loading()
+        if loading is not None:
+            # Let in ahead of time here, but in Ollama still queued until its load is done:
+            # all but the request that started the load.
+            pending += max(0, self._users.get(loading, 0) - 1)
+        return pending
+
+    def refuses(self, model: str) -> bool:
+        """A request for ``model`` now would find the pending queue full (Ollama: 503)."""
+        if self.max_queue is None or self.in_memory(model):
+            return False
+        # An idle scheduler takes the request itself, even through a queue of no places.
+        idle = not self._queue and self._loading() is None
+        return self.pending >= self.max_queue and not idle
 
     # -- requests -------------------------------------------------------------------------------
 
     def claim(self, model: str) -> Claim:
-        """A request starts on ``model``.
+        """A request starts on ``model`` (the caller asked :meth:`refuses` first).
 
-        It is let in at once, unless its model needs room that only a busy model can make, or
-        a request before it waits so: then it waits in line. :attr:`Claim.wait` is the seconds
-        until it can run once let in (0 when the model is loaded; a model not in memory starts
-        loading then, one already loading is waited for), None until :attr:`Claim.admitted`
-        is told.
+        A model in memory and ready lets it in at once; otherwise it joins the pending queue,
+        and is let in when reached: its model then starts loading, or is loading already.
+        :attr:`Claim.wait` is the seconds until it can run once let in (0 when the model is
+        ready), None until :attr:`Claim.admitted` is told.
         """
         claim = Claim(model)
+        if self.in_memory(model):
+            self._admit(claim)
+            self._arm()
+            return claim
         self._queue.append(claim)
         self._drain()
         return claim
@@ -187,9 +229,8 @@ class Memory:
             return
         claim.released = True
         if claim.wait is None:
-            # Gone before it was let in. A model already chosen to make room for it is
-            # unloaded all the same, as Ollama's is.
-            self._queue.remove(claim)
+            # Gone before it was reached: it keeps its place in Ollama's queue until then, and
+            # a model already chosen to make room for it is unloaded all the same.
             self._drain()
             return
         model = claim.model
@@ -243,37 +284,54 @@ class Memory:
     def _idle(self, model: str) -> bool:
         return not self._users.get(model) and self._ready[model] <= self._now()
 
+    def _loading(self) -> str | None:
+        """The model the queue is loading now, if any: nothing behind it moves meanwhile."""
+        model = self._loaded_last
+        if model is not None and self._ready.get(model, 0.0) > self._now():
+            return model
+        return None
+
     def _victim(self) -> str:
         """``findRunnerToUnload``: the first idle model by keep-alive then path, else the first
         model by that order (every model shares this memory's keep-alive)."""
         ordered = sorted(self._ready, key=_path)
         return next((model for model in ordered if self._idle(model)), ordered[0])
 
+    def _admit(self, claim: Claim) -> None:
+        model = claim.model
+        self._users[model] = self._users.get(model, 0) + 1
+        self._idle_since.pop(model, None)
+        claim.wait = max(0.0, self._ready[model] - self._now())
+
     def _drain(self) -> None:
-        """Let in the waiting requests that can go now, first come first."""
+        """Let in what the pending queue can let in now, first come first."""
         self._expire()
         if self._waiting_for_room and self._room():
             self._waiting_for_room = False
         let_in: list[Claim] = []
         while self._queue and not self._waiting_for_room:
             claim = self._queue[0]
+            if claim.released:
+                self._queue.popleft()
+                continue
             model = claim.model
-            if model not in self._ready and not self._room():
-                victim = self._victim()
-                if self._idle(victim):
-                    self._evict(victim)
-                else:
-                    # Ollama waits for that one model to go idle; nothing is let in meanwhile.
-                    self._evicting.add(victim)
-                    self._waiting_for_room = True
-                    break
-            now = self._now()
+            loading = self._loading()
+            if loading is not None and loading != model:
+                break  # one load at a time: the rest waits for it to end
             if model not in self._ready:
-                self._ready[model] = now + self.load_delay
+                if not self._room():
+                    victim = self._victim()
+                    if self._idle(victim):
+                        self._evict(victim)
+                    else:
+                        # Ollama waits for that one model to go idle; the queue waits too.
+                        self._evicting.add(victim)
+                        self._waiting_for_room = True
+                        break
+                self._ready[model] = self._now() + self.load_delay
+                self._loaded_last = model
                 self.loads += 1
-            self._users[model] = self._users.get(model, 0) + 1
-            self._idle_since.pop(model, None)
-            claim.wait = max(0.0, self._ready[model] - now)
+            self._admit(claim)
             self._queue.popleft()
             let_in.append(claim)
         self._arm()
@@ -290,10 +348,14 @@ class Memory:
         self._timer = None
 
     def _arm(self) -> None:
-        """While a load waits for room: a timer at the end of the first keep-alive to run out,
-        which makes room sooner than the busy model chosen to go."""
+        """A timer at the next moment the queue may move by itself: the end of the load it
+        waits for, or, while a load waits for room, the end of the first keep-alive to run out
+        (which makes room sooner than the busy model chosen to go)."""
         due: float | None = None
-        if self._waiting_for_room and self.keep_alive is not None:
+        loading = self._loading()
+        if loading is not None and self.waiting:
+            due = self._ready[loading]
+        elif self._waiting_for_room and self.keep_alive is not None:
             idle = [
                 since for model, since in self._idle_since.items() if not self._users.get(model)
             ]

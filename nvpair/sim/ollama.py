@@ -2,6 +2,14 @@
 """The Ollama dialect: native ``/api/*`` routes streaming NDJSON by
 default, the OpenAI-compatible ``/v1/*`` routes, model lists, management routes, gin's plain-text
 404/405, and Ollama's model names (case-insensitive, ``:latest`` by default).
+
+Generations and embeddings run ``OLLAMA_NUM_PARALLEL`` at a time per model
+(:data:`DEFAULT_NUM_PARALLEL`, the default since v0.10); the rest wait their turn in order,
+with no bound, writing nothing, headers included, until they start (:mod:`nvpair.sim.turns`).
+A request for a model not in memory waits first in the scheduler's queue
+(:mod:`nvpair.sim.memory`), which holds ``OLLAMA_MAX_QUEUE`` (:data:`DEFAULT_MAX_QUEUE`); past
+that Ollama answers 503 :data:`MAX_QUEUE_ERROR`. A request with no prompt only loads (or
+unloads) its model and takes no turn.
 """
 
 from __future__ import annotations
@@ -16,12 +24,14 @@ from nvpair.sim import openai
 from nvpair.sim.generation import LOAD_MS, Generation, count_words, embedding, generate, texts
 from nvpair.sim.wire import (
     NDJSON_TYPE,
+    Answer,
     BadJSON,
     Call,
     EngineView,
     Reply,
     RouteKind,
     Routes,
+    Task,
     empty_reply,
     get_dict,
     get_int,
@@ -40,6 +50,12 @@ DEFAULT_NAMESPACE = "library"
 # list order is already Ollama's newest-first order.
 NEWEST_MODIFIED = 1_767_225_600  # 2026-01-01T00:00:00Z
 FLAVOR = openai.Flavor(fingerprint="fp_ollama", role_chunk=False, zero_usage_on_text_chunks=True)
+#: ``OLLAMA_NUM_PARALLEL``'s default (``envconfig.NumParallel``): one request per model at once.
+DEFAULT_NUM_PARALLEL = 1
+#: ``OLLAMA_MAX_QUEUE``'s default (``envconfig.MaxQueue``).
+DEFAULT_MAX_QUEUE = 512
+#: ``ErrMaxQueue`` (``server/sched.go``), answered 503; the two spaces are Ollama's.
+MAX_QUEUE_ERROR = "server busy, please try again.  maximum pending requests exceeded"
 
 Json = dict[str, object]
 
@@ -206,7 +222,7 @@ class OllamaDialect:
     def classify(self, call: Call) -> RouteKind:
         return self._routes.kind(call)
 
-    def answer(self, view: EngineView, call: Call) -> Reply:
+    def answer(self, view: EngineView, call: Call) -> Answer:
         route = self._routes.find(call.method, call.path)
         if route is not None:
             return route.handler(view, call)
@@ -222,6 +238,8 @@ class OllamaDialect:
 
     #: Ollama writes nothing, headers included, until the model is loaded.
     stream_headers_first = False
+
+    default_parallel = DEFAULT_NUM_PARALLEL
 
     def model_for(self, view: EngineView, call: Call) -> str | None:
         body = parse_object(call.body)
@@ -330,7 +348,7 @@ class OllamaDialect:
     def _head(self, view: EngineView, target: _Target) -> Json:
         return {"model": target.sent, "created_at": timestamp(view.now())}
 
-    def _generate(self, view: EngineView, call: Call) -> Reply:
+    def _generate(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call, "api.GenerateRequest")
         if isinstance(prepared, Reply):
             return prepared
@@ -349,12 +367,12 @@ class OllamaDialect:
             **metrics(gen),
         }
         if not _streams(body):
-            return json_reply(200, {**head, "response": gen.text, **final})
+            return Task.of(json_reply(200, {**head, "response": gen.text, **final}))
         lines = [ndjson_line({**head, "response": t, "done": False}) for t in gen.tokens]
         lines.append(ndjson_line({**head, "response": "", **final}))
-        return Reply(200, tuple(lines), NDJSON_TYPE, streamed=True)
+        return Task.of(Reply(200, tuple(lines), NDJSON_TYPE, streamed=True))
 
-    def _chat(self, view: EngineView, call: Call) -> Reply:
+    def _chat(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call, "api.ChatRequest")
         if isinstance(prepared, Reply):
             return prepared
@@ -370,7 +388,7 @@ class OllamaDialect:
         final: Json = {"done": True, "done_reason": _done_reason(gen), **metrics(gen)}
         if not _streams(body):
             message = {"role": "assistant", "content": gen.text}
-            return json_reply(200, {**head, "message": message, **final})
+            return Task.of(json_reply(200, {**head, "message": message, **final}))
         lines = [
             ndjson_line({**head, "message": {"role": "assistant", "content": t}, "done": False})
             for t in gen.tokens
@@ -378,7 +396,7 @@ class OllamaDialect:
         lines.append(
             ndjson_line({**head, "message": {"role": "assistant", "content": ""}, **final})
         )
-        return Reply(200, tuple(lines), NDJSON_TYPE, streamed=True)
+        return Task.of(Reply(200, tuple(lines), NDJSON_TYPE, streamed=True))
 
     def _generation(
         self, view: EngineView, body: Mapping[str, object], prompt: object
@@ -386,7 +404,7 @@ class OllamaDialect:
         limit = get_int(get_dict(body, "options"), "num_predict")
         return generate(view.tokens, count_words(prompt), limit)
 
-    def _embed(self, view: EngineView, call: Call) -> Reply:
+    def _embed(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call, "api.EmbedRequest")
         if isinstance(prepared, Reply):
             return prepared
@@ -401,19 +419,21 @@ class OllamaDialect:
             "load_duration": load,
             "prompt_eval_count": prompt_tokens,
         }
-        return json_reply(200, answer)
+        return Task.of(json_reply(200, answer))
 
-    def _embeddings(self, view: EngineView, call: Call) -> Reply:
+    def _embeddings(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call, "api.EmbeddingRequest")
         if isinstance(prepared, Reply):
             return prepared
         body, _ = prepared
         prompt = get_str(body, "prompt")
-        return json_reply(200, {"embedding": embedding(prompt) if prompt else []})
+        if not prompt:
+            return json_reply(200, {"embedding": []})
+        return Task.of(json_reply(200, {"embedding": embedding(prompt)}))
 
     # -- OpenAI-compatible inference -----------------------------------------------------------
 
-    def _v1(self, view: EngineView, call: Call, prompt_key: str, prefix: str) -> Reply:
+    def _v1(self, view: EngineView, call: Call, prompt_key: str, prefix: str) -> Answer:
         chat = prompt_key == "messages"
         go_type = "openai.ChatCompletionRequest" if chat else "openai.CompletionRequest"
         prepared = self._prepare(view, call, go_type)
@@ -428,25 +448,26 @@ class OllamaDialect:
         stream = body.get("stream") is True
         if chat:
             if stream:
-                return openai.chat_stream(FLAVOR, head, gen, include_usage(body))
-            return json_reply(200, openai.chat_body(FLAVOR, head, gen, {}))
+                return Task.of(openai.chat_stream(FLAVOR, head, gen, include_usage(body)))
+            return Task.of(json_reply(200, openai.chat_body(FLAVOR, head, gen, {})))
         if stream:
-            return openai.text_stream(FLAVOR, head, gen, include_usage(body))
-        return json_reply(200, openai.text_body(FLAVOR, head, gen, {}))
+            return Task.of(openai.text_stream(FLAVOR, head, gen, include_usage(body)))
+        return Task.of(json_reply(200, openai.text_body(FLAVOR, head, gen, {})))
 
-    def _v1_chat(self, view: EngineView, call: Call) -> Reply:
+    def _v1_chat(self, view: EngineView, call: Call) -> Answer:
         return self._v1(view, call, "messages", "chatcmpl")
 
-    def _v1_completions(self, view: EngineView, call: Call) -> Reply:
+    def _v1_completions(self, view: EngineView, call: Call) -> Answer:
         return self._v1(view, call, "prompt", "cmpl")
 
-    def _v1_embeddings(self, view: EngineView, call: Call) -> Reply:
+    def _v1_embeddings(self, view: EngineView, call: Call) -> Answer:
         prepared = self._prepare(view, call, "openai.EmbedRequest")
         if isinstance(prepared, Reply):
             return prepared
         body, target = prepared
         inputs = body.get("input")
-        return json_reply(200, openai.embeddings_body(target.sent, inputs, count_words(inputs)))
+        reply = json_reply(200, openai.embeddings_body(target.sent, inputs, count_words(inputs)))
+        return Task.of(reply)
 
     # -- management ----------------------------------------------------------------------------
 

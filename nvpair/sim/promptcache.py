@@ -9,8 +9,9 @@ The rules are llama-server's (``get_available_slot`` and ``server_prompt_cache``
   prompt shares the longest prefix with its own, when that prefix is more than
   :data:`SIMILARITY` of the request's prompt (``--slot-prompt-similarity``); otherwise the
   least recently used idle slot (of equals, the last one: a fresh server starts on its highest
-  slot). With every slot busy, the real server queues the request until one frees; the
-  simulator answers at once and picks among all slots by the same rules.
+  slot). With every slot busy the request waits until one frees, as the real server defers it
+  (:mod:`nvpair.sim.turns`): a slot is only ever taken idle. An embedding or a rerank takes the
+  least recently used idle slot and leaves its kept prompt alone (:meth:`PromptCache.occupy`).
 - **The RAM prompt cache** (``--cache-ram``, :data:`DEFAULT_CACHE_RAM_MIB` MiB by default, 0
   off, -1 unbounded) keeps prompts slots gave up. When a slot is taken by least-recent use, or
   by similarity while keeping under :data:`KEEP_ON_SWITCH` of its prompt, its prompt is saved
@@ -25,7 +26,8 @@ The rules are llama-server's (``get_available_slot`` and ``server_prompt_cache``
   request's prompt from then on.
 
 Not modelled: a slot's context size (a kept prompt is never shifted or truncated), the tokens a
-slot generated (only the prompt is kept), multimodal prompts.
+slot generated (only the prompt is kept), what an embedding or a rerank leaves in its slot,
+multimodal prompts.
 """
 
 from __future__ import annotations
@@ -125,6 +127,13 @@ class PromptCache:
         chosen.kept, chosen.last_used, chosen.busy = tokens, self._uses, chosen.busy + 1
         return Reuse(slot, min(found, max(len(tokens) - 1, 0)))
 
+    def occupy(self) -> int:
+        """A request that keeps no prompt (an embedding, a rerank) starts: it is given the least
+        recently used idle slot, busy until :meth:`release`, whose kept prompt stays."""
+        slot = self._least_recently_used(self._candidates())
+        self._slots[slot].busy += 1
+        return slot
+
     def release(self, slot: int) -> None:
         """The request that took ``slot`` has ended."""
         chosen = self._slots[slot]
@@ -132,9 +141,21 @@ class PromptCache:
 
     # -- llama-server's rules ------------------------------------------------------------------
 
-    def _choose(self, tokens: Prompt) -> int:
+    def _candidates(self) -> list[int]:
+        # The engine hands out a slot only when one is idle; all of them is a last resort.
         idle = [i for i, s in enumerate(self._slots) if not s.busy]
-        candidates = idle or list(range(len(self._slots)))
+        return idle or list(range(len(self._slots)))
+
+    def _least_recently_used(self, candidates: list[int]) -> int:
+        """Of equals, the last: a fresh server starts on its highest slot."""
+        lru = candidates[0]
+        for i in candidates:
+            if self._slots[i].last_used <= self._slots[lru].last_used:
+                lru = i
+        return lru
+
+    def _choose(self, tokens: Prompt) -> int:
+        candidates = self._candidates()
         best, best_share = None, 0.0
         for i in candidates:
             kept = self._slots[i].kept
@@ -148,10 +169,7 @@ class PromptCache:
             if best_share * len(tokens) / len(kept) < KEEP_ON_SWITCH:
                 self._switch(best, tokens)
             return best
-        lru = candidates[0]
-        for i in candidates:
-            if self._slots[i].last_used <= self._slots[lru].last_used:
-                lru = i
+        lru = self._least_recently_used(candidates)
         self._switch(lru, tokens)
         return lru
 

@@ -3,8 +3,9 @@
 and the JSON, NDJSON and SSE framing those replies are written in.
 
 Dialects are pure: they turn a :class:`Call` and the engine's current state into a
-:class:`Reply`. How and when a reply's bytes reach the socket (delays, faults, streaming) is the
-engine's job (:mod:`nvpair.sim.engine`).
+:class:`Reply`, or, for work that runs on the model, a :class:`Task` that decides its reply when
+its turn comes. How and when a reply's bytes reach the socket (turns, delays, faults, streaming)
+is the engine's job (:mod:`nvpair.sim.engine`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,32 @@ class Reply:
         return attrs.evolve(self, headers=(*self.headers, *extra))
 
 
+@attrs.frozen
+class Task:
+    """An answer that runs on the model: it takes one of the engine's parallel places, waiting
+    its turn while they are all taken (:mod:`nvpair.sim.turns`). Errors never do: a dialect
+    answers them with a :class:`Reply` at once, as the engines do before they queue anything.
+
+    :param decide: the reply, asked for when the task starts (what a llama.cpp slot holds by
+        then shapes it) -- or on accept, for a stream a dialect sends the headers of then
+        (:attr:`Dialect.stream_headers_first`).
+    :param streamed: whether that reply is a stream.
+    :param pin: the slot the request asked for (llama.cpp ``id_slot``); None: any.
+    """
+
+    decide: Callable[[], Reply]
+    streamed: bool
+    pin: int | None = None
+
+    @classmethod
+    def of(cls, reply: Reply) -> Task:
+        """A task whose reply is known already: nothing in it depends on when it starts."""
+        return cls(lambda: reply, reply.streamed)
+
+
+Answer = Reply | Task
+
+
 class EngineView(Protocol):
     """The state of a simulated engine that a dialect reads (and, for pull/delete, changes)."""
 
@@ -104,16 +131,13 @@ class EngineView(Protocol):
     def tokens(self) -> Sequence[str]: ...
 
     @property
-    def in_flight(self) -> int: ...
-
-    @property
     def memory(self) -> Memory:
         """Which models are in memory (the cold-start knob)."""
         ...
 
     @property
     def parallel(self) -> int:
-        """How many requests the engine says it runs at once (llama.cpp ``/slots``)."""
+        """How many requests the engine runs at once, per model (llama.cpp: its slots)."""
         ...
 
     @property
@@ -137,8 +161,8 @@ class Dialect(Protocol):
         """Which fault knobs apply to ``call``."""
         ...
 
-    def answer(self, view: EngineView, call: Call) -> Reply:
-        """The engine's answer to ``call``."""
+    def answer(self, view: EngineView, call: Call) -> Answer:
+        """The engine's answer to ``call``: a reply now, or a task that runs on the model."""
         ...
 
     def failure(self, call: Call, status: int, message: str) -> Reply:
@@ -148,6 +172,11 @@ class Dialect(Protocol):
     def model_for(self, view: EngineView, call: Call) -> str | None:
         """The configured model an inference ``call`` runs on, when the engine loads models on
         demand (its first request waits for the load); None otherwise."""
+        ...
+
+    @property
+    def default_parallel(self) -> int:
+        """How many answers the engine runs at once per model unless told otherwise."""
         ...
 
     @property
@@ -273,7 +302,7 @@ def include_usage(body: Mapping[str, object]) -> bool:
     return get_bool(get_dict(body, "stream_options"), "include_usage", False)
 
 
-Handler = Callable[[EngineView, Call], Reply]
+Handler = Callable[[EngineView, Call], Answer]
 
 
 @attrs.frozen

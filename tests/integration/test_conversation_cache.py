@@ -113,8 +113,8 @@ def fleet_nodes() -> list[SimEngine]:
     """``a`` and ``b`` with the RAM prompt cache (llama-server's default), ``c`` without: one
     slot each."""
     return started(
-        SimEngine(reactor, "llamacpp", models=["tiny"], node="a"),
-        SimEngine(reactor, "llamacpp", models=["tiny"], node="b"),
+        SimEngine(reactor, "llamacpp", models=["tiny"], node="a", parallel=1),
+        SimEngine(reactor, "llamacpp", models=["tiny"], node="b", parallel=1),
         SimEngine(reactor, "llamacpp", models=["tiny"], node="c", cache_ram=0, parallel=1),
     )
 
