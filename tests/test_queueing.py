@@ -5,6 +5,8 @@ runs while anything waits."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
@@ -126,3 +128,61 @@ def test_a_cold_model_waits_for_its_node_to_drain() -> None:
     assert got == []
     fleet.queue.release(Option(A, "m", True))
     assert got == [cold]
+
+
+# -- the live queue over random histories, on a Clock -------------------------------------------
+
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("ask"), st.sampled_from(["x", "y", "z"]), st.sampled_from([A, B])),
+        st.tuples(st.just("leave"), st.integers(0, 30)),
+        st.tuples(st.just("finish"), st.integers(0, 30)),
+        st.tuples(st.just("busy"), st.sampled_from([A, B]), st.integers(0, 1)),
+        st.tuples(st.just("advance"), st.floats(0.0, 40.0)),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=_STEPS)
+def test_the_live_queue_never_goes_over_capacity_and_every_waiter_ends(
+    steps: list[tuple[object, ...]],
+) -> None:
+    """Whatever arrives, leaves, ends or is reported busy, and however time passes: no node
+    runs more than its one slot, no waiter is left without an answer past its time, and a
+    waiter that left is never given a place."""
+    fleet = Fleet(max_wait=30.0)
+    asked: list[tuple[Deferred[Option | None], list[Option | None]]] = []
+    started: set[int] = set()
+    running: list[Option] = []
+    left: set[int] = set()
+    for step in steps:
+        kind = step[0]
+        if kind == "ask":
+            until = fleet.clock.seconds() + 30.0
+            asked.append(fleet.ask(str(step[1]), (step[2],), until))  # type: ignore[arg-type]
+        elif kind == "leave" and asked:
+            index = int(step[1]) % len(asked)  # type: ignore[call-overload]
+            d, got = asked[index]
+            if not got:
+                d.addErrback(lambda failure: None)
+                d.cancel()
+                left.add(index)
+        elif kind == "finish" and running:
+            fleet.queue.release(running.pop(int(step[1]) % len(running)))  # type: ignore[call-overload]
+        elif kind == "busy":
+            fleet.loads[step[1]] = LoadState(slots=1, busy=int(step[2]))  # type: ignore[index, call-overload]
+            fleet.queue.pump()
+        elif kind == "advance":
+            fleet.clock.advance(float(step[1]))  # type: ignore[arg-type]
+        for index, (_, got) in enumerate(asked):
+            if index not in started and got and got[0] is not None:
+                started.add(index)
+                running.append(got[0])
+        for node in (A, B):
+            assert fleet.queue.ledger.in_flight(node) <= 1
+            assert fleet.queue.ledger.in_flight(node) == sum(o.node == node for o in running)
+    fleet.clock.advance(31.0)
+    for index, (_, got) in enumerate(asked):
+        assert got == [] if index in left else len(got) == 1

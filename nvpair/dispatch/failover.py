@@ -159,11 +159,16 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
     engine = admitted.engine
     nodes: dict[tuple[str, str], Node] = {}
 
+    planned: list[Plan] = []
+
     def options() -> list[Option]:
-        """The round's owners not yet tried, as the live snapshot has them now."""
+        """The round's owners not yet tried, as the live snapshot has them now (the plan they
+        came from is kept: the one a place was given from)."""
         nodes.clear()
         found = []
-        for node in candidates.plan(admitted).candidates:
+        plan = candidates.plan(admitted)
+        planned[:] = [plan]
+        for node in plan.candidates:
             key = (node.engine, node.id)
             if key not in tried:
                 nodes[key] = node
@@ -226,7 +231,7 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
             if refusal is not None:
                 job.refuse(refusal, retry_after=job.budget.retry_after())
                 return
-            failed = await _dispatch(services, job, outgoing, live)
+            failed = await _dispatch(services, job, outgoing, live, planned[0])
         finally:
             queue.release(place)
         if failed is None:
@@ -240,14 +245,16 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
         round_plan = candidates.plan(admitted)
 
 
-async def _dispatch(services: Services, job: Job, outgoing: Outgoing, node: Node) -> Failed | None:
-    """One dispatch the queue gave a place: spent, claimed and recorded as the plain loop's."""
+async def _dispatch(
+    services: Services, job: Job, outgoing: Outgoing, node: Node, plan: Plan
+) -> Failed | None:
+    """One dispatch the queue gave a place: spent, claimed and recorded as the plain loop's.
+
+    :param plan: the order the place was given from, before this dispatch's claim moved the
+        loads: affinity's node is the first behind any pin there (an id alone could name a
+        node of another engine in a round over several)."""
     workload = job.workload
     assert workload is not None
-    # Affinity's node is the first behind any pin of the round's order, read before this
-    # dispatch's claim moves the loads (an id alone could name a node of another engine in a
-    # round over several).
-    plan = services.candidates.plan(job.admitted)
     first = plan.candidates[int(plan.pinned)] if len(plan.candidates) > plan.pinned else None
     affine = (
         plan.affine is not None

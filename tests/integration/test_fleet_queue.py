@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +23,8 @@ from twisted.web.http_headers import Headers
 
 from nvpair.sim import SimEngine
 from tests.integration.browser import Browser
-from tests.integration.harness import free_port, write_fleet
+from tests.integration.harness import ProxyProcess, free_port, write_fleet
+from tests.integration.test_fleet import eventually
 from tests.integration.test_fleet_operator import admin_get
 from tests.integration.test_fleet_schedules import started, stopped
 from tests.integration.test_metrics_endpoint import scrape
@@ -56,10 +59,10 @@ def secret(name: str) -> str:
 @contextlib.asynccontextmanager
 async def queued_fleet(
     tmp_path: Path, queue: str = ""
-) -> AsyncIterator[tuple[int, int, list[SimEngine]]]:
+) -> AsyncIterator[tuple[int, int, list[SimEngine], ProxyProcess]]:
     """The proxy's llama.cpp facade over nodes ``a`` and ``b`` (one slot each), with keys
     for every caller of :data:`KEYS` and the ``[queue]`` lines given; yields the facade's
-    port, the admin port and the sims."""
+    port, the admin port, the sims and the proxy."""
     sims = started(
         *(
             SimEngine(reactor, "llamacpp", models=["tiny"], node=node, parallel=1)
@@ -82,8 +85,8 @@ async def queued_fleet(
     with fleet.open("a") as text:
         text.write('[access]\nnetworks = ["192.0.2.0/24"]\nkeys = "keys.toml"\n' + queue)
     try:
-        async with every_node_up(tmp_path, fleet, admin):
-            yield port, admin, sims
+        async with every_node_up(tmp_path, fleet, admin) as proxy:
+            yield port, admin, sims, proxy
     finally:
         await stopped(sims)
 
@@ -134,7 +137,7 @@ async def test_callers_take_turns_and_a_place_goes_to_the_first_node_that_frees(
     """Six of one caller's requests, then one of another's of the same priority: the second
     caller's goes third, not seventh; no node ever runs two at once; those that waited say how
     long."""
-    async with queued_fleet(tmp_path) as (port, _admin, sims):
+    async with queued_fleet(tmp_path) as (port, _admin, sims, _proxy):
         most = {sim.node: 0 for sim in sims}
 
         def sample() -> None:
@@ -162,7 +165,7 @@ async def test_callers_take_turns_and_a_place_goes_to_the_first_node_that_frees(
 
 @pytest_twisted.ensureDeferred
 async def test_a_high_priority_key_goes_before_a_low_one_already_waiting(tmp_path: Path) -> None:
-    async with queued_fleet(tmp_path) as (port, _admin, _sims):
+    async with queued_fleet(tmp_path) as (port, _admin, _sims, _proxy):
         finished = await spaced(
             *[(port, "batch", f"batch-{n}") for n in range(5)], (port, "boss", "boss")
         )
@@ -178,6 +181,7 @@ async def test_the_queue_is_bounded_in_depth_and_in_time(tmp_path: Path) -> None
         port,
         _admin,
         sims,
+        _proxy,
     ):
         for sim in sims:
             sim.faults.first_byte_delay = 3.0
@@ -211,7 +215,7 @@ async def raw_post(port: int, caller: str) -> tuple[int, dict[str, str]]:
 
 @pytest_twisted.ensureDeferred
 async def test_a_caller_that_leaves_while_waiting_is_never_dispatched(tmp_path: Path) -> None:
-    async with queued_fleet(tmp_path) as (port, _admin, sims):
+    async with queued_fleet(tmp_path) as (port, _admin, sims, _proxy):
         for sim in sims:
             sim.faults.first_byte_delay = 1.5
         running = [Deferred.fromCoroutine(ask(port, "batch", f"run-{n}")) for n in range(2)]
@@ -235,7 +239,7 @@ async def test_the_operator_sees_who_waits_for_what(tmp_path: Path, browser: Bro
     """``/status`` ``queue`` while requests wait (per facade and model, per caller), the status
     page's "Waiting" table (a screenshot is kept), each ``recent`` entry's ``queuedMs``, and
     the metrics: depth while waiting, the wait after."""
-    async with queued_fleet(tmp_path) as (port, admin, sims):
+    async with queued_fleet(tmp_path) as (port, admin, sims, _proxy):
         for sim in sims:
             sim.faults.first_byte_delay = 1.5
         pending = [Deferred.fromCoroutine(ask(port, "bulk", f"bulk-{n}")) for n in range(4)]
@@ -266,3 +270,28 @@ async def test_the_operator_sees_who_waits_for_what(tmp_path: Path, browser: Bro
         text, _ = await scrape(admin)
         assert 'nvpair_queue_wait_seconds_count{engine="llamacpp"} 3.0' in text
         assert 'nvpair_queue_depth{engine="llamacpp",model="tiny"}' not in text
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reload_re_reads_the_queue_and_keeps_who_waits(tmp_path: Path) -> None:
+    """SIGHUP with a new ``[queue]``: the bounds in ``/status`` change, and the requests
+    already waiting keep their place and are served."""
+    async with queued_fleet(tmp_path) as (port, admin, sims, proxy):
+        for sim in sims:
+            sim.faults.first_byte_delay = 1.0
+        pending = [Deferred.fromCoroutine(ask(port, "bulk", f"bulk-{n}")) for n in range(4)]
+        await task.deferLater(reactor, 0.3, lambda: None)
+        _, status = await admin_get(admin, "/status")
+        assert status["queue"]["waiting"]["llamacpp"]["tiny"]["waiting"] == 2
+        fleet = tmp_path / "fleet.toml"
+        fleet.write_text(fleet.read_text() + "[queue]\nmax-depth = 7\n")
+        os.kill(proxy.pid, signal.SIGHUP)
+
+        async def reloaded() -> bool:
+            _, status = await admin_get(admin, "/status")
+            return bool(status["queue"]["maxDepth"] == 7)
+
+        await eventually(reloaded, "the new [queue]")
+        answers = await gatherResults(pending)
+    assert [status for _, status, _, _ in answers] == [200] * 4
+    assert sum(queued is not None for _, _, _, queued in answers) == 2
