@@ -9,7 +9,8 @@ chunks 1 s apart), failover by fault kind, the routing cost against fleet size, 
 cold-start mix (nvpair's warm-aware fleet order against the default order, in front of
 four simulated Ollama nodes that load models on demand: bench/coldstart.py), and the multi-turn
 bench (seeded conversations through fleet mode with prefix affinity on and off, in front of
-three real llama-servers: bench/multiturn.py). Each runs in
+three real llama-servers: bench/multiturn.py), and the contention bench (the fleet's queue on
+and off under a flood, late binding, collation and priority: bench/contention.py). Each runs in
 rounds with the contenders taking turns; every target is judged on same-round figures and
 printed PASS/MISS. The table goes to bench/results/<timestamp>.md, the latency distributions to
 <timestamp>.png, every figure to <timestamp>.json. A contender that is not installed is reported
@@ -33,6 +34,7 @@ import attrs
 
 from bench import load, profile, report, scenarios
 from bench.contenders import Setup, nginx_binary, node, nvpair, ready
+from bench.contentionload import PARTS
 from bench.procs import ROOT
 from bench.scenarios import SCENARIOS, Plan, Results
 
@@ -72,7 +74,9 @@ def _header(plan: Plan, chosen: list[str], first: str) -> list[str]:
         f"(seed {plan.coldstart_seed} + round, popularity exponent {plan.coldstart_zipf:g}, "
         f"{plan.coldstart_room} models in memory per node); multi-turn: "
         f"{plan.multiturn_conversations} conversations (seed {plan.multiturn_seed} + round)"
-        f"{', and the correction run' if plan.multiturn_correction else ''}. "
+        f"{', and the correction run' if plan.multiturn_correction else ''}; contention: "
+        f"{plan.contention_seconds:g} s per part and side (seed {plan.contention_seed} + round; "
+        f"{', '.join(plan.contention_parts)}). "
         f"Scenarios: {', '.join(chosen)}.",
     ]
 
@@ -89,6 +93,21 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(part for part in text.split(",") if part)
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(PARTS)}, not {text!r}")
+    return parts
 
 
 def _profile(plan: Plan, work: Path, out: Path) -> str | None:
@@ -153,6 +172,16 @@ def main() -> None:
         action="store_true",
         help="multi-turn bench: also run affinity with one node's prompt cache off (not judged)",
     )
+    parser.add_argument(
+        "--contention-seconds",
+        type=_positive_float,
+        help="contention bench: seconds each part runs per side (default 60; --quick 20)",
+    )
+    parser.add_argument(
+        "--contention-parts",
+        type=_parts,
+        help=f"contention bench: comma-separated parts of {','.join(PARTS)} (default all)",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile")
     parser.add_argument(
         "--replot", type=Path, metavar="JSON", help="draw a saved run's table and plot again"
@@ -179,6 +208,8 @@ def main() -> None:
             "coldstart_zipf",
             "coldstart_room",
             "multiturn_conversations",
+            "contention_seconds",
+            "contention_parts",
         )
         if getattr(args, name) is not None
     }

@@ -16,6 +16,8 @@ import asyncio
 import json
 from collections.abc import Sequence
 
+import attrs
+
 from bench.chatresults import Turn
 from bench.conversations import ChatMix, Conversation, history, request_body
 from bench.held import WireError, read_body, read_head
@@ -92,6 +94,43 @@ class ChatStream:
         return first
 
 
+@attrs.define
+class Answer:
+    """What has come of one request so far: its status and headers, when its first token came
+    (the event loop's clock), and why it failed when it did."""
+
+    status: int | None = None
+    headers: dict[bytes, bytes] = attrs.field(factory=dict)
+    first: float | None = None
+    error: str = ""
+
+
+#: What a request can fail with on the way (its own timeout included).
+FAILURES = (TimeoutError, OSError, ValueError, WireError, asyncio.IncompleteReadError)
+
+
+async def exchange(port: int, request: bytes, stream: ChatStream, answer: Answer) -> None:
+    """Send ``request`` on a connection of its own to ``port`` and read the answer to its end,
+    a 200's body fed to ``stream``; what is seen goes into ``answer`` as it comes, so that a
+    caller whose wait ends first (a timeout, a cancellation) keeps it. Raises what
+    :data:`FAILURES` names."""
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        answer.status, answer.headers = await read_head(reader)
+        kept = b""
+        async for payload in read_body(reader, answer.headers):
+            if answer.status != 200:
+                kept = (kept + payload)[:ERROR_SNIPPET]
+            elif stream.feed(payload) and answer.first is None:
+                answer.first = loop.time()
+        if answer.status != 200:
+            answer.error = f"status {answer.status}: {kept.decode('utf-8', 'replace')}"
+    finally:
+        writer.close()
+
+
 def request_bytes(port: int, body: bytes) -> bytes:
     head = [
         f"POST {PATH} HTTP/1.1",
@@ -114,30 +153,15 @@ async def send_turn(
     """One streamed turn through ``port``: what it measured, and the assistant's reply."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    status: int | None = None
-    node = ""
-    first: float | None = None
     stream = ChatStream()
-    error = ""
+    answer = Answer()
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            try:
-                writer.write(request_bytes(port, body))
-                status, headers = await read_head(reader)
-                node = headers.get(b"x-nvpair-node", b"").decode("latin-1")
-                kept = b""
-                async for payload in read_body(reader, headers):
-                    if status != 200:
-                        kept = (kept + payload)[:ERROR_SNIPPET]
-                    elif stream.feed(payload) and first is None:
-                        first = loop.time()
-                if status != 200:
-                    error = f"status {status}: {kept.decode('utf-8', 'replace')}"
-            finally:
-                writer.close()
-    except (TimeoutError, OSError, ValueError, WireError, asyncio.IncompleteReadError) as failure:
-        error = f"{type(failure).__name__}: {failure}"[:ERROR_SNIPPET]
+            await exchange(port, request_bytes(port, body), stream, answer)
+    except FAILURES as failure:
+        answer.error = f"{type(failure).__name__}: {failure}"[:ERROR_SNIPPET]
+    status, first, error = answer.status, answer.first, answer.error
+    node = answer.headers.get(b"x-nvpair-node", b"").decode("latin-1")
     if not error and not stream.done:
         error = stream.error or "the stream ended without [DONE]"
     error = error or stream.error

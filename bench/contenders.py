@@ -83,6 +83,11 @@ class Node:
         """Models the engine unloaded to make room for another so far."""
         return int(self._control().get("evictions", 0))
 
+    def places(self) -> tuple[int, int]:
+        """(answers holding one of the engine's places, answers waiting for one) now."""
+        data = self._control()
+        return int(data.get("running", 0)), int(data.get("waiting", 0))
+
     def _control(self) -> dict[str, int]:
         connection = HTTPConnection("127.0.0.1", self.control, timeout=10)
         try:
@@ -109,10 +114,15 @@ class Cold:
 
 @contextmanager
 def node(
-    tokens: int = 4, interval: float = 0.0, fault: str = "none", cold: Cold | None = None
+    tokens: int = 4,
+    interval: float = 0.0,
+    fault: str = "none",
+    cold: Cold | None = None,
+    parallel: int | None = None,
 ) -> Iterator[Node]:
     """A simulated node (:mod:`bench.simnode`) answering ``tokens`` tokens: llama.cpp serving
-    ``tiny``, or with ``cold`` an Ollama node serving its models."""
+    ``tiny``, or with ``cold`` an Ollama node serving its models; ``parallel`` places per model
+    (None: the engine's default), past which it queues as its engine does."""
     port, control = free_port(), free_port()
     argv = [PYTHON, "-m", "bench.simnode", str(port), str(control), f"--node=node-{port}"]
     argv += [f"--tokens={tokens}", f"--interval={interval}", f"--fault={fault}"]
@@ -121,6 +131,8 @@ def node(
         argv += [f"--load-delay={cold.load_delay}", f"--keep-alive={cold.keep_alive}"]
         if cold.max_loaded is not None:
             argv.append(f"--max-loaded={cold.max_loaded}")
+    if parallel is not None:
+        argv.append(f"--parallel={parallel}")
     with process(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as child:
         wait_for(port)
         wait_for(control)

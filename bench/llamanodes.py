@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -93,15 +93,21 @@ class LlamaNode:
 
 @contextmanager
 def llama_node(
-    name: str, model: Path, slots: int = 2, cache_ram_mib: int | None = None
+    name: str,
+    model: Path,
+    slots: int = 2,
+    cache_ram_mib: int | None = None,
+    extra: Sequence[str] = (),
 ) -> Iterator[LlamaNode]:
-    """A fresh ``llama-server`` for ``model``, yielded once ``/health`` answers 200."""
+    """A fresh ``llama-server`` for ``model``, yielded once ``/health`` answers 200; ``extra``
+    arguments go last."""
     port = free_port()
     argv = [str(binary()), "-m", str(model), "--alias", MODEL, "--host", "127.0.0.1"]
     argv += ["--port", str(port), "-c", str(SLOT_CONTEXT * slots), "-np", str(slots)]
     argv += ["-t", "1", "-tb", "1", "--seed", "7", "--metrics", "--no-warmup"]
     if cache_ram_mib is not None:
         argv += ["--cache-ram", str(cache_ram_mib)]
+    argv += extra
     with process(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     ) as child:

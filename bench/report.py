@@ -71,6 +71,43 @@ MT_ROWS: tuple[tuple[str, str, int], ...] = (
         for node in ("n0", "n1", "n2")
     ),
 )
+#: The contention bench: the fleet's queue off and on, part by part.
+CT_SIDES = ("queue-off", "queue-on")
+CT_ROWS: tuple[tuple[str, str, int], ...] = (
+    ("fairness: the second caller's TTFT p50 (ms)", "ct_fair_chat_p50_ms", 0),
+    ("fairness: the second caller's TTFT p95 (ms)", "ct_fair_chat_p95_ms", 0),
+    ("fairness: the first caller's completed requests", "ct_fair_flood_done", 0),
+    ("fairness: the first caller's TTFT p50 (ms)", "ct_fair_flood_p50_ms", 0),
+    ("fairness: failed requests", "ct_fair_failed", 0),
+    ("fairness: engine places busy (share)", "ct_fair_busy", 2),
+    ("fairness: most requests waiting in one engine", "ct_fair_engine_waiting", 0),
+    ("late binding: requests", "ct_late_requests", 0),
+    ("late binding: TTFT mean (ms)", "ct_late_mean_ms", 0),
+    ("late binding: TTFT p50 (ms)", "ct_late_p50_ms", 0),
+    ("late binding: TTFT p99 (ms)", "ct_late_p99_ms", 0),
+    ("late binding: completed requests", "ct_late_done", 0),
+    ("late binding: failed requests", "ct_late_failed", 0),
+    ("late binding: engine places busy (share)", "ct_late_busy", 2),
+    ("late binding: most requests waiting in one engine", "ct_late_engine_waiting", 0),
+    ("collation: model loads", "ct_coll_loads", 0),
+    ("collation: evictions", "ct_coll_evictions", 0),
+    ("collation: completed requests", "ct_coll_done", 0),
+    ("collation: failed requests", "ct_coll_failed", 0),
+    ("collation: TTFT p50 (ms)", "ct_coll_ttft_p50_ms", 0),
+    ("collation: TTFT p99 (ms)", "ct_coll_ttft_p99_ms", 0),
+    ("collation: TTFT max (ms)", "ct_coll_ttft_max_ms", 0),
+    ("collation: longest wait in the queue (ms)", "ct_coll_queued_max_ms", 0),
+    ("collation: collate + two service times (ms)", "ct_coll_bound_ms", 0),
+    ("priority: the high key's TTFT p95 on the idle fleet (ms)", "ct_prio_idle_p95_ms", 0),
+    ("priority: the high key's TTFT p95 beside the low flood (ms)", "ct_prio_high_p95_ms", 0),
+    ("priority: the low flood's completed requests", "ct_prio_flood_done", 0),
+    ("priority: failed requests", "ct_prio_failed", 0),
+    ("real engines: the second caller's TTFT p50 (ms)", "ct_real_chat_p50_ms", 0),
+    ("real engines: the second caller's TTFT p95 (ms)", "ct_real_chat_p95_ms", 0),
+    ("real engines: the first caller's completed requests", "ct_real_flood_done", 0),
+    ("real engines: failed requests", "ct_real_failed", 0),
+    ("real engines: slots busy (share)", "ct_real_busy", 2),
+)
 #: One colour per contender in every panel.
 COLOURS = {
     "direct": "tab:gray",
@@ -84,6 +121,8 @@ COLOURS = {
     "affinity-off": "tab:brown",
     "affinity-on": "tab:pink",
     "no-cache-node": "tab:gray",
+    "queue-off": "tab:red",
+    "queue-on": "tab:green",
 }
 
 
@@ -128,6 +167,7 @@ def markdown(
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     out += _mix_table(table)
     out += _multiturn_table(table)
+    out += _sides_table(table, "Contention: the fleet's queue off against on", CT_SIDES, CT_ROWS)
     costs = table.get("route_us", {})
     if costs:
         sizes = sorted(costs, key=int)
@@ -157,25 +197,38 @@ def _mix_table(table: Table) -> list[str]:
 
 def _multiturn_table(table: Table) -> list[str]:
     """The multi-turn bench's rows, each the median over rounds and every round's figure."""
-    rows = [(label, metric, d) for label, metric, d in MT_ROWS if metric in table]
-    if not rows:
-        return []
-    sides = [side for side in MT_SIDES if any(side in table[m] for _, m, _ in rows)]
-    out = ["", "## Multi-turn: affinity off against affinity on (median over rounds; per round)"]
-    out += ["", "| | " + " | ".join(sides) + " |", "|---" * (len(sides) + 1) + "|"]
-    for label, metric, decimals in rows:
-        cells = []
-        for side in sides:
-            values = table[metric].get(side, ())
-            per_round = " / ".join(fmt(v, decimals) for v in values)
-            cells.append(f"{fmt(median(values), decimals)} ({per_round})")
-        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    title = "Multi-turn: affinity off against affinity on"
+    out = _sides_table(table, title, MT_SIDES, MT_ROWS)
     read = table.get("mt_read_ms", {}).get("calibration", ())
-    if read and read[0] is not None:
+    if out and read and read[0] is not None:
         out += [
             "",
             f"Reading a 2,000-token history took {fmt(read[0], 0)} ms (one thread, no cache).",
         ]
+    return out
+
+
+def _sides_table(
+    table: Table,
+    title: str,
+    sides: Sequence[str],
+    rows: Sequence[tuple[str, str, int]],
+) -> list[str]:
+    """One scenario's sides in columns, each row the median over rounds and every round's
+    figure; nothing when it did not run."""
+    present = [(label, metric, d) for label, metric, d in rows if metric in table]
+    if not present:
+        return []
+    shown = [side for side in sides if any(side in table[m] for _, m, _ in present)]
+    out = ["", f"## {title} (median over rounds; per round)"]
+    out += ["", "| | " + " | ".join(shown) + " |", "|---" * (len(shown) + 1) + "|"]
+    for label, metric, decimals in present:
+        cells = []
+        for side in shown:
+            values = table[metric].get(side, ())
+            per_round = " / ".join(fmt(v, decimals) for v in values)
+            cells.append(f"{fmt(median(values), decimals)} ({per_round})")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
     return out
 
 

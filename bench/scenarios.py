@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 
 from bench import coldstart as mix_run
-from bench import held, load, multiturn
+from bench import contention, contentionload, held, load, multiturn
 from bench.contenders import (
     CONTENDERS,
     FRAMING_EVENTS,
@@ -79,6 +79,11 @@ class Plan:
     multiturn_conversations: int = 24
     #: Also run affinity with one node's prompt cache off (bench/multiturn.py), not judged.
     multiturn_correction: bool = False
+    #: Seconds each part of the contention bench runs per side (bench/contention.py).
+    contention_seconds: float = 60.0
+    contention_seed: int = 31
+    #: The parts of the contention bench to run (bench/contentionload.py).
+    contention_parts: tuple[str, ...] = contentionload.PARTS
 
     @staticmethod
     def quick() -> Plan:
@@ -92,6 +97,7 @@ class Plan:
             stalls=5,
             route_requests=2_000,
             coldstart_seconds=20.0,
+            contention_seconds=20.0,
         )
 
 
@@ -558,6 +564,7 @@ RUNNERS: dict[str, Runner] = {
     "held": held_streams,
     "coldstart": coldstart,
     "multiturn": multiturn.run,
+    "contention": contention.run,
 }
 SCENARIOS = tuple(RUNNERS)
 
@@ -565,7 +572,7 @@ SCENARIOS = tuple(RUNNERS)
 def contenders_for(scenario: str) -> tuple[str, ...]:
     """Who takes part: LiteLLM only where the issue compares it (req/s); direct where there
     is no failover to measure; nvpair's two orders in the cold-start mix; affinity off and on
-    in the multi-turn bench."""
+    in the multi-turn bench; the queue off and on in the contention bench."""
     if scenario == "non-streaming":
         return ("direct", "nvpair", "floor", "nginx", "litellm")
     if scenario == "instructions":
@@ -578,4 +585,6 @@ def contenders_for(scenario: str) -> tuple[str, ...]:
         return mix_run.SIDES
     if scenario == "multiturn":
         return multiturn.SIDES
+    if scenario == "contention":
+        return contentionload.SIDES
     return ("direct", "nvpair", "floor", "nginx")

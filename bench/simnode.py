@@ -3,15 +3,17 @@
 ``python -m bench.simnode PORT CONTROL_PORT --tokens N --interval S --fault KIND``
 (a llama.cpp node serving ``tiny``), or for the cold-start mix
 ``... --dialect ollama --models a:1b,b:7b --load-delay 2 --keep-alive 30 --max-loaded 2 --cold
---paced``.
+--paced``; ``--parallel N`` gives the engine N places per model (llama.cpp's slots, Ollama's
+``OLLAMA_NUM_PARALLEL``), past which it queues as the real engine does.
 
 ``nvpair.sim``'s command line has no tokens or fault knobs, so the bench drives
 :class:`~nvpair.sim.SimEngine` itself. Besides the engine's port it serves a control port:
 ``GET /count`` answers how many inference POSTs (``count``) and other requests (``other``: the
 inventory polls) the engine has received, so a failover run can tell which requests really met
 the fault, how many answers their client abandoned (``abandoned``), and how many model loads
-(cold starts) the engine has started (``loads``, :attr:`nvpair.sim.memory.Memory.loads`) and how
-many models it unloaded to make room for another (``evictions``, with ``--max-loaded``). The
+(cold starts) the engine has started (``loads``, :attr:`nvpair.sim.memory.Memory.loads`), how
+many models it unloaded to make room for another (``evictions``, with ``--max-loaded``), and how
+many answers hold one of its places now (``running``) and wait for one (``waiting``). The
 *refused* fault is this process ending after the proxy's first inventory poll found the node:
 the port then refuses and every pooled connection to it is gone.
 
@@ -71,6 +73,8 @@ class Control(Resource):
                 "abandoned": self.engine.abandoned,
                 "loads": self.engine.memory.loads,
                 "evictions": self.engine.memory.evictions,
+                "running": self.engine.running,
+                "waiting": self.engine.queued,
             }
         ).encode()
 
@@ -146,6 +150,9 @@ def main() -> None:
     parser.add_argument("--max-loaded", type=int, help="models in memory at once (evicts)")
     parser.add_argument("--cold", action="store_true", help="start with no model in memory")
     parser.add_argument("--paced", action="store_true", help="pace non-streamed answers")
+    parser.add_argument(
+        "--parallel", type=int, help="answers run at once per model (the engine's default)"
+    )
     args = parser.parse_args()
     from twisted.internet import reactor
 
@@ -160,6 +167,7 @@ def main() -> None:
         keep_alive=args.keep_alive,
         warm=() if args.cold else None,
         max_loaded=args.max_loaded,
+        parallel=args.parallel,
     )
     if args.fault == "503":
         engine.faults.status = 503

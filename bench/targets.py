@@ -144,14 +144,44 @@ def added_over_nginx(table: Table) -> list[float | None]:
     return out
 
 
+def summed(table: Table, metric: str, a: str, b: str) -> list[float | None]:
+    """``a + b`` per round; None where either did not run."""
+    out: list[float | None] = []
+    for x, y in zip(rounds(table, metric, a), rounds(table, metric, b), strict=False):
+        out.append(x + y if x is not None and y is not None else None)
+    return out
+
+
 def both_sides_failed(table: Table) -> list[float | None]:
     """Per round: the multi-turn requests not answered 200 (or broken), both sides together;
     None where either side did not run."""
-    off = rounds(table, "mt_failed", "affinity-off")
-    on = rounds(table, "mt_failed", "affinity-on")
-    return [
-        x + y if x is not None and y is not None else None for x, y in zip(off, on, strict=False)
-    ]
+    return summed(table, "mt_failed", "affinity-off", "affinity-on")
+
+
+def contention_failed(table: Table) -> list[float | None]:
+    """Per round: the contention bench's fairness requests not answered in full, both sides
+    together (those cut at the end of a run aside); None where either side did not run."""
+    return summed(table, "ct_fair_failed", "queue-off", "queue-on")
+
+
+def collation_wait(table: Table) -> list[float | None]:
+    """Per round: the queue's longest wait in the collation part over its bound (``collate``
+    plus two service times); at most 1 holds the promise."""
+    longest = rounds(table, "ct_coll_queued_max_ms", "queue-on")
+    bound = rounds(table, "ct_coll_bound_ms", "queue-on")
+    return [x / y if x is not None and y else None for x, y in zip(longest, bound, strict=False)]
+
+
+def priority_bound(table: Table) -> list[float | None]:
+    """Per round, with the queue: the ``high`` key's TTFT p95 beside the ``low`` flood over
+    1.5 times its TTFT p95 on the idle fleet plus one service time; at most 1 holds it."""
+    out: list[float | None] = []
+    flooded = rounds(table, "ct_prio_high_p95_ms", "queue-on")
+    idle = rounds(table, "ct_prio_idle_p95_ms", "queue-on")
+    service = rounds(table, "ct_prio_service_ms", "queue-on")
+    for x, i, s in zip(flooded, idle, service, strict=False):
+        out.append(x / (1.5 * i + s) if x is not None and i is not None and s else None)
+    return out
 
 
 # Throughput (req/s, streams/s) is reported beside these, not judged: on two shared cores the
@@ -294,5 +324,74 @@ TARGETS: tuple[Target, ...] = (
         True,
         "",
         worst,
+    ),
+    Target(
+        "contention, fairness: the second caller's TTFT p95 >= 5x lower with the queue (off / on)",
+        lambda t: ratios(t, "ct_fair_chat_p95_ms", "queue-off", "queue-on"),
+        5,
+        False,
+        "x",
+    ),
+    Target(
+        "contention, fairness: the first caller's completed requests >= 0.95x with the queue "
+        "(on / off)",
+        lambda t: ratios(t, "ct_fair_flood_done", "queue-on", "queue-off"),
+        0.95,
+        False,
+        "x",
+    ),
+    Target(
+        "contention, fairness: nothing failed on either side (failed, worst round)",
+        contention_failed,
+        0,
+        True,
+        "",
+        worst,
+    ),
+    Target(
+        "contention, late binding: TTFT p99 >= 1.5x lower with the queue (off / on)",
+        lambda t: ratios(t, "ct_late_p99_ms", "queue-off", "queue-on"),
+        1.5,
+        False,
+        "x",
+    ),
+    Target(
+        "contention, late binding: completed requests >= 0.98x with the queue (on / off)",
+        lambda t: ratios(t, "ct_late_done", "queue-on", "queue-off"),
+        0.98,
+        False,
+        "x",
+    ),
+    Target(
+        "contention, collation: model loads >= 2x fewer with the queue (off / on)",
+        lambda t: fewer(t, "ct_coll_loads", "queue-off", "queue-on"),
+        2,
+        False,
+        "x",
+    ),
+    Target(
+        "contention, collation: no request waited longer than collate + two service times "
+        "(longest queued / that, worst round)",
+        collation_wait,
+        1,
+        True,
+        "x",
+        worst,
+    ),
+    Target(
+        "contention, priority: the high key's TTFT p95 beside a low flood <= 1.5x its TTFT p95 "
+        "on the idle fleet + one service time (measured / that)",
+        priority_bound,
+        1,
+        True,
+        "x",
+    ),
+    Target(
+        "contention, real engines: the second caller's TTFT p95 >= 3x lower with the queue "
+        "(off / on)",
+        lambda t: ratios(t, "ct_real_chat_p95_ms", "queue-off", "queue-on"),
+        3,
+        False,
+        "x",
     ),
 )
