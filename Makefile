@@ -44,8 +44,8 @@ test: $(STAMP) chromium llama-server
 # The performance table (bench/README.md): nvpair beside a minimal Twisted proxy (the floor),
 # nginx and LiteLLM, with PASS/MISS per target; not part of `make test`. nginx and wrk come from
 # Debian's packages, LiteLLM and py-spy into a venv of their own, matplotlib (the PNG) into .venv
-# through the `bench` extra, the multi-turn bench's llama-server from the same cache as the
-# tests' (below); each only when missing. A short smoke run:
+# through the `bench` extra, the multi-turn and contention benches' llama-server from the same
+# cache as the tests' (below); each only when missing. A short smoke run:
 # make bench BENCH_ARGS=--quick
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(VENV)/.bench-installed

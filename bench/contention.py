@@ -472,8 +472,10 @@ HTTP_THREADS = 64
 REAL_ANSWER = 2.0
 
 
-#: Tokens each probe generates to measure the speed.
+#: Tokens the probes generate first, and how many times they measure, each time at the length
+#: the one before said would take :data:`REAL_ANSWER`.
 PROBE_TOKENS = 400
+PROBE_STEPS = 3
 
 
 def _generate(url: str, tokens: int) -> float:
@@ -486,34 +488,42 @@ def _generate(url: str, tokens: int) -> float:
     return time.monotonic() - began
 
 
-def real_shape(seconds: float, model: Path) -> tuple[Fairness, float]:
-    """The fairness part for three one-slot ``llama-server`` processes, with flood answers of
-    about :data:`REAL_ANSWER` seconds, and the seconds per token that gives: measured on three
-    probe servers generating at once, as the three nodes will (a token costs more the longer
-    the answer so far, and the more servers share the cores)."""
-    with ExitStack() as stack:
-        probes = [stack.enter_context(llama_node(f"probe{i}", model, slots=1)) for i in range(3)]
-        timed: list[float] = []
-        threads = [
-            threading.Thread(target=lambda u=p.url: timed.append(_generate(u, PROBE_TOKENS)))
-            for p in probes
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    if len(timed) != len(probes):
+def _together(urls: Sequence[str], tokens: int) -> float:
+    """The median seconds ``urls`` take to generate ``tokens`` tokens each, all at once."""
+    timed: list[float] = []
+    threads = [
+        threading.Thread(target=lambda u=url: timed.append(_generate(u, tokens))) for url in urls
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if len(timed) != len(urls):
         raise RuntimeError("a probe server did not answer")
-    per_token = statistics.median(timed) / PROBE_TOKENS
-    middle = REAL_ANSWER / per_token
+    return statistics.median(timed)
+
+
+def real_shape(seconds: float, model: Path) -> tuple[Fairness, list[tuple[int, float]]]:
+    """The fairness part for three one-slot ``llama-server`` processes, with flood answers of
+    about :data:`REAL_ANSWER` seconds, and the probes that found the length: three servers
+    generating at once, as the three nodes will, at the length the probe before said would
+    take that long (a token costs more the longer the answer so far)."""
+    tokens = PROBE_TOKENS
+    probes: list[tuple[int, float]] = []
+    with ExitStack() as stack:
+        urls = [stack.enter_context(llama_node(f"probe{i}", model, slots=1)).url for i in range(3)]
+        for _ in range(PROBE_STEPS):
+            took = _together(urls, tokens)
+            probes.append((tokens, took))
+            tokens = max(1, round(tokens * REAL_ANSWER / took))
     shape = Fairness(
         seconds=seconds,
         nodes=3,
         slots=1,
-        flood_tokens=(round(middle * 0.75), round(middle * 1.25)),
-        token_seconds=per_token,
+        flood_tokens=(round(tokens * 0.75), round(tokens * 1.25)),
+        token_seconds=REAL_ANSWER / tokens,
     )
-    return shape, per_token
+    return shape, probes
 
 
 def busy_slots(url: str) -> tuple[int, int]:
@@ -650,11 +660,12 @@ def run(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
 
 
 def _calibrated(results: Results, seconds: float) -> Fairness:
-    shape, per_token = real_shape(seconds, model_path())
+    shape, probes = real_shape(seconds, model_path())
     low, high = shape.flood_tokens
+    measured = ", ".join(f"{tokens} tokens in {took:.2f} s" for tokens, took in probes)
     results.note(
-        f"contention, real engines: three probe servers generating at once took "
-        f"{per_token * 1000:.2f} ms a token; flood answers of {low}-{high} tokens"
+        f"contention, real engines: three probe servers generating at once: {measured}; "
+        f"flood answers of {low}-{high} tokens"
     )
     return shape
 

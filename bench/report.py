@@ -158,9 +158,10 @@ def markdown(
             f"**{judged.verdict.value}** |"
         )
     present = [c for c in CONTENDERS if any(c in table.get(m, {}) for _, m, _ in ROWS)]
-    out += ["", "## Side by side (median over rounds)", ""]
-    out += ["| | " + " | ".join(present) + " |", "|---" * (len(present) + 1) + "|"]
-    for label, metric, decimals in ROWS:
+    if present:
+        out += ["", "## Side by side (median over rounds)", ""]
+        out += ["| | " + " | ".join(present) + " |", "|---" * (len(present) + 1) + "|"]
+    for label, metric, decimals in ROWS if present else ():
         if metric not in table:
             continue
         cells = [fmt(median(table[metric].get(c, ())), decimals) for c in present]

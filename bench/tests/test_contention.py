@@ -287,3 +287,5 @@ def test_the_report_has_the_contention_table_with_every_round() -> None:
     text = markdown("t", [], table, [], None)
     assert "## Contention: the fleet's queue off against on" in text
     assert "| fairness: the second caller's TTFT p95 (ms) | 7,500 (8,000 / 7,000) |" in text
+    # No proxy-against-proxy figure was measured: no empty table for them.
+    assert "## Side by side" not in text
