@@ -294,8 +294,14 @@ async def test_real_sims_report_what_they_hold(pool: HTTPConnectionPool) -> None
     service.startService()
     try:
         await discovery_update(control, lambda m: "warm" in m and "cold" in m)
-        for _ in range(50):
-            if scheduler.load("llamacpp", "l").loading and scheduler.load("lmstudio", "s").warm:
+        # Every node's load answer read, whichever comes last on a busy machine.
+        for _ in range(200):
+            if (
+                scheduler.load("llamacpp", "l").loading
+                and scheduler.load("lmstudio", "s").warm
+                and scheduler.load("ollama", "warm").warm
+                and scheduler.load("ollama", "cold").warm is not None
+            ):
                 break
             await _turn()
         assert scheduler.load("ollama", "cold").warm == frozenset()
