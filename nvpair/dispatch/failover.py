@@ -34,7 +34,7 @@ from nvpair.facades.answers import no_owner_message, no_owner_timeout_message
 
 async def serve_inference(services: Services, job: Job) -> None:
     engine = job.admitted.engine
-    candidates, clock = services.candidates, services.clock
+    candidates = services.candidates
     round_plan = candidates.plan(job.admitted)
     if not round_plan.candidates:
         # No owner at admission: a model nobody advertises will not become servable by
@@ -61,17 +61,8 @@ async def serve_inference(services: Services, job: Job) -> None:
         if not round_plan.candidates:
             # An owner existed within this request's life and went away: wait for one, at
             # no attempt's cost, until the deadline (in fleet mode, at most --owner-wait).
-            job.budget = job.budget.owners_gone(clock.seconds(), services.scheduling.owner_wait)
-            wait = job.budget.owner_wait(clock.seconds())
-            if wait is None:
-                job.refuse(
-                    Reason.NO_OWNER_TIMEOUT,
-                    retry_after=job.budget.retry_after(),
-                    message=no_owner_timeout_message(job.admitted.model, _bound(services, job)),
-                )
+            if not await _owner_back(services, job):
                 return
-            await _owner_change(services, engine.serves, wait)
-            job.budget = job.budget.backed_off()
             round_plan = candidates.plan(job.admitted)
             continue
 
@@ -84,16 +75,42 @@ async def serve_inference(services: Services, job: Job) -> None:
             # (no backoff: nothing failed).
             round_plan = candidates.plan(job.admitted)
             continue
-        # The round is exhausted: nothing runs between attempts, so the claim goes now (a
-        # stale one would push the other engines' traffic off a free node).
-        job.release(services.reservations)
-        pause = job.budget.pause(clock.seconds())
-        if pause is None:
-            job.refuse(Reason.DEADLINE, retry_after=job.budget.retry_after())
+        if not await _round_over(services, job):
             return
-        await task.deferLater(clock, pause, lambda: None)
-        job.budget = job.budget.backed_off()
         round_plan = candidates.plan(job.admitted)
+
+
+async def _owner_back(services: Services, job: Job) -> bool:
+    """Wait, at no attempt's cost, for an owner to come back; False when the wait ran out and
+    the request was answered 503 ``no-owner-timeout``."""
+    clock = services.clock
+    job.budget = job.budget.owners_gone(clock.seconds(), services.scheduling.owner_wait)
+    wait = job.budget.owner_wait(clock.seconds())
+    if wait is None:
+        job.refuse(
+            Reason.NO_OWNER_TIMEOUT,
+            retry_after=job.budget.retry_after(),
+            message=no_owner_timeout_message(job.admitted.model, _bound(services, job)),
+        )
+        return False
+    await _owner_change(services, job.admitted.engine.serves, wait)
+    job.budget = job.budget.backed_off()
+    return True
+
+
+async def _round_over(services: Services, job: Job) -> bool:
+    """A round is exhausted: its claim goes (nothing runs between attempts, and a stale one
+    would push other traffic off a free node), then the backoff; False when the deadline
+    came first and the request was answered 503 ``deadline``."""
+    clock = services.clock
+    job.release(services.reservations)
+    pause = job.budget.pause(clock.seconds())
+    if pause is None:
+        job.refuse(Reason.DEADLINE, retry_after=job.budget.retry_after())
+        return False
+    await task.deferLater(clock, pause, lambda: None)
+    job.budget = job.budget.backed_off()
+    return True
 
 
 async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgoing) -> bool | None:
@@ -157,7 +174,6 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
     )
     deadline = job.created + services.bounds.job_deadline
     tried: set[tuple[str, str]] = set()
-    engine = admitted.engine
     nodes: dict[tuple[str, str], Node] = {}
 
     planned: list[Plan] = []
@@ -179,17 +195,8 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
 
     while True:
         if not round_plan.candidates:
-            job.budget = job.budget.owners_gone(clock.seconds(), services.scheduling.owner_wait)
-            wait = job.budget.owner_wait(clock.seconds())
-            if wait is None:
-                job.refuse(
-                    Reason.NO_OWNER_TIMEOUT,
-                    retry_after=job.budget.retry_after(),
-                    message=no_owner_timeout_message(admitted.model, _bound(services, job)),
-                )
+            if not await _owner_back(services, job):
                 return
-            await _owner_change(services, engine.serves, wait)
-            job.budget = job.budget.backed_off()
             round_plan = candidates.plan(admitted)
             continue
         job.budget = job.budget.owners_back()
@@ -198,13 +205,8 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
                 round_plan = candidates.plan(admitted)
                 continue
             # Every owner has been tried: the round is over, as without the queue.
-            job.release(services.reservations)
-            pause = job.budget.pause(clock.seconds())
-            if pause is None:
-                job.refuse(Reason.DEADLINE, retry_after=job.budget.retry_after())
+            if not await _round_over(services, job):
                 return
-            await task.deferLater(clock, pause, lambda: None)
-            job.budget = job.budget.backed_off()
             tried.clear()
             round_plan = candidates.plan(admitted)
             continue
