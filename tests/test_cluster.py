@@ -225,7 +225,7 @@ def test_plaintext_goes_to_the_plain_personality() -> None:
     pump.flush()
     assert hello.received == b"plain:hello"
     # The delegate got the real transport (TCP_NODELAY, producers), not a wrapper.
-    assert Plain.transports[-1] is server.transport
+    assert Plain.transports[-1] is server.transport  # type: ignore[union-attr]
 
 
 def test_a_silent_connection_is_closed_after_the_sniff_timeout() -> None:

@@ -450,7 +450,7 @@ async def test_the_ollama_sdk_sees_one_answer_at_a_time_and_the_full_queue(start
             lines += 1
         assert lines == 5
 
-    await deferToThread(lambda: [t.join() for t in _threads(chat, 2)])
+    await deferToThread(lambda: [t.join() for t in _threads(chat, 2)])  # type: ignore[func-returns-value]
     # Each answer streams for 0.4 s (five lines 0.1 s apart): run together they would start
     # together.
     first, second = sorted(firsts)

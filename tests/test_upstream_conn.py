@@ -273,7 +273,7 @@ class Rig:
         self.owner = Owner()
         self.transport = Writes()
         self.connection = UpstreamConnection()
-        self.connection.owner = self.owner
+        self.connection.owner = self.owner  # type: ignore[assignment]
         self.connection.makeConnection(self.transport)
 
     def send(

@@ -359,7 +359,7 @@ def proxy_reads_response(method: bytes, segments: Sequence[bytes]) -> Answer | N
     reused is whether the pool would hand it out again, which takes the pool parking it (bytes
     that come while it is idle have it dropped).
     """
-    pool = Pool(Clock(), 1, IDLE_TIMEOUT, _no_redial)
+    pool = Pool(Clock(), 1, IDLE_TIMEOUT, _no_redial)  # type: ignore[arg-type]
     connection, transport = upstream_connection(pool)
     heads: list[IResponse] = []
     reader = BodyReader()

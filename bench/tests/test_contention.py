@@ -271,7 +271,7 @@ def test_priority_is_judged_against_the_idle_fleet_plus_one_service_time() -> No
     judged = judge(target("high key's TTFT p95"), table)
     assert judged.value == pytest.approx(2100 / (1.5 * 40 + 2040))
     assert judged.verdict is Verdict.PASS
-    table["ct_prio_high_p95_ms"]["queue-on"] = [2200.0]
+    table["ct_prio_high_p95_ms"]["queue-on"] = [2200.0]  # type: ignore[index]
     assert judge(target("high key's TTFT p95"), table).verdict is Verdict.MISS
 
 

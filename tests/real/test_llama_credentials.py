@@ -241,7 +241,7 @@ async def test_the_service_as_its_dynamic_user_serves_tls_and_reaches_the_keyed_
     originals = {"lan.crt": server.cert_pem, "lan.key": server.key_pem, "gpu1-llama.key": KEY}
     for name, content in originals.items():
         path = tmp_path / name
-        path.write_bytes(content if isinstance(content, bytes) else content.encode() + b"\n")
+        path.write_bytes(content if isinstance(content, bytes) else content.encode() + b"\n")  # type: ignore[attr-defined]
         path.chmod(0o600)
     unreadable = subprocess.run(
         [*AS_NOBODY, "cat", str(tmp_path / "lan.key")],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -76,12 +77,14 @@ async def test_openai_stream_through_the_proxy_with_real_usage(
         for attempt in range(3):
             chunks, completion_tokens = await deferToThread(chat)
             assert chunks > 1 and completion_tokens >= 1
-            ended = await proxy.wait_for(
-                lambda frame, n=attempt: (
+
+            def terminal(frame: dict[str, Any], n: int = attempt) -> bool:
+                return bool(
                     frame.get("method") in ("workload:completed", "workload:errored")
                     and frame["params"]["workloadInfo"]["id"] == str(n + 1)
                 )
-            )
+
+            ended = await proxy.wait_for(terminal)
             if ended["method"] == "workload:completed":
                 break
             assert ended["params"]["workloadInfo"]["error"] == "requester-gone", ended
