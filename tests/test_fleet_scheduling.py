@@ -382,3 +382,40 @@ def test_a_model_less_request_assumes_nothing() -> None:
     _, scheduler = fleet()
     scheduler.dispatched(ENGINE, "a", None)
     assert scheduler.standing(ENGINE, "a").load == LoadState()
+
+
+def test_a_load_on_a_box_seen_holding_one_model_evicts_the_one_it_held() -> None:
+    """A box every reading has shown holding one model at a time (a small Ollama box): once a
+    second model is sent to it, the first counts out of memory until a poll says otherwise, so
+    the queue and the order do not send it a request for the model it has just swapped out."""
+    h, scheduler = fleet()
+    scheduler.record_load(ENGINE, "a", LoadState(warm=frozenset({"m"})), asked_at=0.0)
+    h.clock.advance(5.0)
+    scheduler.dispatched(ENGINE, "a", "n")
+    assert scheduler.standing(ENGINE, "a").load.warm == frozenset({"n"})
+    # The next poll has the last word: it still holds m (it had room after all).
+    h.clock.advance(5.0)
+    scheduler.record_load(
+        ENGINE, "a", LoadState(warm=frozenset({"m", "n"})), asked_at=h.clock.seconds()
+    )
+    assert scheduler.standing(ENGINE, "a").load.warm == frozenset({"m", "n"})
+
+
+def test_a_box_seen_holding_two_models_keeps_both_through_a_load() -> None:
+    h, scheduler = fleet()
+    scheduler.record_load(ENGINE, "a", LoadState(warm=frozenset({"m", "n"})), asked_at=0.0)
+    scheduler.record_load(ENGINE, "a", LoadState(warm=frozenset({"m"})), asked_at=1.0)
+    h.clock.advance(5.0)
+    scheduler.dispatched(ENGINE, "a", "o")
+    assert scheduler.standing(ENGINE, "a").load.warm == frozenset({"m", "o"})
+    # A third model would take it past what it has held: only what was sent counts, the
+    # latest sent first, as many as it has held.
+    h.clock.advance(1.0)
+    scheduler.dispatched(ENGINE, "a", "p")
+    assert scheduler.standing(ENGINE, "a").load.warm == frozenset({"o", "p"})
+    # A reload forgets what it was seen holding.
+    scheduler.forget(ENGINE, "a")
+    scheduler.record_load(ENGINE, "a", LoadState(warm=frozenset({"m"})), asked_at=7.0)
+    h.clock.advance(5.0)
+    scheduler.dispatched(ENGINE, "a", "o")
+    assert scheduler.standing(ENGINE, "a").load.warm == frozenset({"o"})

@@ -267,6 +267,28 @@ def test_assuming(state: LoadState, dispatched: set[str], expected: LoadState) -
 
 
 @pytest.mark.parametrize(
+    ("state", "dispatched", "room", "expected"),
+    [
+        pytest.param(WARM_A, {"m": 1.0}, 2, frozenset({"a", "m"}), id="room-for-both"),
+        pytest.param(WARM_A, {"m": 1.0}, 1, frozenset({"m"}), id="a-swap-evicts"),
+        pytest.param(WARM_A, {"m": 1.0, "n": 2.0}, 1, frozenset({"n"}), id="the-last-sent"),
+        pytest.param(
+            WARM_A, {"m": 3.0, "n": 2.0, "o": 1.0}, 2, frozenset({"m", "n"}), id="newest-two"
+        ),
+        pytest.param(WARM_A, {"a": 1.0}, 1, WARM_A.warm, id="already-held-no-load"),
+        pytest.param(WARM_A, {"m", "n"}, 1, frozenset({"m", "n"}), id="unordered-keeps-all"),
+        pytest.param(UNKNOWN, {"m": 1.0, "n": 2.0}, 1, frozenset({"m", "n"}), id="no-reading"),
+    ],
+)
+def test_assuming_within_room(
+    state: LoadState, dispatched: set[str] | dict[str, float], room: int, expected: frozenset[str]
+) -> None:
+    """A load past the models the engine has been seen holding evicts one the reading cannot
+    name: only what was sent since counts (docs/fleet-scheduling.md#dispatched-is-loading)."""
+    assert state.assuming(dispatched, room).warm == expected
+
+
+@pytest.mark.parametrize(
     ("dispatched", "asked_at", "expected"),
     [
         pytest.param({"m": 10.0}, 9.0, {"m": 10.0}, id="asked-before-the-dispatch"),

@@ -14,6 +14,8 @@ from nvpair.control.fairqueue import NodeId, Option, QueueOptions
 from nvpair.dispatch.queueing import PUMP_EVERY, FleetQueue, QueueFull
 from nvpair.engines.caller import Priority
 from nvpair.engines.loadstate import LoadState
+from nvpair.fleet.health import HealthPolicy
+from nvpair.fleet.scheduling import FleetScheduler
 
 A: NodeId = ("llamacpp", "a")
 B: NodeId = ("llamacpp", "b")
@@ -186,3 +188,33 @@ def test_the_live_queue_never_goes_over_capacity_and_every_waiter_ends(
     fleet.clock.advance(31.0)
     for index, (_, got) in enumerate(asked):
         assert got == [] if index in left else len(got) == 1
+
+
+def test_a_box_that_swapped_is_not_sent_the_model_it_swapped_out() -> None:
+    """An Ollama box seen holding one model at a time, with the queue reading its load as the
+    fleet scheduler stands it: a request for a second model loads it there (the box had none
+    of the proxy's requests), and a request for the first then waits for that one to end —
+    the box no longer holds it — instead of starting beside it and swapping back."""
+    clock = Clock()
+    scheduler = FleetScheduler(clock, HealthPolicy(3, 5.0, 120.0))
+    box: NodeId = ("ollama", "a")
+    scheduler.record_load(*box, LoadState(warm=frozenset({"m"})), asked_at=0.0)
+    clock.advance(5.0)
+    queue = FleetQueue(clock, lambda node: scheduler.standing(*node).load)
+    listed = frozenset({"m", "n"})
+
+    def ask(model: str) -> list[Option | None]:
+        waiter = queue.waiter("x", Priority.NORMAL, ("ollama", model))
+        got: list[Option | None] = []
+        queue.take(waiter, lambda: [queue.option(box, model, listed)], 100.0).addCallback(
+            got.append
+        )
+        return got
+
+    loading = ask("n")
+    assert loading == [Option(box, "n", False)]
+    scheduler.dispatched(*box, "n")
+    swapped_out = ask("m")
+    assert swapped_out == []
+    queue.release(Option(box, "n", False))
+    assert swapped_out == [Option(box, "m", False)]

@@ -96,7 +96,9 @@ class LoadState:
         capacity = self.slots if self.slots else 1
         return self.busy + reserved < capacity
 
-    def assuming(self, dispatched: Collection[str]) -> LoadState:
+    def assuming(
+        self, dispatched: Collection[str] | Mapping[str, float], room: int | None = None
+    ) -> LoadState:
         """This reading with the ``dispatched`` model keys counted in memory as well.
 
         They are the models this proxy has sent a request for since the reading was asked: an
@@ -104,15 +106,26 @@ class LoadState:
         poll. An engine loading as a whole stays loading (it serves nothing yet), and one that
         serves every model it lists (llama.cpp) has nothing to add. Without a reading
         (:data:`UNKNOWN`) the dispatched models are the only ones known to be in memory.
+
+        :param room: how many models the engine holds at once, as far as is known. A load that
+            takes it past that evicts a model this reading does not say which: then only the
+            dispatched models count (the ``room`` sent last, where ``dispatched`` maps each to
+            when it was sent), and the reading's others not until a poll says
+            (docs/fleet-scheduling.md#dispatched-is-loading).
         """
         if not dispatched or self.loading or self.warm_all:
             return self
         if self.warm is None:
-            warm = frozenset(dispatched)
-        elif self.warm.issuperset(dispatched):
+            return evolve(self, warm=frozenset(dispatched))
+        if self.warm.issuperset(dispatched):
             return self
-        else:
-            warm = self.warm.union(dispatched)
+        warm = self.warm.union(dispatched)
+        if room is not None and len(warm) > room:
+            if isinstance(dispatched, Mapping):
+                newest = sorted(dispatched, key=dispatched.__getitem__, reverse=True)
+                warm = frozenset(newest[: max(1, room)])
+            else:
+                warm = frozenset(dispatched)
         return evolve(self, warm=warm)
 
 

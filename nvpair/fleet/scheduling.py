@@ -80,6 +80,9 @@ class FleetScheduler:
         self._loads: dict[tuple[str, str], LoadState] = {}
         # (engine, node) -> model key -> clock time of the latest dispatch no poll speaks for yet
         self._sent: dict[tuple[str, str], dict[str, float]] = {}
+        # (engine, node) -> the most models it has been seen holding at once: a load beyond
+        # that evicts one (docs/fleet-scheduling.md#dispatched-is-loading)
+        self._room: dict[tuple[str, str], int] = {}
         # (engine, node) -> the model keys it last listed, while it is out of discovery
         self._away: dict[tuple[str, str], frozenset[str]] = {}
         #: Called after every poll's reading: the fleet's queue looks for a place freed
@@ -147,6 +150,8 @@ class FleetScheduler:
                 busy=max(0, state.busy - own),
                 model_slots=tuple((m, n, max(0, busy - own)) for m, n, busy in state.model_slots),
             )
+        if state.warm is not None and not state.warm_all:
+            self._room[(engine, node)] = max(self._room.get((engine, node), 1), len(state.warm))
         if state == UNKNOWN:
             self._loads.pop((engine, node), None)
         else:
@@ -181,6 +186,7 @@ class FleetScheduler:
         self._loads.pop((engine, node), None)
         self._away.pop((engine, node), None)
         self._sent.pop((engine, node), None)
+        self._room.pop((engine, node), None)
         self.health.forget(engine, node)
         self.caches.forget(engine, node)
 
@@ -192,7 +198,7 @@ class FleetScheduler:
         load = self._loads.get(key, UNKNOWN)
         sent = self._sent.get(key)
         if sent:
-            load = load.assuming(sent.keys())
+            load = load.assuming(sent, self._room.get(key, 1))
         held = self.health.held(engine, node)
         if not held and self.liveness is not None:
             held = self.liveness.suspect(engine, node)
