@@ -263,3 +263,34 @@ def test_a_shutdown_cancels_the_slots_asked(routers: LoadPolling) -> None:
     (asked,) = routers.pending("a", ALPHA_SLOTS)
     routers.service.stopService()
     assert asked.called  # cancelled, its connection closed
+
+
+def test_the_slots_probes_go_one_at_a_time(routers: LoadPolling) -> None:
+    """docs/fleet-scheduling.md#one-probe-at-a-time: each probe keeps its model from being
+    evicted while it lasts, so at most one is in flight per node, in the list's order."""
+    three = json.dumps(
+        {"object": "list", "data": [entry(m, "loaded") for m in ("alpha", "beta", "gamma")]}
+    ).encode()
+    routers.answer("a", "/health", b'{"status":"ok"}')
+    routers.answer("a", "/slots", NO_MODEL.body, 400)
+    routers.answer("a", "/v1/models", three)
+    probes = [f"/slots?model={m}&autoload=false" for m in ("alpha", "beta", "gamma")]
+    for done, probe in enumerate(probes):
+        in_flight = [p for p in probes if routers.pending("a", p)]
+        assert in_flight == [probe]
+        assert all(len(routers.sent("a", p)) == 1 for p in probes[: done + 1])
+        assert all(routers.sent("a", p) == [] for p in probes[done + 1 :])
+        routers.answer("a", probe, slots(done == 1).body)
+    assert routers.load("a").model_slots == (("alpha", 1, 0), ("beta", 1, 1), ("gamma", 1, 0))
+
+
+def test_a_failed_probe_does_not_stop_the_next(routers: LoadPolling) -> None:
+    """One model's probe failing says nothing of it, and the next model is still asked."""
+    two = json.dumps({"object": "list", "data": [entry(m, "loaded") for m in ("alpha", "beta")]})
+    routers.answer("a", "/health", b'{"status":"ok"}')
+    routers.answer("a", "/slots", NO_MODEL.body, 400)
+    routers.answer("a", "/v1/models", two.encode())
+    (first,) = routers.pending("a", ALPHA_SLOTS)
+    first.errback(ConnectionRefusedError())
+    routers.answer("a", "/slots?model=beta&autoload=false", slots(False).body)
+    assert routers.load("a").model_slots == (("beta", 1, 0),)

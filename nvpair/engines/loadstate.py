@@ -178,7 +178,7 @@ class LoadProbe:
     :ivar paths: the GET routes to ask, all at once.
     :ivar read: turns their answers (in ``paths`` order; None for one that failed in transit
         or past its bounds) and the engine's model-key function into a :class:`LoadState`.
-    :ivar follow_up: the routes those answers say to ask next, all at once (a llama.cpp
+    :ivar follow_up: the routes those answers say to ask next, one at a time (a llama.cpp
         router: each loaded model's slots); none for most engines.
     :ivar read_follow_up: adds their answers to the reading.
     """
