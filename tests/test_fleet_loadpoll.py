@@ -178,7 +178,7 @@ def test_stopping_cancels_the_load_polls_too(polling: LoadPolling) -> None:
     assert polling.clock.getDelayedCalls() == []
 
 
-# -- llama.cpp: /health and /slots, and a loading server ----------------------------------------
+# -- llama.cpp: /health, /props and /slots, and a loading server ---------------------------------
 
 LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
@@ -205,13 +205,19 @@ def slots(*busy: bool) -> bytes:
     return json.dumps([{"id": i, "is_processing": b} for i, b in enumerate(busy)]).encode()
 
 
+#: ``/props`` of an awake server (trimmed).
+AWAKE = b'{"total_slots":2,"model_alias":"tiny","is_sleeping":false}'
+
+
 def serve_round(llama: LoadPolling, node: str, ready: bool) -> None:
     if ready:
         llama.answer(node, "/v1/models", models("tiny"))
         llama.answer(node, "/health", b'{"status":"ok"}')
+        llama.answer(node, "/props", AWAKE)
+        # Asked once /props said the server is awake (docs/fleet-scheduling.md#sleeping-servers).
         llama.answer(node, "/slots", slots(True, False))
     else:
-        for path in ("/v1/models", "/health", "/slots"):
+        for path in ("/v1/models", "/health", "/props"):
             llama.answer(node, path, LOADING, 503)
 
 
@@ -234,7 +240,8 @@ def test_a_loading_server_stays_in_discovery_with_its_last_models(llama: LoadPol
 def test_a_node_that_comes_back_loading_rejoins_as_loading(llama: LoadPolling) -> None:
     serve_round(llama, "a", ready=True)
     llama.clock.advance(INTERVAL)
-    for path in ("/v1/models", "/health", "/slots"):
+    # /slots last: asked once /health and /props have said nothing against it.
+    for path in ("/v1/models", "/health", "/props", "/slots"):
         for deferred in llama.pending("a", path):
             deferred.errback(ConnectionRefusedError())
     assert llama.nodes() == {}
@@ -254,8 +261,22 @@ def test_a_failing_model_list_without_loading_still_leaves(llama: LoadPolling) -
     llama.answer("a", "/v1/models", b"{}", 500)
     assert llama.nodes() == {"a": ("tiny",)}  # decided once the load answers are in
     llama.answer("a", "/health", b'{"status":"ok"}')
+    llama.answer("a", "/props", AWAKE)
     llama.answer("a", "/slots", slots(False))
     assert llama.nodes() == {}
+
+
+def test_a_sleeping_server_is_never_asked_its_slots(llama: LoadPolling) -> None:
+    """docs/fleet-scheduling.md#sleeping-servers: its ``/props`` says it sleeps, and a
+    ``/slots`` request would wake it; it stays in discovery, cold."""
+    for _ in range(3):
+        llama.answer("a", "/v1/models", models("tiny"))
+        llama.answer("a", "/health", b'{"status":"ok"}')
+        llama.answer("a", "/props", b'{"total_slots":2,"is_sleeping":true}')
+        llama.clock.advance(INTERVAL)
+    assert llama.sent("a", "/slots") == []
+    assert llama.nodes() == {"a": ("tiny",)}
+    assert llama.load("a") == LoadState(warm=frozenset(), sleeping=True)
 
 
 # -- against simulated engines on loopback -------------------------------------------------------

@@ -54,18 +54,26 @@ NO_MODEL = ok(
     {"error": {"code": 400, "message": "model name is missing from the request"}}, status=400
 )
 
+#: What a router answers ``/props`` without ``?model=`` (trimmed).
+ROUTER_PROPS = ok({"role": "router", "max_instances": 4, "model_alias": "llama-server"})
+
 
 def read(models: Answer | None, health: Answer | None = HEALTHY) -> LoadState:
-    return PROBE.read([health, NO_MODEL, models], str)
+    return PROBE.read([health, ROUTER_PROPS, models], str)
 
 
 # -- the model list -------------------------------------------------------------------------------
 
 
 def test_each_status_is_a_load_state() -> None:
-    """loaded = in memory; loading = in memory, no slot free yet; the others = cold."""
+    """loaded = in memory; loading = in memory, no slot free yet; the others = cold, a
+    sleeping one shown so (docs/fleet-scheduling.md#sleeping-servers)."""
     state = read(listing(a="loaded", b="loading", c="unloaded", d="sleeping", e="failed"))
-    assert state == LoadState(warm=frozenset({"a", "b"}), loading_models=frozenset({"b"}))
+    assert state == LoadState(
+        warm=frozenset({"a", "b"}),
+        loading_models=frozenset({"b"}),
+        sleeping_models=frozenset({"d"}),
+    )
     assert state.in_memory("a", frozenset("abcde")) is True
     assert state.in_memory("b", frozenset("abcde")) is True
     for cold in "cde":
@@ -73,20 +81,26 @@ def test_each_status_is_a_load_state() -> None:
     assert state.free_slot(0, "a") and not state.free_slot(0, "b")
 
 
-def test_a_400_for_slots_without_a_model_is_no_error() -> None:
-    """The router's 400 neither fails the reading nor reads as a single model's server."""
+def test_a_router_whose_list_says_nothing_is_unknown() -> None:
+    """Its ``/props`` says router: never read as a single model's server, never asked its
+    ``/slots`` without ``?model=``; a router that says so nowhere answers that 400."""
     assert read(listing(a="unloaded")) == LoadState(warm=frozenset())
     # With its model list unreadable this time, nothing is known (not "every model warm").
     assert read(None) == UNKNOWN
     assert read(ok({"data": []}, status=500)) == UNKNOWN
+    assert PROBE.follow_up([HEALTHY, ROUTER_PROPS, None]) == ()
+    silent = [HEALTHY, None, None]
+    assert PROBE.follow_up(silent) == ((None, "/slots"),)
+    assert PROBE.read_follow_up(PROBE.read(silent, str), [(None, NO_MODEL)], str) == UNKNOWN
 
 
 def test_a_server_started_with_a_model_is_read_as_before() -> None:
     single = ok({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
-    assert PROBE.read([HEALTHY, slots(True, False), single], str) == LoadState(
-        warm_all=True, slots=2, busy=1
-    )
-    assert PROBE.follow_up([HEALTHY, slots(True, False), single]) == ()
+    first = [HEALTHY, ok({"is_sleeping": False}), single]
+    assert PROBE.follow_up(first) == ((None, "/slots"),)
+    assert PROBE.read_follow_up(
+        PROBE.read(first, str), [(None, slots(True, False))], str
+    ) == LoadState(warm_all=True, slots=2, busy=1)
 
 
 @pytest.mark.parametrize(
@@ -109,7 +123,7 @@ def test_a_malformed_router_list_says_nothing(document: object) -> None:
 def test_a_router_loading_as_a_whole_is_loading() -> None:
     loading = ok({"error": {"code": 503, "message": "Loading model"}}, 503)
     assert read(listing(a="loaded"), health=loading) == LoadState(loading=True)
-    assert PROBE.follow_up([loading, NO_MODEL, listing(a="loaded")]) == ()
+    assert PROBE.follow_up([loading, loading, listing(a="loaded")]) == ()
 
 
 # -- slots per loaded model -----------------------------------------------------------------------
@@ -118,7 +132,11 @@ def test_a_router_loading_as_a_whole_is_loading() -> None:
 def test_only_loaded_models_slots_are_asked_and_never_with_autoload() -> None:
     """Asking a model's slots loads it unless ``autoload=false``: a poll must never load one
     (with ``--models-max 1`` it would evict the one that is loaded)."""
-    answers = [HEALTHY, NO_MODEL, listing(a="loaded", b="loading", c="unloaded", d="loaded")]
+    answers = [
+        HEALTHY,
+        ROUTER_PROPS,
+        listing(a="loaded", b="loading", c="unloaded", d="loaded", e="sleeping"),
+    ]
     assert PROBE.follow_up(answers) == (
         ("a", "/slots?model=a&autoload=false"),
         ("d", "/slots?model=d&autoload=false"),
@@ -222,7 +240,7 @@ ALPHA_SLOTS = "/slots?model=alpha&autoload=false"
 
 def test_a_poll_asks_each_loaded_models_slots_once_the_list_is_in(routers: LoadPolling) -> None:
     routers.answer("a", "/health", b'{"status":"ok"}')
-    routers.answer("a", "/slots", NO_MODEL.body, 400)
+    routers.answer("a", "/props", ROUTER_PROPS.body)
     assert routers.sent("a", ALPHA_SLOTS) == []
     routers.answer("a", "/v1/models", MODELS)
     # The inventory is in at once; the load waits for alpha's slots.
@@ -239,7 +257,7 @@ def test_a_poll_asks_each_loaded_models_slots_once_the_list_is_in(routers: LoadP
 def test_the_next_poll_waits_for_the_slots_too(routers: LoadPolling) -> None:
     """Never two polls of a pair at once: the follow-up is part of the poll."""
     routers.answer("a", "/health", b'{"status":"ok"}')
-    routers.answer("a", "/slots", NO_MODEL.body, 400)
+    routers.answer("a", "/props", ROUTER_PROPS.body)
     routers.answer("a", "/v1/models", MODELS)
     routers.clock.advance(INTERVAL)
     assert len(routers.sent("a", "/health")) == 1
@@ -250,7 +268,7 @@ def test_the_next_poll_waits_for_the_slots_too(routers: LoadPolling) -> None:
 
 def test_a_stalled_slots_answer_is_bounded_and_says_nothing(routers: LoadPolling) -> None:
     routers.answer("a", "/health", b'{"status":"ok"}')
-    routers.answer("a", "/slots", NO_MODEL.body, 400)
+    routers.answer("a", "/props", ROUTER_PROPS.body)
     routers.answer("a", "/v1/models", MODELS)
     routers.clock.advance(BOUND)
     assert routers.load("a") == LoadState(warm=frozenset({"alpha"}))
@@ -258,8 +276,39 @@ def test_a_stalled_slots_answer_is_bounded_and_says_nothing(routers: LoadPolling
 
 def test_a_shutdown_cancels_the_slots_asked(routers: LoadPolling) -> None:
     routers.answer("a", "/health", b'{"status":"ok"}')
-    routers.answer("a", "/slots", NO_MODEL.body, 400)
+    routers.answer("a", "/props", ROUTER_PROPS.body)
     routers.answer("a", "/v1/models", MODELS)
     (asked,) = routers.pending("a", ALPHA_SLOTS)
     routers.service.stopService()
     assert asked.called  # cancelled, its connection closed
+
+
+def test_the_slots_probes_go_one_at_a_time(routers: LoadPolling) -> None:
+    """docs/fleet-scheduling.md#one-probe-at-a-time: each probe keeps its model from being
+    evicted while it lasts, so at most one is in flight per node, in the list's order."""
+    three = json.dumps(
+        {"object": "list", "data": [entry(m, "loaded") for m in ("alpha", "beta", "gamma")]}
+    ).encode()
+    routers.answer("a", "/health", b'{"status":"ok"}')
+    routers.answer("a", "/props", ROUTER_PROPS.body)
+    routers.answer("a", "/v1/models", three)
+    probes = [f"/slots?model={m}&autoload=false" for m in ("alpha", "beta", "gamma")]
+    for done, probe in enumerate(probes):
+        in_flight = [p for p in probes if routers.pending("a", p)]
+        assert in_flight == [probe]
+        assert all(len(routers.sent("a", p)) == 1 for p in probes[: done + 1])
+        assert all(routers.sent("a", p) == [] for p in probes[done + 1 :])
+        routers.answer("a", probe, slots(done == 1).body)
+    assert routers.load("a").model_slots == (("alpha", 1, 0), ("beta", 1, 1), ("gamma", 1, 0))
+
+
+def test_a_failed_probe_does_not_stop_the_next(routers: LoadPolling) -> None:
+    """One model's probe failing says nothing of it, and the next model is still asked."""
+    two = json.dumps({"object": "list", "data": [entry(m, "loaded") for m in ("alpha", "beta")]})
+    routers.answer("a", "/health", b'{"status":"ok"}')
+    routers.answer("a", "/props", ROUTER_PROPS.body)
+    routers.answer("a", "/v1/models", two.encode())
+    (first,) = routers.pending("a", ALPHA_SLOTS)
+    first.errback(ConnectionRefusedError())
+    routers.answer("a", "/slots?model=beta&autoload=false", slots(False).body)
+    assert routers.load("a").model_slots == (("beta", 1, 0),)

@@ -24,6 +24,18 @@ def read(engine_id: str, *answers: Answer | None) -> LoadState:
     return engine.load_probe.read(answers, engine.model_key)
 
 
+def llama(
+    health: Answer | None, slots: Answer | None, listing: Answer | None, props: Answer | None = None
+) -> LoadState:
+    """A llama.cpp poll read whole: ``/health``, ``/props`` and the list, then ``/slots`` when
+    the first answers ask for it (its answer ``slots``)."""
+    probe = LLAMACPP.load_probe
+    first = [health, props, listing]
+    more = probe.follow_up(first)
+    followed = [(model, slots if path == "/slots" else None) for model, path in more]
+    return probe.read_follow_up(probe.read(first, str), followed, str)
+
+
 # -- Ollama GET /api/ps ---------------------------------------------------------------------------
 
 PS_ENTRY = {
@@ -86,7 +98,7 @@ def test_lmstudio_without_rest_v0_is_unknown() -> None:
     assert read("lmstudio", unexpected) == UNKNOWN
 
 
-# -- llama.cpp GET /health and GET /slots ---------------------------------------------------------
+# -- llama.cpp GET /health, GET /props, then GET /slots --------------------------------------------
 
 
 def slot(index: int, processing: bool) -> dict[str, object]:
@@ -101,30 +113,54 @@ LISTED = ok({"object": "list", "data": [{"id": "tiny", "object": "model", "owned
 
 
 def test_llamacpp_health_and_slots() -> None:
-    state = read("llamacpp", HEALTHY, ok([slot(0, True), slot(1, False), slot(2, True)]), LISTED)
-    assert LLAMACPP.load_probe.paths == ("/health", "/slots", "/v1/models")
+    state = llama(HEALTHY, ok([slot(0, True), slot(1, False), slot(2, True)]), LISTED)
+    assert LLAMACPP.load_probe.paths == ("/health", "/props", "/v1/models")
     assert (state.loading, state.warm_all, state.slots, state.busy) == (False, True, 3, 2)
     assert state.in_memory("tiny", frozenset({"tiny"})) is True
     assert state.free_slot(0) and not state.free_slot(1)
 
 
 def test_llamacpp_loading_is_a_503_from_health() -> None:
-    state = read("llamacpp", LOADING, LOADING, LOADING)
+    state = llama(LOADING, LOADING, LOADING)
     assert state.loading and state.in_memory("tiny", frozenset({"tiny"})) is False
 
 
 def test_llamacpp_legacy_slot_state() -> None:
     """Builds before late 2024 said ``state`` 0 (idle) or 1 (processing)."""
     slots = ok([{"id": 0, "state": 1}, {"id": 1, "state": 0}])
-    assert read("llamacpp", HEALTHY, slots, LISTED) == LoadState(warm_all=True, slots=2, busy=1)
+    assert llama(HEALTHY, slots, LISTED) == LoadState(warm_all=True, slots=2, busy=1)
 
 
 def test_llamacpp_without_slots_still_serves_its_model() -> None:
     """``--no-slots``: the slot count is unknown, the model is in memory."""
     disabled = ok({"error": {"code": 501, "message": "This server does not support slots"}}, 501)
-    assert read("llamacpp", HEALTHY, disabled, LISTED) == LoadState(warm_all=True)
-    assert read("llamacpp", None, ok([slot(0, False)]), None) == LoadState(warm_all=True, slots=1)
-    assert read("llamacpp", None, None, None) == UNKNOWN
+    assert llama(HEALTHY, disabled, LISTED) == LoadState(warm_all=True)
+    assert llama(None, ok([slot(0, False)]), None) == LoadState(warm_all=True, slots=1)
+    assert llama(None, None, None) == UNKNOWN
+
+
+#: ``/props`` of a server asleep (``--sleep-idle-seconds``), trimmed.
+ASLEEP = ok({"total_slots": 2, "model_alias": "tiny", "is_sleeping": True})
+
+
+def test_a_sleeping_server_is_cold_and_not_asked_its_slots() -> None:
+    """docs/fleet-scheduling.md#sleeping-servers: one ``/slots`` request would wake it."""
+    first = [HEALTHY, ASLEEP, LISTED]
+    assert LLAMACPP.load_probe.follow_up(first) == ()
+    state = LLAMACPP.load_probe.read(first, str)
+    assert state == LoadState(warm=frozenset(), sleeping=True)
+    assert state.in_memory("tiny", frozenset({"tiny"})) is False
+    # A request sent to it wakes it: its model then counts in memory.
+    assert state.assuming({"tiny"}).in_memory("tiny", frozenset({"tiny"})) is True
+
+
+def test_an_awake_server_or_one_that_does_not_say_is_asked_its_slots() -> None:
+    awake = ok({"total_slots": 2, "is_sleeping": False})
+    for props in (awake, ok({"total_slots": 2}), None, ok({}, 404)):
+        assert LLAMACPP.load_probe.follow_up([HEALTHY, props, LISTED]) == ((None, "/slots"),)
+        assert llama(HEALTHY, ok([slot(0, True)]), LISTED, props) == LoadState(
+            warm_all=True, slots=1, busy=1
+        )
 
 
 # -- hostile and broken answers -------------------------------------------------------------------
@@ -159,15 +195,15 @@ def test_hostile_bodies_are_unknown(engine_id: str, body: bytes) -> None:
 
 @pytest.mark.parametrize("body", HOSTILE, ids=range(len(HOSTILE)))
 def test_hostile_slots_leave_the_slot_count_unknown(body: bytes) -> None:
-    assert read("llamacpp", HEALTHY, Answer(200, body), LISTED) == LoadState(warm_all=True)
-    assert read("llamacpp", None, Answer(200, body), None) == UNKNOWN
+    assert llama(HEALTHY, Answer(200, body), LISTED) == LoadState(warm_all=True)
+    assert llama(None, Answer(200, body), None) == UNKNOWN
 
 
 @pytest.mark.parametrize("status", [404, 500, 502, 301])
 def test_a_status_that_is_not_2xx_says_nothing(status: int) -> None:
     assert read("ollama", ok({"models": [PS_ENTRY]}, status)) == UNKNOWN
     assert read("lmstudio", ok({"data": [v0("m", "loaded")]}, status)) == UNKNOWN
-    assert read("llamacpp", ok({"status": "ok"}, status), None, None) == UNKNOWN
+    assert llama(ok({"status": "ok"}, status), None, None) == UNKNOWN
 
 
 def test_unknown_says_nothing_about_memory_and_assumes_one_slot() -> None:

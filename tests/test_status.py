@@ -135,6 +135,8 @@ def test_fleet_status_shows_every_configured_node_with_its_state_and_why() -> No
         "busySlots": 0,
         "loadingModels": [],
         "modelSlots": {},
+        "sleeping": False,
+        "sleepingModels": [],
     }
     assert a["reservations"] == 1 and a["inFlight"] == 2
     assert a["lastPoll"] == "2023-11-14T22:13:20.000+00:00"

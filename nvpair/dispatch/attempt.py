@@ -24,8 +24,9 @@ from nvpair.common.deadlines import Deadline, Deadlines
 from nvpair.control.state import ControlState, Discovery, Node
 from nvpair.dispatch.outcome import Verdict, classify
 from nvpair.dispatch.relay import BodyRelay, First
-from nvpair.engines.table import RouteClass
+from nvpair.engines.table import ENGINES, RouteClass
 from nvpair.wire.bodies import discard_body
+from nvpair.wire.headers import is_event_stream
 from nvpair.wire.web import UpstreamClient
 
 
@@ -237,7 +238,9 @@ class Attempts:
             # Every answer commits at its first body byte (or its empty body's end): one whose
             # engine died before it has relayed nothing, and fails as transport. Only an
             # inference 2xx waits under the first-body cap (docs/request-path.md#the-commit-point).
-            if not isinstance(relay.first, First):
+            # An event feed commits at its head: it may stay silent for minutes, and its
+            # client waits for the stream to open (docs/request-path.md#event-feeds).
+            if not isinstance(relay.first, First) and not relayed_at_head(outgoing, node, response):
                 # Not when the first byte (or a clean end) came with the headers — a whole answer
                 # in one read, as most non-streamed ones are: nothing to wait for, no Deferred
                 # made and no timer armed and disarmed for it. A failure goes the long way, to
@@ -321,3 +324,16 @@ class Attempts:
                 raise CancelledError() from error
             return Failed(Fault.TRANSPORT, detail=type(error).__name__)
         return None
+
+
+def relayed_at_head(outgoing: Outgoing, node: Node, response: IResponse) -> bool:
+    """Whether ``response`` is an event feed relayed at its head: a 2xx ``text/event-stream``
+    answer that is not an inference answer (docs/request-path.md#event-feeds). A peer's request
+    is classed by its path, as the node that sent it classed it."""
+    if not 200 <= response.code < 300 or not is_event_stream(response.headers):
+        return False
+    route = outgoing.route
+    if route is RouteClass.PEER:
+        path = outgoing.uri.split(b"?", 1)[0].decode("latin-1")
+        route = ENGINES[node.engine].classify(outgoing.method, path)
+    return route is not RouteClass.INFERENCE

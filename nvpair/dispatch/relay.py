@@ -261,9 +261,12 @@ class BodyRelay(Protocol):
 
         The caller has already written the status line and headers.
         """
-        # HELD: the gate committed it. WAITING: an answer served without the gate (not a 2xx,
-        # or not an inference route), so nothing was held and the upstream was never paused.
+        # HELD: the gate committed it. WAITING: an answer served at its head (an event feed),
+        # so nothing was held and the upstream was never paused.
         assert self._state in (_State.HELD, _State.WAITING)
+        if self._state is _State.WAITING:
+            # Its head goes now, not with its first event (docs/request-path.md#event-feeds).
+            request.write(b"")
         self._state = _State.RELAYING
         # Nobody waits on the gate once the body is being relayed; a failure it holds (the
         # body ended badly before attach) is reported by ``done`` instead.

@@ -20,6 +20,10 @@ LOADED = "loaded"
 #: The ``status.value`` of a model it is loading now.
 LOADING = "loading"
 
+#: The ``status.value`` of a model whose instance sleeps (``--sleep-idle-seconds``): out of
+#: memory until a request wakes it.
+SLEEPING = "sleeping"
+
 #: Per poll, the most loaded models whose slots are asked after: ``--models-max`` is 4 by
 #: default, and a list that claims thousands must not cost thousands of requests.
 MAX_SLOT_READS = 16
@@ -63,9 +67,9 @@ def slots_path(model: str) -> str | None:
     return f"/slots?model={name}&autoload=false"
 
 
-def slot_reads(statuses: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+def slot_reads(statuses: list[tuple[str, str]]) -> tuple[tuple[str | None, str], ...]:
     """``(id, path)`` for the slots of each loaded model, at most :data:`MAX_SLOT_READS`."""
-    reads: list[tuple[str, str]] = []
+    reads: list[tuple[str | None, str]] = []
     for model, status in statuses:
         path = slots_path(model) if status == LOADED else None
         if path is not None:

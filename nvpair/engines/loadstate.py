@@ -2,9 +2,9 @@
 
 Standalone fleet mode has no scheduler, so each poll also asks every engine what it holds in
 memory and how busy it is: Ollama ``GET /api/ps``, LM Studio ``GET /api/v0/models``,
-llama.cpp ``GET /health``, ``GET /slots`` and ``GET /v1/models`` (then, for a router,
-``/slots?model=`` of each loaded model: :mod:`nvpair.engines.llamarouter`). This module turns those
-answers into one
+llama.cpp ``GET /health``, ``GET /props`` and ``GET /v1/models``, then ``/slots`` unless it sleeps
+(for a router, ``/slots?model=`` of each loaded model: :mod:`nvpair.engines.llamarouter`). This
+module turns those answers into one
 :class:`LoadState` value. Anything it cannot read — a failed request, a status it does not
 expect, a body that is not JSON, the wrong shape, deep nesting, a number that overflows —
 gives :data:`UNKNOWN`, never an exception: a node's load is a hint for the order, and a
@@ -55,6 +55,9 @@ class LoadState:
         :attr:`warm` already, no slot free yet.
     :ivar model_slots: a llama.cpp router's ``(model key, slots, busy)`` for each loaded
         model whose own slots it reported; :attr:`busy` is their sum.
+    :ivar sleeping: a llama.cpp server asleep (``--sleep-idle-seconds``): its model is out of
+        memory until a request wakes it (docs/fleet-scheduling.md#sleeping-servers).
+    :ivar sleeping_models: a llama.cpp router's models whose instances sleep (cold as well).
     """
 
     loading: bool = False
@@ -64,6 +67,8 @@ class LoadState:
     busy: int = 0
     loading_models: frozenset[str] = frozenset()
     model_slots: tuple[tuple[str, int, int], ...] = ()
+    sleeping: bool = False
+    sleeping_models: frozenset[str] = frozenset()
 
     def in_memory(self, model_key: str | None, listed: frozenset[str]) -> bool | None:
         """Whether the model is in memory: True, False, or None when the engine did not say.
@@ -165,21 +170,24 @@ class Answer:
 
 Reader = Callable[[Sequence[Answer | None], Callable[[str], str]], LoadState]
 
-#: The routes to ask once the first answers are in, each for one model: ``(model, path)``.
-FollowUp = Callable[[Sequence[Answer | None]], tuple[tuple[str, str], ...]]
+#: The routes to ask once the first answers are in, each for one model or (None) for the
+#: whole engine: ``(model, path)``.
+FollowUp = Callable[[Sequence[Answer | None]], tuple[tuple[str | None, str], ...]]
 
 #: The first reading completed with the follow-up's answers, each beside its model.
 FollowUpReader = Callable[
-    [LoadState, Sequence[tuple[str, Answer | None]], Callable[[str], str]], LoadState
+    [LoadState, Sequence[tuple[str | None, Answer | None]], Callable[[str], str]], LoadState
 ]
 
 
-def _no_follow_up(answers: Sequence[Answer | None]) -> tuple[tuple[str, str], ...]:
+def _no_follow_up(answers: Sequence[Answer | None]) -> tuple[tuple[str | None, str], ...]:
     return ()
 
 
 def _as_read(
-    state: LoadState, answers: Sequence[tuple[str, Answer | None]], key: Callable[[str], str]
+    state: LoadState,
+    answers: Sequence[tuple[str | None, Answer | None]],
+    key: Callable[[str], str],
 ) -> LoadState:
     return state
 
@@ -191,7 +199,7 @@ class LoadProbe:
     :ivar paths: the GET routes to ask, all at once.
     :ivar read: turns their answers (in ``paths`` order; None for one that failed in transit
         or past its bounds) and the engine's model-key function into a :class:`LoadState`.
-    :ivar follow_up: the routes those answers say to ask next, all at once (a llama.cpp
+    :ivar follow_up: the routes those answers say to ask next, one at a time (a llama.cpp
         router: each loaded model's slots); none for most engines.
     :ivar read_follow_up: adds their answers to the reading.
     """
@@ -269,39 +277,76 @@ def read_lmstudio(answers: Sequence[Answer | None], key: Callable[[str], str]) -
 
 
 def read_llamacpp(answers: Sequence[Answer | None], key: Callable[[str], str]) -> LoadState:
-    """``GET /health``, ``GET /slots`` and ``GET /v1/models``.
+    """``GET /health``, ``GET /props`` and ``GET /v1/models``: none of them wakes a sleeping
+    server or counts as work that keeps it awake (docs/fleet-scheduling.md#sleeping-servers).
 
     ``/health`` answers 503 while the server loads its model (every other route does too), and
-    200 once it serves. ``/slots`` is a list with one object per slot, ``is_processing`` true
-    while it generates (builds before late 2024 said ``state``: 0 idle, 1 processing). A server
-    started with ``--no-slots`` answers an error there: its slot count stays unknown.
+    200 once it serves. ``/props`` says ``is_sleeping`` (builds before late 2025 do not say:
+    awake), and ``role: "router"`` for a router. A server that sleeps has its model out of
+    memory: cold, not asked its ``/slots``. An awake one serves the model it loaded at start;
+    its ``/slots`` (:func:`read_llamacpp_slots`) says how busy it is.
 
-    A router (:mod:`nvpair.engines.llamarouter`) says each model's state in ``/v1/models``: loaded
-    is in memory, loading is in memory with no slot free yet, anything else is not. Its
-    ``/slots`` answers 400 without ``?model=``, which is no error; with its model list
-    unreadable nothing is known.
+    A router (:mod:`nvpair.engines.llamarouter`) says each model's state in ``/v1/models``:
+    loaded is in memory, loading is in memory with no slot free yet, anything else (sleeping
+    included) is not. With its model list unreadable nothing is known.
     """
-    health, slots_answer, listing = answers
+    health, props_answer, listing = answers
     if health is not None and health.status == 503:
         return LoadState(loading=True)
     statuses = llamarouter.router_statuses(_json(listing))
     if statuses is not None:
         loaded = {key(m) for m, status in statuses if status == llamarouter.LOADED}
         loading = frozenset(key(m) for m, status in statuses if status == llamarouter.LOADING)
-        return LoadState(warm=loading.union(loaded), loading_models=loading)
-    if slots_answer is not None and slots_answer.status == 400:
-        # A router (a server with one model takes no ?model= and never answers 400 here)
-        # whose model list said nothing this time.
+        asleep = frozenset(key(m) for m, status in statuses if status == llamarouter.SLEEPING)
+        return LoadState(warm=loading.union(loaded), loading_models=loading, sleeping_models=asleep)
+    props = _json(props_answer)
+    if isinstance(props, dict) and props.get("role") == "router":
+        # A router whose model list said nothing this time.
         return UNKNOWN
-    slots = _slots(_json(slots_answer))
+    if isinstance(props, dict) and props.get("is_sleeping") is True:
+        return LoadState(warm=frozenset(), sleeping=True)
     ready = health is not None and 200 <= health.status < 300
-    if not ready and slots is None:
-        return UNKNOWN
     # Single-model mode: whatever the server lists is what it loaded at start.
-    if slots is None:
-        return LoadState(warm_all=True)
-    total, busy = slots
-    return LoadState(warm_all=True, slots=total, busy=busy)
+    return LoadState(warm_all=True) if ready else UNKNOWN
+
+
+def llamacpp_follow_up(answers: Sequence[Answer | None]) -> tuple[tuple[str | None, str], ...]:
+    """A router's loaded models and the route of each one's slots; a single server's own
+    ``/slots`` unless it sleeps (one request there wakes it and reloads its model); nothing
+    for a server loading as a whole."""
+    health, props_answer, listing = answers
+    if health is not None and health.status == 503:
+        return ()
+    statuses = llamarouter.router_statuses(_json(listing))
+    if statuses is not None:
+        return llamarouter.slot_reads(statuses)
+    props = _json(props_answer)
+    if isinstance(props, dict) and (props.get("role") == "router" or props.get("is_sleeping")):
+        return ()
+    return ((None, "/slots"),)
+
+
+def read_llamacpp_slots(
+    state: LoadState,
+    answers: Sequence[tuple[str | None, Answer | None]],
+    key: Callable[[str], str],
+) -> LoadState:
+    """The first reading with the slots asked after it: a single server's ``/slots``, a list
+    with one object per slot, ``is_processing`` true while it generates (builds before late
+    2024 said ``state``: 0 idle, 1 processing) — a server started with ``--no-slots`` answers
+    an error there, and its slot count stays unknown; or a router's per-model ones."""
+    if answers and answers[0][0] is None:
+        answer = answers[0][1]
+        if answer is not None and answer.status == 400:
+            # A router (a server with one model never answers 400 here) that said so nowhere
+            # else this time.
+            return UNKNOWN
+        slots = _slots(_json(answer))
+        if slots is None:
+            return state
+        total, busy = slots
+        return LoadState(warm_all=True, slots=total, busy=busy)
+    return read_router_slots(state, answers, key)
 
 
 def _slots(document: object) -> tuple[int, int] | None:
@@ -325,25 +370,17 @@ def _slots(document: object) -> tuple[int, int] | None:
     return len(document), busy
 
 
-def router_slot_reads(answers: Sequence[Answer | None]) -> tuple[tuple[str, str], ...]:
-    """A router's loaded models and the route of each one's slots; none for a server that is
-    not a router, or is loading as a whole."""
-    health, _, listing = answers
-    if health is not None and health.status == 503:
-        return ()
-    statuses = llamarouter.router_statuses(_json(listing))
-    return llamarouter.slot_reads(statuses) if statuses is not None else ()
-
-
 def read_router_slots(
-    state: LoadState, answers: Sequence[tuple[str, Answer | None]], key: Callable[[str], str]
+    state: LoadState,
+    answers: Sequence[tuple[str | None, Answer | None]],
+    key: Callable[[str], str],
 ) -> LoadState:
     """Each loaded model's own slots, where its ``/slots?model=`` answered a slot list (one
     unloaded since answers 400: its slots stay unknown until the next poll says it is gone)."""
     read: list[tuple[str, int, int]] = []
     for model, answer in answers:
         slots = _slots(_json(answer))
-        if slots is not None:
+        if model is not None and slots is not None:
             read.append((key(model), *slots))
     if not read:
         return state
@@ -353,5 +390,5 @@ def read_router_slots(
 OLLAMA_PROBE = LoadProbe(("/api/ps",), read_ollama)
 LMSTUDIO_PROBE = LoadProbe(("/api/v0/models",), read_lmstudio)
 LLAMACPP_PROBE = LoadProbe(
-    ("/health", "/slots", "/v1/models"), read_llamacpp, router_slot_reads, read_router_slots
+    ("/health", "/props", "/v1/models"), read_llamacpp, llamacpp_follow_up, read_llamacpp_slots
 )

@@ -2,10 +2,10 @@
 (docs/fleet-scheduling.md#load-state).
 
 Every route of the engine's :class:`~nvpair.engines.loadstate.LoadProbe` is asked at once; then,
-when those answers call for it, the follow-up routes at once (a llama.cpp router: each loaded
-model's slots, docs/fleet-scheduling.md#llamacpp-router-mode). Each request is the caller's
-to bound. A request that fails says nothing this time, and never fails the reading: what the
-answers mean is the pure module's to say.
+when those answers call for it, the follow-up routes one at a time (a llama.cpp router: each
+loaded model's slots, docs/fleet-scheduling.md#llamacpp-router-mode). Each request is the
+caller's to bound. A request that fails says nothing this time, and never fails the reading:
+what the answers mean is the pure module's to say.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ async def read_load(probe: LoadProbe, key: Callable[[str], str], ask: Ask) -> Lo
     more = probe.follow_up(first)
     if not more:
         return state
-    answers = await _each(ask, [path for _, path in more])
-    return probe.read_follow_up(
-        state, [(model, answer) for (model, _), answer in zip(more, answers, strict=True)], key
-    )
+    # One at a time: a router counts each probe as a request in flight on its model, and a
+    # model with one in flight cannot be evicted, so probing every model at once would pin
+    # them all and fail a load that needs an eviction just then
+    # (docs/fleet-scheduling.md#one-probe-at-a-time).
+    answers = [(model, await _answer(ask, path)) for model, path in more]
+    return probe.read_follow_up(state, answers, key)

@@ -76,6 +76,10 @@ def _load(state: LoadState) -> dict[str, object]:
         "modelSlots": {
             model: {"slots": slots, "busySlots": busy} for model, slots, busy in state.model_slots
         },
+        # llama.cpp --sleep-idle-seconds: the server (or a router's model) is asleep, its
+        # model out of memory until a request wakes it (docs/fleet-scheduling.md#sleeping-servers).
+        "sleeping": state.sleeping,
+        "sleepingModels": sorted(state.sleeping_models),
     }
 
 

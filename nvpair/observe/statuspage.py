@@ -100,6 +100,7 @@ SCRIPT = """
     const parts = [];
     if (load) {
       if (load.loading) parts.push("loading a model");
+      if (load.sleeping) parts.push("sleeping (cold: model not in memory)");
       if (typeof load.slots === "number") {
         parts.push(load.busySlots + " of " + load.slots + " slots busy");
       } else if (load.busySlots) {
@@ -111,6 +112,9 @@ SCRIPT = """
       }
       if ((load.loadingModels || []).length) {
         parts.push("loading " + load.loadingModels.join(", "));
+      }
+      if ((load.sleepingModels || []).length) {
+        parts.push("sleeping (cold) " + load.sleepingModels.join(", "));
       }
     } else if (typeof node.pending === "number") {
       parts.push("pending " + node.pending + ", gpu pressure " + node.gpuPressure);

@@ -129,3 +129,14 @@ def framed_by_length(method: bytes, status: int) -> bool:
     must not carry Content-Length at all (RFC 9110 §8.6).
     """
     return method != b"HEAD" and status >= 200 and status not in (204, 304)
+
+
+def is_event_stream(headers: Headers) -> bool:
+    """Whether the answer's ``Content-Type`` is ``text/event-stream`` (parameters and case
+    aside): an event feed, which may stay silent for minutes after its head
+    (docs/request-path.md#event-feeds)."""
+    values = headers.getRawHeaders(b"Content-Type")
+    if not values:
+        return False
+    media = values[-1].split(b";", 1)[0].strip().lower()
+    return media == b"text/event-stream"

@@ -29,6 +29,7 @@ import pytest_twisted
 import treq
 
 from nvpair.engines.loadstate import LLAMACPP_PROBE, Answer, LoadState
+from nvpair.fleet.loadpoll import read_load
 from tests.integration.harness import ProxyProcess, log_problems
 from tests.real.servers import fleet_proxy as servers_fleet_proxy
 from tests.real.servers import llama_server_binary, post_chat, running_llama_server, sleep
@@ -155,13 +156,14 @@ async def until_busy(url: str, busy: int, timeout: float = 20) -> list[dict[str,
 
 
 async def load_state(url: str) -> LoadState:
-    """What :mod:`nvpair.engines.loadstate` reads from the server's real ``/health`` and
-    ``/slots``."""
-    answers = []
-    for path in LLAMACPP_PROBE.paths:
+    """What :mod:`nvpair.engines.loadstate` reads from the server's real ``/health``,
+    ``/props`` and model list, then its ``/slots``, asked as a poll asks them."""
+
+    async def ask(path: str) -> Answer:
         response = await treq.get(url + path, timeout=10)
-        answers.append(Answer(int(response.code), await response.content()))
-    return LLAMACPP_PROBE.read(answers, lambda name: name)
+        return Answer(int(response.code), await response.content())
+
+    return await read_load(LLAMACPP_PROBE, lambda name: name, ask)
 
 
 async def answered_by(port: int) -> str | None:

@@ -1,0 +1,85 @@
+"""The load poll leaves a sleeping ``llama-server`` asleep (issue 32 item 1;
+docs/fleet-scheduling.md#sleeping-servers).
+
+A server started with ``--sleep-idle-seconds 1`` frees its model after a second idle, and one
+``GET /slots`` wakes it. Through ``twistd -n nvpair-proxy --fleet`` polling it every 200 ms, it
+stays asleep poll after poll (its own ``/props`` says so, and ``/props`` does not wake it),
+``/status`` shows it sleeping, and a chat through the facade still works, waking it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+import treq
+
+from tests.integration.harness import free_port
+from tests.real.servers import (
+    fleet_proxy,
+    llama_server_binary,
+    post_chat,
+    running_llama_server,
+    sleep,
+)
+from tests.real.tiny_gguf import write_tiny_gguf
+
+#: Bound on each wait below: only the failure guard, never what is asserted.
+PATIENCE = 20.0
+
+
+@pytest.fixture
+def sleepy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    model = write_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf")
+    with running_llama_server(llama_server_binary(), model, "--sleep-idle-seconds", "1") as url:
+        yield url
+
+
+async def get_json(url: str) -> Any:
+    response = await treq.get(url, timeout=10)
+    assert response.code == 200, url
+    return json.loads(await response.content())
+
+
+async def is_sleeping(url: str) -> bool:
+    """The server's own word, from a route that answers while it sleeps without waking it."""
+    props = await get_json(url + "/props")
+    return props["is_sleeping"] is True
+
+
+async def until(check: Any, what: str) -> None:
+    for _ in range(int(PATIENCE / 0.1)):
+        if await check():
+            return
+        await sleep(0.1)
+    raise AssertionError(f"{what} within {PATIENCE:g} s")
+
+
+@pytest_twisted.ensureDeferred
+async def test_polls_leave_a_sleeping_server_asleep(tmp_path: Path, sleepy: str) -> None:
+    await until(lambda: is_sleeping(sleepy), "the server did not fall asleep")
+    admin = free_port()
+    async with fleet_proxy(
+        tmp_path, {"n": sleepy}, "--admin-port", str(admin), interval="200ms"
+    ) as (_, port):
+
+        async def shown_sleeping() -> bool:
+            status = await get_json(f"http://127.0.0.1:{admin}/status")
+            (node,) = status["nodes"]["llamacpp"]
+            load = node["load"] or {}
+            return load.get("sleeping") is True and load.get("inMemory") == []
+
+        await until(shown_sleeping, "/status did not show the node sleeping")
+        # Several more polls (200 ms apart); each would have woken it with a /slots.
+        await sleep(1.5)
+        assert await is_sleeping(sleepy)
+        assert await shown_sleeping()
+        # A request still works, and wakes it.
+        response, body = await post_chat(port)
+        assert response.code == 200, body
+        assert json.loads(body)["choices"]
+        assert not await is_sleeping(sleepy)
