@@ -17,7 +17,7 @@ from nvpair.dispatch.seams import PriorityScheduling
 from nvpair.engines.inventory import merge_inventories
 from nvpair.engines.modelnames import AliasError, Aliases
 from nvpair.engines.patternnames import PatternKey, choose, ordered
-from nvpair.engines.table import ENGINES, LLAMACPP, OLLAMA, OPENAI, RouteClass
+from nvpair.engines.table import ENGINES, LLAMACPP, OPENAI, Dialect, RouteClass
 from nvpair.facades.facade import Admitted
 from nvpair.fleet.nodes import discovery_nodes
 
@@ -44,9 +44,8 @@ def never_down(engine: str, key: str) -> bool:
     return False
 
 
-def taken(state: ControlState, name: str, facade: object = LLAMACPP) -> str | None:
-    assert facade in (LLAMACPP, OPENAI, OLLAMA)
-    return pattern_taking(facade, name, state.discovery, never_down)  # type: ignore[arg-type]
+def taken(state: ControlState, name: str, facade: Dialect = LLAMACPP) -> str | None:
+    return pattern_taking(facade, name, state.discovery, never_down)
 
 
 def test_parse_keeps_patterns_apart_longest_first_then_code_points() -> None:
@@ -84,7 +83,8 @@ def test_a_pattern_key_equals_no_name() -> None:
     # Either side of the comparison: a subclass's own __eq__ answers for both.
     assert key != "*" and operator.eq("*", key) is False
     assert key == PatternKey("*") and hash(key) == hash(PatternKey("*"))
-    assert {key: 1}.get("*") is None and "*" not in {key} and key in {PatternKey("*")}
+    index: dict[str, int] = {key: 1}
+    assert index.get("*") is None and "*" not in index and key in {PatternKey("*")}
     state = fleet()
     assert state.discovery("llamacpp").owners("*") == ()
     assert [n.id for n in state.discovery("llamacpp").owners(PatternKey("*"))] == ["b"]
