@@ -48,7 +48,8 @@ def control(
         engine = ENGINES[engine_id]
         answered = {node: tuple(models) for node, models in nodes.items()}
         urls = {node: f"http://{node}" for node in nodes}
-        state.set_discovery(engine.id, discovery_nodes(engine, answered, urls, aliases).nodes)
+        found = discovery_nodes(engine, answered, urls, aliases)
+        state.set_discovery(engine.id, found.nodes, found.patterns)
     return state
 
 
@@ -354,29 +355,47 @@ def _listed_names(state: ControlState, model_key: str) -> set[str]:
     return names
 
 
+#: ``[models]`` pattern aliases (docs/model-names.md#pattern-aliases): none, one taking every
+#: name nothing else matches, or ones whose text a key's patterns would match.
+_PATTERN_ALIASES = st.sampled_from(
+    [
+        {},
+        {"*": ["secret:latest"]},
+        {"llama3*": ["secret:latest"], "*": ["llama3:latest"]},
+        {"f*": ["secret:latest", "llama3:latest"], "qwen*": ["secret:latest"]},
+    ]
+)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     fleet=st.lists(_REPORTED, min_size=1, max_size=3),
     alias=st.sampled_from([None, ["llama3:latest", "secret:latest"], ["secret:latest"]]),
+    caught=_PATTERN_ALIASES,
     patterns=_PATTERNS,
-    name=st.one_of(ollama_names(), st.sampled_from(["fast", "Fast:latest"])),
+    name=st.one_of(ollama_names(), st.sampled_from(["fast", "Fast:latest", "llama3-x", "f"])),
     route=st.sampled_from([INF, OTHER]),
 )
 def test_a_keyed_request_reaches_only_models_its_key_may_use(
     fleet: list[list[str]],
     alias: list[str] | None,
+    caught: dict[str, list[str]],
     patterns: list[str],
     name: str,
     route: RouteClass,
 ) -> None:
     """Admitted means every node it can be routed to holds a model one of the key's patterns
-    matches under a name the fleet lists it by; and a name no node holds is admitted only when
-    Ollama would read it as such a name."""
-    aliases = Aliases.parse({"fast": alias}) if alias else NO_ALIASES
+    matches under a name the fleet lists it by — a pattern alias being no such name, so a key
+    allowed ``llama3*`` does not reach ``secret`` through ``"llama3*" = ["secret"]``; and a
+    name no node holds and no pattern takes to a node is admitted only when Ollama would read
+    it as such a name."""
+    table = {**({"fast": alias} if alias else {}), **caught}
+    aliases = Aliases.parse(table) if table else NO_ALIASES
     state = control({"ollama": {f"n{i}": models for i, models in enumerate(fleet)}}, aliases)
     body = b'{"model":%s}' % _json(name)
     path = "/api/chat" if route is INF else "/api/show"
-    request = admitted(OLLAMA, body, phone(*patterns), path, route)
+    candidates = Candidates(state, Reservations(), PriorityScheduling(state))
+    request = candidates.resolved(admitted(OLLAMA, body, phone(*patterns), path, route))
     if refused(state, request) is not None:
         return
     wanted = [p.lower() for p in patterns]
@@ -389,8 +408,8 @@ def test_a_keyed_request_reaches_only_models_its_key_may_use(
             for p in wanted
         )
 
-    candidates = Candidates(state, Reservations(), PriorityScheduling(state))
-    key = OLLAMA.model_key(name)
+    key = request.model_key
+    assert key is not None
     reached = candidates.owners("ollama", request)
     for node in reached:
         own = node.own_key(key)
@@ -515,3 +534,27 @@ def test_a_pattern_without_a_tag_names_the_model_as_ollama_does() -> None:
     for name in (b"llama3:latest", b"LLAMA3"):
         body = b'{"model":"%s"}' % name
         assert refused(state, admitted(OLLAMA, body, phone("llama3"))) is None
+
+
+@pytest.mark.parametrize("facade", [LLAMACPP, OPENAI])
+def test_a_pattern_alias_is_no_name_a_key_s_patterns_match(facade: Dialect) -> None:
+    """``"gpt-*" = ["qwen"]``: a key allowed ``gpt-*`` does not reach qwen by asking for
+    ``gpt-4`` (the pattern is no name of qwen; docs/model-names.md#pattern-aliases), one
+    allowed ``qwen*`` does, and one allowed ``tiny`` reaches only tiny through ``"*"``."""
+    aliases = Aliases.parse({"gpt-*": ["qwen"], "*": ["qwen", "tiny"]})
+    state = control({"llamacpp": {"a": ["/m/qwen.gguf"], "b": ["/m/tiny.gguf"]}}, aliases)
+    candidates = Candidates(state, Reservations(), PriorityScheduling(state))
+
+    def reached(name: str, *patterns: str) -> list[str] | str:
+        body = b'{"model":%s}' % _json(name)
+        request = admitted(facade, body, phone(*patterns), "/v1/chat/completions")
+        request = candidates.resolved(request)
+        found = refused(state, request)
+        return found or [node.id for node in candidates.owners("llamacpp", request)]
+
+    assert reached("gpt-4", "gpt-*") == "forbidden-model"
+    assert reached("gpt-*", "gpt-*") == "forbidden-model"
+    assert reached("gpt-4", "qwen*") == ["a"]
+    assert reached("test", "*") == ["a", "b"]
+    assert reached("test", "tiny") == ["b"]
+    assert reached("test", "qwen.gguf") == ["a"]

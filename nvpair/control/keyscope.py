@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from nvpair.control.state import Discovery, Node
 from nvpair.engines.caller import permits
+from nvpair.engines.patternnames import PatternKey
 from nvpair.engines.table import ENGINES, Dialect
 
 
@@ -56,13 +57,17 @@ class KeyScope:
             return permits(self._patterns, engine, self._discovery(engine.id).names_of(key))
         return permits(self._patterns, engine, (name,))
 
-    def allows(self, name: str) -> bool:
+    def allows(self, name: str, pattern: str | None = None) -> bool:
         """Whether a request routed on ``name`` may go anywhere: some owner of it, on any
         engine the facade serves, holds a model the key may use; with no owner anywhere, the
-        name itself is judged (:meth:`name_allowed`). Also what a model list shows it."""
+        name itself is judged (:meth:`name_allowed`). Also what a model list shows it.
+
+        :param pattern: the pattern alias that took the request: its owners are judged, each
+            on the model it serves for it, and never on the pattern, which is no name
+            (docs/model-names.md#pattern-aliases)."""
         owned = False
         for engine_id in self._facade.serves:
-            key = ENGINES[engine_id].model_key(name)
+            key = ENGINES[engine_id].model_key(name) if pattern is None else PatternKey(pattern)
             for node in self._discovery(engine_id).owners(key):
                 owned = True
                 if self.node_allowed(node, key):

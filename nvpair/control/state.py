@@ -28,6 +28,9 @@ class Node:
     :ivar other_names: fleet mode: the names it is known by besides its inventory's (file
         names, ``[models]`` aliases), each with its own name for the model
         (docs/model-names.md).
+    :ivar patterns: fleet mode: the pattern aliases it serves, keyed by their ``PatternKey``
+        (in ``model_keys`` too); no names, so kept apart from ``other_names``
+        (docs/model-names.md#pattern-aliases).
     """
 
     id: str
@@ -37,11 +40,12 @@ class Node:
     model_keys: frozenset[str]
     engine: str = ""
     other_names: tuple[OtherName, ...] = ()
+    patterns: tuple[OtherName, ...] = ()
     _by_key: Mapping[str, OtherName] = field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         by_key: dict[str, OtherName] = {}
-        for other in self.other_names:
+        for other in (*self.other_names, *self.patterns):
             by_key.setdefault(other.key, other)
         object.__setattr__(self, "_by_key", by_key)
 
@@ -66,9 +70,13 @@ class Discovery:
 
     Indexed by node id and by model key when it is made: snapshots are rare and requests many,
     so a request's routing costs the same with 2 nodes as with 256 (bench/README.md).
+
+    :ivar patterns: fleet mode: every pattern alias of ``[models]``, in the order they are
+        tried, whether a node serves it or not (docs/model-names.md#pattern-aliases).
     """
 
     nodes: tuple[Node, ...] = ()
+    patterns: tuple[str, ...] = ()
     _by_id: Mapping[str, Node] = field(init=False, eq=False, repr=False)
     _by_model: Mapping[str, tuple[Node, ...]] = field(init=False, eq=False, repr=False)
     _with_models: tuple[Node, ...] = field(init=False, eq=False, repr=False)
@@ -171,9 +179,12 @@ class ControlState:
         """Whether any discovery snapshot of ``engine`` has arrived (``/readyz``)."""
         return engine in self._discovery
 
-    def set_discovery(self, engine: str, nodes: Iterable[Node]) -> None:
+    def set_discovery(
+        self, engine: str, nodes: Iterable[Node], patterns: tuple[str, ...] = ()
+    ) -> None:
         snapshot = Discovery(
-            tuple(node if node.engine == engine else evolve(node, engine=engine) for node in nodes)
+            tuple(node if node.engine == engine else evolve(node, engine=engine) for node in nodes),
+            patterns,
         )
         self._discovery[engine] = snapshot
         self.log.debug(

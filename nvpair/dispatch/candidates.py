@@ -12,10 +12,12 @@ engine it serves, each node dialled as its own engine's (docs/openai-facade.md#o
 from __future__ import annotations
 
 from nvpair.control.keyscope import KeyScope
+from nvpair.control.naming import pattern_taking
 from nvpair.control.reservations import Reservations
 from nvpair.control.routing import Plan, advertises, order, owners
 from nvpair.control.state import ControlState, Node
 from nvpair.dispatch.seams import Scheduling
+from nvpair.engines.patternnames import PatternKey
 from nvpair.engines.table import ENGINES, RouteClass
 from nvpair.facades.facade import Admitted
 
@@ -31,9 +33,11 @@ def model_key_on(engine: str, admitted: Admitted) -> str | None:
     the key admission computed; a facade that reaches other engines' nodes compares the name
     as each engine does (an Ollama node lists ``llama3`` as ``llama3:latest``). A file name or
     an alias is a key like any other there (a fleet node carries every name it answers to,
-    docs/model-names.md), so the node's own name for it is ``node.own_name`` of this key.
+    docs/model-names.md), so the node's own name for it is ``node.own_name`` of this key. A
+    pattern alias that took the request has one key on every engine
+    (:meth:`Candidates.resolved`).
     """
-    if admitted.model is None or admitted.engine.id == engine:
+    if admitted.model is None or admitted.engine.id == engine or admitted.pattern is not None:
         return admitted.model_key
     return ENGINES[engine].model_key(admitted.model)
 
@@ -50,6 +54,22 @@ class Candidates:
         self._control = control
         self._reservations = reservations
         self._scheduling = scheduling
+
+    def resolved(self, admitted: Admitted) -> Admitted:
+        """``admitted``, routed by the pattern alias that takes its model when no name the
+        fleet knows is it (docs/model-names.md#pattern-aliases). Inference only: a route that
+        pulls, deletes or loads a model it names must never act on another."""
+        if admitted.model is None or admitted.route is not RouteClass.INFERENCE:
+            return admitted
+        pattern = pattern_taking(
+            admitted.engine, admitted.model, self._control.discovery, self._down
+        )
+        if pattern is None:
+            return admitted
+        return admitted._replace(model_key=PatternKey(pattern), pattern=pattern)
+
+    def _down(self, engine: str, model_key: str) -> bool:
+        return bool(self._scheduling.owners_down(engine, model_key))
 
     def owners(self, engine: str, admitted: Admitted) -> list[Node]:
         """``engine``'s nodes that list the model ``admitted`` names (no model named: every

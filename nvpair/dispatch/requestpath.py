@@ -135,6 +135,7 @@ class RequestPath(RequestHandler):
     def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
         services = self._services
         now = services.clock.seconds()
+        admitted = services.candidates.resolved(admitted)
         job = Job(admitted, request, now, services.bounds.budget(now))
         server = self._servers[admitted.route]
         if admitted.caller is not None:
@@ -181,7 +182,8 @@ def key_refusal(admitted: Admitted, control: ControlState) -> KeyRefusal | None:
     """Why the caller's key may not make this request, if it may not
     (docs/lan.md#what-a-key-can-and-cannot-do): a route that changes what an engine holds
     without ``manage``; a model the key's patterns do not allow, judged on what each name
-    resolves to in the fleet now, among every model the request names. An inference request
+    resolves to in the fleet now (a pattern alias's models for one it took), among every
+    model the request names. An inference request
     that names none is refused too: which model it gets would be the engine's choice."""
     caller, engine, route = admitted.caller, admitted.engine, admitted.route
     assert caller is not None
@@ -202,7 +204,7 @@ def key_refusal(admitted: Admitted, control: ControlState) -> KeyRefusal | None:
     if model is None:
         if route is RouteClass.INFERENCE:
             return KeyRefusal(Reason.FORBIDDEN_MODEL)
-    elif route in _MODEL_ROUTES and not scope.allows(model):
+    elif route in _MODEL_ROUTES and not scope.allows(model, admitted.pattern):
         return KeyRefusal(Reason.FORBIDDEN_MODEL, model)
     for other in admitted.others:
         if not scope.name_allowed(engine, other):

@@ -6,7 +6,9 @@ Two kinds, in standalone fleet mode only:
   ``\\``, or ends in ``.gguf``) is also known by its file name and by its file name without
   ``.gguf``, on every node that reports the same file name, whatever its directory;
 - **aliases**: the fleet file's ``[models]`` table, ``"alias" = [names...]``; an alias names
-  whichever of its names each node has (a reported name or a file name).
+  whichever of its names each node has (a reported name or a file name). An alias that is a
+  shell-style pattern is no name but a catch for names nothing else matches
+  (:mod:`nvpair.engines.patternnames`).
 
 Values in, values out: :func:`known_names` turns one engine's node inventories and the aliases
 into the other names each node is known by, each with the node's own name for the model, which
@@ -22,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from attrs import frozen
 
 from nvpair.engines.names import ollama_key
+from nvpair.engines.patternnames import PatternKey, is_pattern, ordered, pattern_problem
 from nvpair.engines.table import Engine
 
 __all__ = [
@@ -97,9 +100,11 @@ def _same_name(a: str, b: str) -> bool:
 
 @frozen
 class Aliases:
-    """The ``[models]`` table: each alias with the names it stands for, in the file's order."""
+    """The ``[models]`` table: each plain alias with the names it stands for, in the file's
+    order; each pattern alias likewise, in the order patterns are tried (longest first)."""
 
     table: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    patterns: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
     def parse(cls, value: object) -> Aliases:
@@ -109,10 +114,13 @@ class Aliases:
         one of the names the table lists (or a file name one of them derives): it would be at
         once an alias and a model's own name. Nor may two aliases be one Ollama name
         (``Llama3`` and ``llama3:latest``), which the Ollama facade could not tell apart.
+        A pattern alias (``"gpt-*"``), being no name, is held to the first rule only, and its
+        brackets must close (docs/model-names.md#pattern-aliases).
         """
         if not isinstance(value, Mapping):
             raise AliasError("", 'must be a table of "alias" = ["name", ...]')
         table: list[tuple[str, tuple[str, ...]]] = []
+        patterns: dict[str, tuple[str, ...]] = {}
         for alias, names in value.items():
             where = _quoted(alias)
             if not alias:
@@ -124,15 +132,24 @@ class Aliases:
                     raise AliasError(where, "every model name must be a non-empty string")
                 if names.count(name) > 1:
                     raise AliasError(where, f"lists {name!r} twice")
-            table.append((alias, tuple(names)))
-        cls._distinct(table)
-        return cls(tuple(table))
+            if is_pattern(alias):
+                problem = pattern_problem(alias)
+                if problem is not None:
+                    raise AliasError(where, f"{alias!r} is no shell-style pattern: {problem}")
+                patterns[alias] = tuple(names)
+            else:
+                table.append((alias, tuple(names)))
+        cls._distinct(table, [*table, *patterns.items()])
+        return cls(tuple(table), tuple((p, patterns[p]) for p in ordered(patterns)))
 
     @staticmethod
-    def _distinct(table: Sequence[tuple[str, tuple[str, ...]]]) -> None:
+    def _distinct(
+        table: Sequence[tuple[str, tuple[str, ...]]],
+        every: Sequence[tuple[str, tuple[str, ...]]],
+    ) -> None:
         named = [
             (derived, name)
-            for _, names in table
+            for _, names in every
             for name in names
             for derived in (name, *file_names(name))
         ]
@@ -166,11 +183,15 @@ class KnownNames:
     :ivar keys: per node: the comparison keys of every name it answers to, reported or other.
     :ivar shadowed: the aliases left out because a node of the engine reports (or derives) the
         same name, which stays that node's (docs/model-names.md#conflicts).
+    :ivar patterns: per node: the pattern aliases it serves, each keyed by its
+        :class:`~nvpair.engines.patternnames.PatternKey`; no name, so apart from ``others``
+        (no list shows them, no key's pattern matches them).
     """
 
     others: tuple[tuple[OtherName, ...], ...]
     keys: tuple[frozenset[str], ...]
     shadowed: tuple[str, ...]
+    patterns: tuple[tuple[OtherName, ...], ...] = ()
 
 
 def known_names(
@@ -215,11 +236,21 @@ def known_names(
             reported = next((own[k] for k in map(key, names) if k in own), None)
             if reported is not None:
                 node_others.append(OtherName(alias, alias_key, reported, key(reported)))
+    patterns = [
+        tuple(
+            OtherName(pattern, PatternKey(pattern), reported, key(reported))
+            for pattern, names in aliases.patterns
+            for reported in [next((own[k] for k in map(key, names) if k in own), None)]
+            if reported is not None
+        )
+        for own in behind
+    ]
     return KnownNames(
         others=tuple(tuple(node) for node in others),
         keys=tuple(
-            frozenset(own) | {other.key for other in node}
-            for own, node in zip(behind, others, strict=True)
+            frozenset(own) | {other.key for other in (*node, *caught)}
+            for own, node, caught in zip(behind, others, patterns, strict=True)
         ),
         shadowed=tuple(shadowed),
+        patterns=tuple(patterns),
     )

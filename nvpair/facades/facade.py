@@ -50,13 +50,8 @@ WIDE_ESCAPE = Refusal(
 )
 
 
-def is_preflight(request: FacadeRequest) -> bool:
-    """A CORS preflight: ``OPTIONS`` carrying ``Origin`` and ``Access-Control-Request-Method``."""
-    return preflight_head(request.method, request.requestHeaders)
-
-
 def preflight_head(method: bytes, headers: Headers) -> bool:
-    """:func:`is_preflight`, from a request's method and headers."""
+    """A CORS preflight: ``OPTIONS`` carrying ``Origin`` and ``Access-Control-Request-Method``."""
     return bool(
         method == b"OPTIONS"
         and headers.hasHeader(b"origin")
@@ -99,6 +94,9 @@ class Admitted(NamedTuple):
     #: The caller's source address (None off a socket): who a keyless caller is to the fleet's
     #: queue (docs/fleet-scheduling.md#the-queue).
     client: str | None = None
+    #: The pattern alias that took a model no name matched; ``model_key`` is then its key on
+    #: every engine (:mod:`nvpair.control.naming`, docs/model-names.md#pattern-aliases).
+    pattern: str | None = None
 
 
 class CallerGate(Protocol):
@@ -107,8 +105,8 @@ class CallerGate(Protocol):
     def refusal(
         self, peer: IAddress | None, headers: Headers, preflight: bool = False, tls: bool = False
     ) -> Refusal | None:
-        """A non-loopback caller's refusal at its request head, or None to read on;
-        ``tls``: the connection is TLS."""
+        """A caller's refusal at its request head, or None to read on (a loopback caller's
+        only under ``loopback-keys``); ``tls``: the connection is TLS."""
 
     def caller(
         self, peer: IAddress | None, headers: Headers, preflight: bool = False
@@ -192,10 +190,13 @@ class Facade:
             return None
         if wide_escape(target):
             return WIDE_ESCAPE
-        if not is_loopback(peer):
-            if self._lan is None:
-                return FORBIDDEN
-            return self._lan.refusal(peer, headers, preflight_head(method, headers), self._tls)
+        if self._lan is not None:
+            # A loopback caller too: [access] loopback-keys may ask it for a key (docs/lan.md).
+            refused = self._lan.refusal(peer, headers, preflight_head(method, headers), self._tls)
+            if refused is not None or not is_loopback(peer):
+                return refused
+        elif not is_loopback(peer):
+            return FORBIDDEN
         if self.engine.host_guard:
             hosts = headers.getRawHeaders(b"host")
             if not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
@@ -273,10 +274,9 @@ class Facade:
         if self._peer is not None:
             route, model = RouteClass.PEER, None
         else:
+            preflight = preflight_head(request.method, request.requestHeaders)
             if self._lan is not None:
-                found = self._lan.caller(
-                    _client(request), request.requestHeaders, is_preflight(request)
-                )
+                found = self._lan.caller(_client(request), request.requestHeaders, preflight)
                 if isinstance(found, Refusal):
                     # [access] was reloaded since the head: it lets this caller in no more.
                     route = self._route(request.method, path, request.requestHeaders)
@@ -286,11 +286,7 @@ class Facade:
                     )
                     return
                 caller = found
-            route = (
-                RouteClass.PREFLIGHT
-                if is_preflight(request)
-                else engine.classify(request.method, path)
-            )
+            route = RouteClass.PREFLIGHT if preflight else engine.classify(request.method, path)
             try:
                 read, prefix = request.read_json(partial(self._read_body, route, path))
             except BadBody as refused:

@@ -145,13 +145,14 @@ class FleetDiscovery:
         self.publish(engine)
 
     def _every_name(self, engine: str, models: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        """``models`` and the other names a node is known by for them (file names, aliases):
-        a request by any of them finds the node down, as one by its own name does
-        (docs/fleet-scheduling.md#every-owner-down)."""
+        """``models`` and the other names a node is known by for them (file names, aliases),
+        and the keys of the pattern aliases it serves: a request by any of them finds the node
+        down, as one by its own name does (docs/fleet-scheduling.md#every-owner-down)."""
         if not models:
             return models
-        others = known_names(ENGINES[engine], [models], self._aliases()).others[0]
-        return (*models, *(other.name for other in others))
+        names = known_names(ENGINES[engine], [models], self._aliases())
+        caught = (other.key for other in names.patterns[0])
+        return (*models, *(other.name for other in names.others[0]), *caught)
 
     def publish(self, engine: str) -> None:
         """A new discovery snapshot of ``engine``: the nodes in it now, at their URLs now, each
@@ -181,4 +182,4 @@ class FleetDiscovery:
                 engine=engine,
             )
         self._shadowed[engine] = found.shadowed
-        self._control.set_discovery(engine, found.nodes)
+        self._control.set_discovery(engine, found.nodes, found.patterns)

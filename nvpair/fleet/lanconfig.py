@@ -75,12 +75,15 @@ class Access:
     :ivar keys: the key file's keys; None when no key file is named (LAN callers need none).
     :ivar require_tls: a LAN caller over plaintext is refused at its head (``tls-required``);
         only ever true with ``tls``, as there is no TLS to ask for otherwise.
+    :ivar loopback_keys: loopback callers need a key too (a machine shared by several users,
+        docs/lan.md#a-shared-machine); only ever true with ``keys``.
     """
 
     networks: tuple[IPNetwork, ...]
     keys: tuple[Key, ...] | None = None
     tls: LanTls | None = None
     require_tls: bool = False
+    loopback_keys: bool = False
 
 
 def _fail(where: str, why: str) -> AccessError:
@@ -120,9 +123,10 @@ def parse_access(
     """The ``[access]`` table of a fleet file whose directory is ``fleet_dir``; ``environ``
     holds ``$CREDENTIALS_DIRECTORY`` for a ``credential:NAME`` certificate or key.
 
-    None when there is no table or it lets no network in: then nothing differs from a fleet
-    without one (docs/lan.md#who-may-call). The key file and the certificate are read and
-    checked all the same, so a broken one is said now rather than when a network is added.
+    None when there is no table or it lets no network in and asks no key of loopback callers:
+    then nothing differs from a fleet without one (docs/lan.md#who-may-call). The key file and
+    the certificate are read and checked all the same, so a broken one is said now rather
+    than when a network is added.
 
     :raises AccessError: naming the key (``access.networks[1]``, ``access.keys: keys.toml:
         keys[0].sha256``) and what is wrong.
@@ -131,7 +135,8 @@ def parse_access(
         return None
     if not isinstance(table, dict):
         raise _fail("access", "must be a table ([access])")
-    unknown = sorted(set(table) - {"networks", "keys", "tls-cert", "tls-key", "require-tls"})
+    known = {"networks", "keys", "tls-cert", "tls-key", "require-tls", "loopback-keys"}
+    unknown = sorted(set(table) - known)
     if unknown:
         raise _fail("access", f"unknown key(s) {', '.join(unknown)}")
     listed = table.get("networks", [])
@@ -146,9 +151,15 @@ def parse_access(
         keys = parse_keys(_read("access.keys", path), f"access.keys: {path}")
     tls = _tls(table, fleet_dir, {} if environ is None else environ)
     require_tls = _require_tls(table, tls)
-    if not networks:
+    loopback_keys = table.get("loopback-keys", False)
+    if not isinstance(loopback_keys, bool):
+        raise _fail("access.loopback-keys", "must be true or false")
+    if loopback_keys and keys is None:
+        # Nothing to present: every loopback caller would be refused.
+        raise _fail("access.loopback-keys", "needs access.keys, the key file callers' keys are in")
+    if not networks and not loopback_keys:
         return None
-    return Access(networks, keys, tls, require_tls)
+    return Access(networks, keys, tls, require_tls, loopback_keys)
 
 
 def _require_tls(table: Mapping[str, object], tls: LanTls | None) -> bool:

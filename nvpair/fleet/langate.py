@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from attrs import evolve
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
@@ -25,6 +26,7 @@ from nvpair.fleet.lanpolicy import (
     Verdict,
     caller_of,
     judge,
+    keyed_loopback_caller,
     loopback_caller,
 )
 from nvpair.fleet.throttle import FailedKeys
@@ -89,6 +91,8 @@ class LanGate:
             else f"a key needed ({len(access.keys)} in the key file)",
             tls="TLS too" if self.tls is not None else "plaintext only",
         )
+        if access.loopback_keys:
+            self.log.info("loopback callers: a key needed too (access.loopback-keys)")
 
     def shown(self) -> dict[str, object] | None:
         """The ``[access]`` in force as ``/status`` shows it for every facade: who besides
@@ -118,22 +122,29 @@ class LanGate:
     def refusal(
         self, peer: IAddress | None, headers: Headers, preflight: bool = False, tls: bool = False
     ) -> Refusal | None:
-        """A non-loopback caller's refusal at its request head, or None to read on.
+        """A caller's refusal at its request head, or None to read on; a loopback caller is
+        judged only where ``loopback-keys`` asks it for a key (docs/lan.md#a-shared-machine),
+        as a LAN caller's key is: 401, and the same throttle.
 
         :param preflight: a CORS preflight, which needs no key (:func:`judge`).
         :param tls: the request came over TLS."""
         access = self.access
-        if access is None:
-            return LOOPBACK_ONLY
         ip = _ip(peer)
         authorization = headers.getRawHeaders(b"authorization")
-        verdict, _ = judge(access, ip, authorization, preflight)
-        if verdict is Verdict.FORBIDDEN:
-            return NOT_LISTED
-        if not tls and access.require_tls and self.tls is not None:
-            # Before the throttle and the key: a key sent in clear is neither judged nor
-            # counted as failed (docs/lan.md#tls).
-            return TLS_REQUIRED
+        if is_loopback(peer):
+            if access is None or not access.loopback_keys:
+                return None
+            verdict, _ = judge(access, ip, authorization, preflight, loopback=True)
+        else:
+            if access is None:
+                return LOOPBACK_ONLY
+            verdict, _ = judge(access, ip, authorization, preflight)
+            if verdict is Verdict.FORBIDDEN:
+                return NOT_LISTED
+            if not tls and access.require_tls and self.tls is not None:
+                # Before the throttle and the key: a key sent in clear is neither judged nor
+                # counted as failed (docs/lan.md#tls).
+                return TLS_REQUIRED
         assert ip is not None
         # A host may use any address of its IPv6 /64: one caller (docs/lan.md#failed-keys).
         block = source_of(str(ip)) or str(ip)
@@ -160,14 +171,15 @@ class LanGate:
         if access is None:
             return None if is_loopback(peer) else LOOPBACK_ONLY
         authorization = headers.getRawHeaders(b"authorization")
-        if is_loopback(peer):
+        loopback = is_loopback(peer)
+        if loopback and not access.loopback_keys:
             return loopback_caller(access, authorization)
-        verdict, key = judge(access, _ip(peer), authorization, preflight)
+        verdict, key = judge(access, _ip(peer), authorization, preflight, loopback)
         if verdict is Verdict.ALLOWED:
-            return caller_of(key)
+            return keyed_loopback_caller(key) if loopback else caller_of(key)
         return NOT_LISTED if verdict is Verdict.FORBIDDEN else UNAUTHORIZED
 
 
 def _without_tls(access: Access) -> Access:
     # No TLS to serve: none can be required either.
-    return Access(access.networks, access.keys, None, require_tls=False)
+    return evolve(access, tls=None, require_tls=False)

@@ -78,14 +78,17 @@ def judge(
     ip: IPAddress | None,
     authorization: Sequence[bytes] | None,
     preflight: bool = False,
+    loopback: bool = False,
 ) -> tuple[Verdict, Key | None]:
-    """A non-loopback caller's verdict, and its key when it presented a valid one.
+    """A non-loopback caller's verdict, and its key when it presented a valid one; with
+    ``loopback``, a loopback caller's where ``loopback-keys`` asks it for a key as well
+    (docs/lan.md#a-shared-machine): the same key rules, no network to be in.
 
     :param preflight: the request is a CORS preflight, which a browser sends without
         credentials whatever the request it asks about carries: one without a key is let in
         keyless (it asks the engines what they allow, and uses no model).
     """
-    if not in_networks(ip, access.networks):
+    if not loopback and not in_networks(ip, access.networks):
         return Verdict.FORBIDDEN, None
     if access.keys is None or (preflight and authorization is None):
         return Verdict.ALLOWED, None
@@ -107,6 +110,15 @@ def caller_of(key: Key | None) -> Caller:
     if key is None:
         return LAN_KEYLESS
     return Caller(key.name, key.models, key.manage, lan=True, priority=key.priority)
+
+
+def keyed_loopback_caller(key: Key | None) -> Caller:
+    """A loopback caller that ``loopback-keys`` asked for a key: its key's in full, ``manage``
+    included, as a LAN caller's; None (a keyless preflight) uses no model
+    (docs/lan.md#a-shared-machine)."""
+    if key is None:
+        return KEYLESS
+    return Caller(key.name, key.models, key.manage, priority=key.priority)
 
 
 def loopback_caller(access: Access, authorization: Sequence[bytes] | None) -> Caller:

@@ -19,10 +19,12 @@ from nvpair.engines.table import Engine
 
 @frozen
 class Nodes:
-    """One engine's discovery nodes, and the aliases its nodes' own names shadow."""
+    """One engine's discovery nodes, the aliases its nodes' own names shadow, and every
+    pattern alias in the order they are tried."""
 
     nodes: tuple[Node, ...]
     shadowed: tuple[str, ...]
+    patterns: tuple[str, ...] = ()
 
 
 def discovery_nodes(
@@ -44,7 +46,10 @@ def discovery_nodes(
             model_keys=keys,
             engine=engine.id,
             other_names=others,
+            patterns=caught,
         )
-        for (node, models), keys, others in zip(serving, names.keys, names.others, strict=True)
+        for (node, models), keys, others, caught in zip(
+            serving, names.keys, names.others, names.patterns, strict=True
+        )
     )
-    return Nodes(nodes, names.shadowed)
+    return Nodes(nodes, names.shadowed, tuple(pattern for pattern, _ in aliases.patterns))

@@ -37,6 +37,7 @@ from nvpair.control.state import Node
 from nvpair.engines.conversation import prefix_keys
 from nvpair.engines.inferstats import Stats
 from nvpair.engines.loadstate import UNKNOWN, LoadState, unseen
+from nvpair.engines.patternnames import PatternKey
 from nvpair.engines.table import ENGINES
 from nvpair.fleet.health import HealthPolicy, PassiveHealth
 from nvpair.fleet.liveness import LivenessProbes
@@ -165,7 +166,10 @@ class FleetScheduler:
             self._away.pop((engine, node), None)
         else:
             key = ENGINES[engine].model_key
-            self._away[(engine, node)] = frozenset(key(model) for model in models)
+            # A pattern alias's key is a key already, and no name (patternnames.PatternKey).
+            self._away[(engine, node)] = frozenset(
+                model if isinstance(model, PatternKey) else key(model) for model in models
+            )
 
     def owners_down(self, engine: str, model_key: str | None) -> list[str]:
         """The nodes out of discovery whose last list had ``model_key`` (None: any model), by

@@ -305,3 +305,70 @@ def test_a_conflict_in_the_file_is_a_usage_error_at_start(tmp_path: Path) -> Non
     assert result.returncode != 0
     line = f"{fleet_file}: models.\"a\": 'a' is also a model name the table lists"
     assert line in result.stderr + result.stdout
+
+
+CATCH = '[models]\n"gpt-*" = ["qwen"]\n"*" = ["tiny"]\n'
+
+
+def sdk_chat(port: int, model: str) -> tuple[str, str | None]:
+    """The openai SDK's chat as clients hard-code it: the text and the answering node."""
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "hi"}]
+    )
+    return raw.parse().choices[0].message.content or "", raw.headers.get("x-nvpair-node")
+
+
+@pytest_twisted.ensureDeferred
+async def test_pattern_aliases_serve_the_names_clients_hard_code(tmp_path: Path) -> None:
+    """Issue 32 item 2 (docs/model-names.md#pattern-aliases): the openai SDK's
+    ``gpt-3.5-turbo`` and ``davinci-002`` through the llama.cpp facade and the ``openai``
+    facade, each node sent its own name and every other byte as sent; the model lists do not
+    show the patterns."""
+    qwen = SimEngine(reactor, "llamacpp", models=["/m/qwen.gguf"], node="a")
+    tiny = SimEngine(reactor, "llamacpp", models=["/m/tiny.gguf"], node="b")
+    async with fleet(tmp_path, [qwen, tiny], CATCH, openai_facade=True) as (_, ports, _path):
+        for port in (ports["llamacpp"], ports["openai"]):
+            text, node = await deferToThread(sdk_chat, port, "gpt-3.5-turbo")
+            assert (text, node) == ("".join(qwen.tokens), "a")
+            text, node = await deferToThread(sdk_chat, port, "davinci-002")
+            assert (text, node) == ("".join(tiny.tokens), "b")
+            status, answer, node = await post(port, "/v1/chat/completions", ODD % b"test")
+            assert (status, node) == (200, "b"), answer
+            assert inference_bodies(tiny)[-1] == ODD % b"/m/tiny.gguf"
+            listed = await treq.get(f"http://127.0.0.1:{port}/v1/models")
+            ids = [entry["id"] for entry in json.loads(await listed.content())["data"]]
+            assert "*" not in ids and "gpt-*" not in ids and "qwen" in ids
+        assert json.loads(inference_bodies(qwen)[-1])["model"] == "/m/qwen.gguf"
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_pattern_a_hard_coded_name_is_no_owner_until_sighup_adds_one(
+    tmp_path: Path,
+) -> None:
+    """No pattern: 502 ``no-owner`` as before; ``[models]`` patterns re-read at SIGHUP. The
+    longest pattern decides: ``gpt-*`` names a model no node has, so ``gpt-3.5-turbo`` stays
+    502 rather than falling through to ``*``."""
+    sim = SimEngine(reactor, "llamacpp", models=["/m/tiny.gguf"], node="b")
+    body = json.dumps({"model": "davinci-002", "messages": []}).encode()
+    async with fleet(tmp_path, [sim]) as (proxy, ports, path):
+        port = ports["llamacpp"]
+
+        def refused() -> tuple[int | None, object]:
+            try:
+                sdk_chat(port, "gpt-3.5-turbo")
+            except openai.APIStatusError as error:
+                return error.status_code, error.body
+            return None, None
+
+        status, error = await deferToThread(refused)
+        assert status == 502 and isinstance(error, dict) and error["code"] == "no-owner"
+        path.write_text(path.read_text() + CATCH)
+        proxy.transport.signalProcess("HUP")  # type: ignore[union-attr]
+
+        async def served() -> bool:
+            return (await post(port, "/v1/chat/completions", body))[0] == 200
+
+        await eventually(served, "the pattern after SIGHUP")
+        assert json.loads(inference_bodies(sim)[-1])["model"] == "/m/tiny.gguf"
+        assert await deferToThread(refused) == (status, error)
