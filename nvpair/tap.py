@@ -251,6 +251,9 @@ class Options(ActionOptions):
         )
         if config.cooldown_max < config.cooldown:
             raise usage.UsageError("--cooldown-max: must not be shorter than --cooldown")
+        if parsed is not None and parsed.admin is not None and config.admin_port is None:
+            # Its port is --admin-port's (docs/lan.md#the-admin-view-from-the-lan).
+            raise usage.UsageError("--fleet: [admin] bind needs --admin-port, the port it uses")
         self.config = config
 
 
