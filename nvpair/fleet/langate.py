@@ -78,12 +78,12 @@ class LanGate:
     ) -> None:
         self.access: Access | None = None
         #: ``[admin]`` in force: while None, LAN callers of the admin listener are refused.
-        self.admin = admin
+        self.admin: AdminLan | None = None
         self.tls: SSL.Context | None = None
         self._tls_from: LanTls | None = None
         # Counted per IPv4 address and per IPv6 /64 (docs/lan.md#failed-keys).
         self._failed: FailedKeys[str] = FailedKeys(clock)
-        self.reload(access)
+        self.reload(access, admin)
 
     def reload(self, access: Access | None, admin: AdminLan | None = None) -> None:
         """Put a re-read ``[access]`` and ``[admin]`` in force; requests already admitted keep
