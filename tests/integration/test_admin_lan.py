@@ -100,6 +100,7 @@ async def test_the_admin_listener_on_the_lan_asks_for_an_admin_key(tmp_path: Pat
                 assert local.code == 200
                 await demoted_at_sighup(proxy, tmp_path, lan, base, scraper, laptop)
                 await throttled(lan, base, port, scraper)
+                await removed_at_sighup(proxy, tmp_path, lan, base, admin)
 
 
 async def demoted_at_sighup(
@@ -126,6 +127,21 @@ async def demoted_at_sighup(
         return ok == 200
 
     await eventually(back, "the admin key served again after a second SIGHUP")
+
+
+async def removed_at_sighup(
+    proxy: ProxyProcess, tmp_path: Path, lan: Namespace, base: str, admin: int
+) -> None:
+    """An ``[admin]`` removed at SIGHUP closes the LAN address at once (403, before any key
+    or throttle); loopback is served as ever."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(fleet.read_text().partition("[admin]")[0])
+    os.kill(proxy.pid, signal.SIGHUP)
+    await proxy.wait_for_log(lambda r: "[admin] removed" in r.get("msg", ""))
+    status, headers, _ = await curl(lan, f"{base}/healthz")
+    assert (status, headers["x-nvpair-error"]) == (403, "forbidden")
+    local = await treq.get(f"http://127.0.0.1:{admin}/metrics", timeout=5)
+    assert local.code == 200
 
 
 async def throttled(lan: Namespace, base: str, port: int, scraper: str) -> None:
