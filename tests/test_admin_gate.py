@@ -5,11 +5,9 @@ SIGHUP (docs/lan.md#the-admin-view-from-the-lan)."""
 from __future__ import annotations
 
 import base64
-import ipaddress
 
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
-from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
 from nvpair.fleet.adminconfig import AdminLan
@@ -24,22 +22,11 @@ from nvpair.fleet.langate import (
 )
 from nvpair.wire.facade_head import Refusal
 from tests.certs import issue, make_ca
+from tests.test_langate import AWAY, HOME, LAN, LAPTOP, LOOPBACK, headers
 
-LAN = (ipaddress.ip_network("192.168.1.0/24"),)
-LAPTOP = Key("laptop", digest_of(b"nvp_laptop"))
 SCRAPER = Key("scraper", digest_of(b"nvp_scraper"), admin=True)
 KEYED = Access(LAN, (LAPTOP, SCRAPER))
 ADMIN = AdminLan("192.168.1.10")
-LOOPBACK = IPv4Address("TCP", "127.0.0.1", 50000)
-HOME = IPv6Address("TCP", "::ffff:192.168.1.7", 50000)
-AWAY = IPv4Address("TCP", "10.0.0.7", 50000)
-
-
-def headers(authorization: bytes | None = None) -> Headers:
-    found = Headers()
-    if authorization is not None:
-        found.setRawHeaders(b"authorization", [authorization])
-    return found
 
 
 def ask(

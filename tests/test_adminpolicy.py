@@ -204,3 +204,14 @@ def test_admin_without_admin_port_is_a_usage_error_and_with_it_a_config(tmp_path
     options.parseOptions(["--fleet", path, "--admin-port", "21500"])
     assert options.config is not None and options.config.fleet is not None
     assert options.config.fleet.admin == AdminLan("192.168.1.10")
+
+
+def test_the_examples_admin_uncommented_with_an_admin_key_is_an_admin(tmp_path: Path) -> None:
+    """The shipped example's commented [admin], uncommented beside a keyed [access]."""
+    from nvpair import examples
+
+    text = examples.text(examples.FLEET)
+    lines = text[text.index("# [admin]") :].split("\n\n", 1)[0].splitlines()
+    block = "\n".join(line.removeprefix("# ") for line in lines)
+    path = fleet(tmp_path, block + "\n")
+    assert load_fleet(path).admin == AdminLan("192.168.1.10")
