@@ -127,7 +127,7 @@ class Options(ActionOptions):
             ),
             ("log-level", "debug, info, warn or error."),
             ("log-format", "text, json, or auto: text when stderr is a terminal, else json."),
-            ("admin-port", "Loopback-only admin listener (health, metrics, status)."),
+            ("admin-port", "Admin listener (health, metrics, status): loopback, plus [admin]."),
             (
                 "request-head-timeout",
                 "A request line and headers not complete this long after their first byte "
