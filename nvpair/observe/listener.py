@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IListeningPort, IReactorTCP
 from twisted.internet.protocol import ServerFactory
 from twisted.logger import Logger
 
-#: The admin listener's only interface.
+#: The admin listener's own interface (``[admin]`` may add one LAN address).
 LOOPBACK = "127.0.0.1"
 
 
