@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real lint bench soak clean chromium bench-tools llama-server llama-build-tools
+.PHONY: demo test test-real lint bench soak clean chromium prometheus bench-tools llama-server \
+	llama-build-tools
 
 # The browser test (tests/integration/test_browser.py) drives Debian's headless Chromium.
 CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
@@ -33,12 +34,26 @@ chromium:
 			chromium chromium-driver >/dev/null; \
 	fi
 
+# The admin listener's LAN test (tests/integration/test_admin_lan.py) scrapes it with Debian's
+# Prometheus, run from another network namespace; installed only when missing, as chromium is.
+# Under systemd the package also starts Debian's own Prometheus service (port 9090), which the
+# test does not use (it runs its own): `systemctl disable --now prometheus` stops it.
+PROMETHEUS_BINARY := /usr/bin/prometheus
+
+prometheus:
+	@if [ ! -x $(PROMETHEUS_BINARY) ]; then \
+		echo "installing Debian's prometheus for the admin listener's LAN test"; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			prometheus >/dev/null; \
+	fi
+
 # The real-engine tests (tests/real) are part of the suite: llama-server is built first, once per
 # machine (below); NVPAIR_REQUIRE_LLAMA_SERVER makes a missing binary fail them instead of skip.
 # Exported rather than written before the command, so make runs pytest itself and not through a
 # shell: make passes a SIGTERM on to its child, and a shell would die of it, leaving pytest running.
 test test-real: export NVPAIR_REQUIRE_LLAMA_SERVER = 1
-test: $(STAMP) chromium llama-server
+test: $(STAMP) chromium prometheus llama-server
 	$(BIN)/pytest -q
 
 # The performance table (bench/README.md): nvpair beside a minimal Twisted proxy (the floor),

@@ -245,7 +245,7 @@ def build(
     observer = _observer(reactor, config, log_out or sys.stderr)
     access_log = AccessLog() if config.access_log else None
     # Fleet mode's [access]: who besides loopback may call (docs/lan.md).
-    lan = LanGate(clock, config.fleet.access) if config.fleet is not None else None
+    lan = LanGate(clock, config.fleet.access, config.fleet.admin) if config.fleet else None
     # Fleet mode bounds what the LAN may hold before anything is known of a caller; broker mode,
     # whose peers may hold more, counts nothing (docs/robustness.md#connection-bounds).
     bounds = ConnectionCounts() if config.fleet is not None else None
@@ -352,7 +352,7 @@ def build(
         if config.fleet_file is not None and IReactorThreads.providedBy(reactor):
             assert lan is not None
             also = (
-                lambda reread: lan.reload(reread.access),
+                lambda reread: lan.reload(reread.access, reread.admin),
                 lambda reread: scheduler.reconfigure(reread.affinity),
                 lambda reread: (
                     queue.reconfigure(reread.queue, reread.parallel()) if queue else None
@@ -387,5 +387,12 @@ def build(
             live=activity.counts,
         )
         site = QuietSite(admin.app.resource(), "127.0.0.1", config.admin_port)
-        AdminListener(reactor, config.admin_port, site, root.fail).setServiceParent(root)
+        on_lan = None
+        if lan is not None and lan.admin is not None:
+            # Its LAN address, every caller judged there (docs/lan.md#the-admin-view-from-the-lan).
+            from nvpair.observe.adminguard import lan_factory
+
+            where = (lan.admin.bind, config.admin_port)
+            on_lan = (where[0], lan_factory(clock, site.resource, lan, bounds, where))
+        AdminListener(reactor, config.admin_port, site, root.fail, on_lan).setServiceParent(root)
     return root

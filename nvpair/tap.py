@@ -127,7 +127,7 @@ class Options(ActionOptions):
             ),
             ("log-level", "debug, info, warn or error."),
             ("log-format", "text, json, or auto: text when stderr is a terminal, else json."),
-            ("admin-port", "Loopback-only admin listener (health, metrics, status)."),
+            ("admin-port", "Admin listener (health, metrics, status): loopback, plus [admin]."),
             (
                 "request-head-timeout",
                 "A request line and headers not complete this long after their first byte "
@@ -251,6 +251,9 @@ class Options(ActionOptions):
         )
         if config.cooldown_max < config.cooldown:
             raise usage.UsageError("--cooldown-max: must not be shorter than --cooldown")
+        if parsed is not None and parsed.admin is not None and config.admin_port is None:
+            # Its port is --admin-port's (docs/lan.md#the-admin-view-from-the-lan).
+            raise usage.UsageError("--fleet: [admin] bind needs --admin-port, the port it uses")
         self.config = config
 
 

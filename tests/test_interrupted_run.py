@@ -100,10 +100,10 @@ def test_make_test_passes_sigterm_to_pytest(tmp_path: Path) -> None:
         "time.sleep(120)\n"
     )
     stand_in.chmod(0o755)
-    # The prerequisites (venv, Chromium, llama-server) are taken as made: -o.
+    # The prerequisites (venv, Chromium, Prometheus, llama-server) are taken as made: -o.
     make = subprocess.Popen(
         ["make", "--no-print-directory", "-o", ".venv/.installed", "-o", "chromium",
-         "-o", "llama-server", f"BIN={bin_dir}", "test"],
+         "-o", "prometheus", "-o", "llama-server", f"BIN={bin_dir}", "test"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

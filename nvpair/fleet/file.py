@@ -21,6 +21,7 @@ from nvpair.control.fairqueue import DEFAULT_QUEUE, QueueOptions
 from nvpair.engines.modelnames import NO_ALIASES, AliasError, Aliases
 from nvpair.engines.table import ENGINES, FACADES, served_engines
 from nvpair.facades.ports import ascii_digits, parse_aliases, valid_port
+from nvpair.fleet.adminconfig import AdminError, AdminLan, parse_admin
 from nvpair.fleet.credentials import Credential, read_credential
 from nvpair.fleet.lanconfig import Access, AccessError, parse_access
 from nvpair.fleet.queueconfig import parse_parallel, parse_queue
@@ -67,6 +68,8 @@ class Fleet:
     affinity: AffinityOptions = DEFAULT_AFFINITY
     #: ``[queue]`` (docs/fleet-scheduling.md#the-queue).
     queue: QueueOptions = DEFAULT_QUEUE
+    #: ``[admin]``: the admin listener's LAN address (docs/lan.md#the-admin-view-from-the-lan).
+    admin: AdminLan | None = None
 
     def parallel(self) -> dict[tuple[str, str], int]:
         """(engine, node id) -> ``[nodes.parallel]`` where the file sets one."""
@@ -221,7 +224,8 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         path,
         "top level",
         document,
-        {"inventory-interval", "facades", "nodes", "models", "access", "scheduling", "queue"},
+        {"inventory-interval", "facades", "nodes", "models", "access", "scheduling", "queue"}
+        | {"admin"},
     )
 
     interval_text = document.get("inventory-interval", "5s")
@@ -293,12 +297,16 @@ def load_fleet(path: Path, environ: Mapping[str, str] | None = None) -> Fleet:
         access = parse_access(document.get("access"), path.parent, environ)
     except AccessError as error:
         raise FleetFileError(f"{path}: {error}") from None
+    try:
+        admin = parse_admin(document.get("admin"), access)
+    except AdminError as error:
+        raise FleetFileError(f"{path}: {error}") from None
     affinity = _scheduling(path, document.get("scheduling", {}))
     try:
         queue = parse_queue(document.get("queue", {}))
     except ValueError as bad:
         raise FleetFileError(f"{path}: {bad}") from None
-    return Fleet(interval, facades, tuple(nodes), models, access, affinity, queue)
+    return Fleet(interval, facades, tuple(nodes), models, access, affinity, queue, admin)
 
 
 #: The largest ``affinity-slack`` taken: past it, every owner is within it anyway.
@@ -342,10 +350,14 @@ def unserved(fleet: Fleet, running: Collection[str]) -> list[tuple[str, str, str
 def restart_needed(running: Fleet, reread: Fleet) -> list[str]:
     """What a re-read fleet file changes that a running process cannot apply live.
 
-    A facade's listener is bound once; nodes and the poll interval are live
-    (docs/fleet-scheduling.md#the-fleet-file-re-read). Each entry names the change.
+    A facade's listener is bound once, as is the admin listener's LAN address; nodes and the
+    poll interval are live (docs/fleet-scheduling.md#the-fleet-file-re-read). Each entry names
+    the change. An ``[admin]`` removed is none: its LAN callers are refused at once.
     """
     changes: list[str] = []
+    bind, rebind = (fleet.admin.bind if fleet.admin else None for fleet in (running, reread))
+    if rebind is not None and bind != rebind:
+        changes.append(f"admin.bind {bind} -> {rebind}" if bind else "admin added")
     for engine in sorted(set(running.facades) | set(reread.facades)):
         was, now = running.facades.get(engine), reread.facades.get(engine)
         if was is None:

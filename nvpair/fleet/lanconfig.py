@@ -58,6 +58,8 @@ class Key:
     manage: bool = False
     #: Its requests' place in the fleet's queue (docs/fleet-scheduling.md#the-queue).
     priority: Priority = Priority.NORMAL
+    #: It may reach the admin listener from the LAN (docs/lan.md#the-admin-view-from-the-lan).
+    admin: bool = False
 
 
 @frozen
@@ -263,7 +265,7 @@ def parse_keys(data: bytes, where: str) -> tuple[Key, ...]:
 def _key(where: str, entry: object) -> Key:
     if not isinstance(entry, dict):
         raise _fail(where, "must be a table")
-    unknown = sorted(set(entry) - {"name", "sha256", "models", "manage", "priority"})
+    unknown = sorted(set(entry) - {"name", "sha256", "models", "manage", "priority", "admin"})
     if unknown:
         raise _fail(where, f"unknown key(s) {', '.join(unknown)}")
     name = entry.get("name")
@@ -277,13 +279,15 @@ def _key(where: str, entry: object) -> Key:
         isinstance(pattern, str) and 0 < len(pattern) <= _MAX_PATTERN for pattern in models
     ):
         raise _fail(f"{where}.models", 'must be a list of model name patterns such as ["llama3*"]')
-    manage = entry.get("manage", False)
-    if not isinstance(manage, bool):
-        raise _fail(f"{where}.manage", "must be true or false")
+    manage, admin = entry.get("manage", False), entry.get("admin", False)
+    for flag, value in (("manage", manage), ("admin", admin)):
+        if not isinstance(value, bool):
+            raise _fail(f"{where}.{flag}", "must be true or false")
     priority = entry.get("priority", "normal")
     if priority not in ("high", "normal", "low"):
         raise _fail(f"{where}.priority", 'must be "high", "normal" or "low"')
-    return Key(name, bytes.fromhex(digest), tuple(models), manage, Priority[str(priority).upper()])
+    level = Priority[str(priority).upper()]
+    return Key(name, bytes.fromhex(digest), tuple(models), bool(manage), level, bool(admin))
 
 
 def name_problem() -> str:
@@ -310,5 +314,6 @@ def new_key(name: str) -> tuple[str, str]:
         f'sha256 = "{digest_of(secret.encode()).hex()}"\n'
         '# models = ["llama3*"]   # optional: the model names this key may use\n'
         "# manage = true          # optional: may pull, copy, create, delete, load models\n"
+        "# admin = true           # optional: may reach the admin listener from the LAN\n"
     )
     return secret, block

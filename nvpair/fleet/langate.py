@@ -20,6 +20,8 @@ from twisted.web.http_headers import Headers
 from nvpair.common.reasons import Reason
 from nvpair.engines.admission import is_loopback, parse_ip
 from nvpair.engines.caller import Caller
+from nvpair.fleet.adminconfig import AdminLan
+from nvpair.fleet.adminpolicy import AdminVerdict, judge_admin
 from nvpair.fleet.lanconfig import Access, LanTls
 from nvpair.fleet.lanpolicy import (
     IPAddress,
@@ -43,6 +45,16 @@ TLS_REQUIRED = Refusal(Reason.TLS_REQUIRED)
 UNAUTHORIZED = Refusal(
     Reason.UNAUTHORIZED, headers=((b"WWW-Authenticate", b'Bearer realm="nvpair"'),)
 )
+#: The admin listener's: Basic, so that a browser prompts for the key (its password).
+ADMIN_UNAUTHORIZED = Refusal(
+    Reason.UNAUTHORIZED,
+    "a key with admin = true is required: Authorization: Bearer <key>, or as Basic's password",
+    headers=((b"WWW-Authenticate", b'Basic realm="nvpair"'),),
+)
+ADMIN_CLOSED = Refusal(Reason.FORBIDDEN, "the admin listener serves loopback callers only")
+ADMIN_NOT_LISTED = Refusal(
+    Reason.FORBIDDEN, "this address is in none of the fleet's [access] networks"
+)
 
 
 def _throttled(seconds: int) -> Refusal:
@@ -63,16 +75,25 @@ class LanGate:
 
     log = Logger()
 
-    def __init__(self, clock: IReactorTime, access: Access | None) -> None:
+    def __init__(
+        self, clock: IReactorTime, access: Access | None, admin: AdminLan | None = None
+    ) -> None:
         self.access: Access | None = None
+        #: ``[admin]`` in force: while None, LAN callers of the admin listener are refused.
+        self.admin: AdminLan | None = None
         self.tls: SSL.Context | None = None
         self._tls_from: LanTls | None = None
         # Counted per IPv4 address and per IPv6 /64 (docs/lan.md#failed-keys).
         self._failed: FailedKeys[str] = FailedKeys(clock)
-        self.reload(access)
+        self.reload(access, admin)
 
-    def reload(self, access: Access | None) -> None:
-        """Put a re-read ``[access]`` in force; requests already admitted keep their key."""
+    def reload(self, access: Access | None, admin: AdminLan | None = None) -> None:
+        """Put a re-read ``[access]`` and ``[admin]`` in force; requests already admitted keep
+        their key. A changed ``admin.bind`` is the listener's, bound at start: only whether
+        its LAN callers are let in changes here (docs/lan.md#the-admin-view-from-the-lan)."""
+        if self.admin is not None and admin is None:
+            self.log.warn("[admin] removed: the admin listener refuses LAN callers from now on")
+        self.admin = admin
         wanted = access.tls if access is not None else None
         if wanted != self._tls_from:
             self.tls, self._tls_from = self._context(wanted), wanted
@@ -146,21 +167,64 @@ class LanGate:
                 # counted as failed (docs/lan.md#tls).
                 return TLS_REQUIRED
         assert ip is not None
-        # A host may use any address of its IPv6 /64: one caller (docs/lan.md#failed-keys).
-        block = source_of(str(ip)) or str(ip)
-        wait = self._failed.retry_after(block)
-        if wait is not None:
-            return _throttled(wait)
+        throttled = self._throttled(ip)
+        if throttled is not None:
+            return throttled
         if verdict is Verdict.ALLOWED:
             return None
         if verdict is Verdict.BAD_KEY:
-            self._failed.failed(block)
-            if self._failed.retry_after(block) is not None:
-                self.log.warn(
-                    "{address} presented too many failed keys: refused for a while",
-                    address=str(block),
-                )
+            self._key_failed(ip)
         return UNAUTHORIZED
+
+    def _throttled(self, ip: IPAddress) -> Refusal | None:
+        # A host may use any address of its IPv6 /64: one caller (docs/lan.md#failed-keys).
+        wait = self._failed.retry_after(source_of(str(ip)) or str(ip))
+        return None if wait is None else _throttled(wait)
+
+    def _key_failed(self, ip: IPAddress) -> None:
+        block = source_of(str(ip)) or str(ip)
+        self._failed.failed(block)
+        if self._failed.retry_after(block) is not None:
+            self.log.warn(
+                "{address} presented too many failed keys: refused for a while",
+                address=str(block),
+            )
+
+    def admin_refusal(
+        self, peer: IAddress | None, method: bytes, path: bytes, headers: Headers, tls: bool
+    ) -> Refusal | None:
+        """A request to the admin listener: its refusal, or None to serve it. Loopback callers
+        are served as ever; the facades' failed-key throttle counts here too, so the admin
+        listener is no second place to guess keys (docs/lan.md#the-admin-view-from-the-lan).
+
+        :param tls: the request came over TLS."""
+        if is_loopback(peer):
+            return None
+        ip = _ip(peer)
+        verdict, key = judge_admin(
+            self.access if self.admin is not None else None,
+            ip,
+            tls_served=self.tls is not None,
+            over_tls=tls,
+            method=method,
+            path=path,
+            authorization=headers.getRawHeaders(b"authorization"),
+        )
+        if verdict is AdminVerdict.FORBIDDEN:
+            return ADMIN_CLOSED if self.admin is None or self.access is None else ADMIN_NOT_LISTED
+        if verdict is AdminVerdict.TLS_REQUIRED:
+            return TLS_REQUIRED
+        if verdict is AdminVerdict.SERVE and key is None:
+            return None  # an open route (/healthz): no key asked, none to throttle
+        assert ip is not None
+        throttled = self._throttled(ip)
+        if throttled is not None:
+            return throttled  # a valid key or not, as on the facades
+        if verdict is AdminVerdict.SERVE:
+            return None
+        if verdict is AdminVerdict.BAD_KEY:
+            self._key_failed(ip)
+        return ADMIN_UNAUTHORIZED
 
     def caller(
         self, peer: IAddress | None, headers: Headers, preflight: bool = False

@@ -188,7 +188,8 @@ class FleetService(Service):
         interval takes effect at its next poll); a node whose URL changed stays in discovery at
         its new URL, starts afresh (no health, no load state) and is polled at once; a removed
         node leaves discovery; an added one is polled at once. What cannot change live — the
-        facades, their ports and aliases — is logged as needing a restart and left as it is.
+        facades, their ports and aliases, the admin listener's LAN address — is logged as
+        needing a restart and left as it is.
         """
         touched: set[str] = set()
         for change in restart_needed(self._fleet, fleet):
@@ -200,7 +201,7 @@ class FleetService(Service):
         if fleet.models != self._fleet.models:
             # Every snapshot's other names change with the aliases (docs/model-names.md).
             touched.update(e for e in self._engines if self._control.reported(e))
-        self._fleet = evolve(fleet, facades=self._fleet.facades)
+        self._fleet = evolve(fleet, facades=self._fleet.facades, admin=self._fleet.admin)
         wanted = self._wanted(fleet)
         for key, pair in list(self._pairs.items()):
             url = wanted.get(key)

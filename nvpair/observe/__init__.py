@@ -1,5 +1,5 @@
-"""What an operator sees: the loopback admin listener, the status document and page, Prometheus
-metrics, and the recent workloads with their attempts.
+"""What an operator sees: the admin listener (loopback, and ``[admin]``'s LAN address), the
+status document and page, Prometheus metrics, and the recent workloads with their attempts.
 
 Reads every package below it and is read by none; the request path reports to it through the
 observer seam it declares (:mod:`nvpair.dispatch.seams`). May import :mod:`nvpair.common`,

@@ -1,5 +1,5 @@
-"""The loopback-only admin surface (``--admin-port``): health, status, metrics and the live
-status page.
+"""The admin surface (``--admin-port``, on loopback; on a LAN address too with the fleet's
+``[admin]``, :mod:`nvpair.observe.adminguard`): health, status, metrics and the live status page.
 
 klein is fine here and kept off the proxy hot path. Everything shown is operational state —
 ports, node ids, counts — never request content.
