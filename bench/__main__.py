@@ -173,6 +173,11 @@ def main() -> None:
         help="multi-turn bench: also run affinity with one node's prompt cache off (not judged)",
     )
     parser.add_argument(
+        "--multiturn-no-shared",
+        action="store_true",
+        help="multi-turn bench: skip the shared-prefix part",
+    )
+    parser.add_argument(
         "--contention-seconds",
         type=_positive_float,
         help="contention bench: seconds each part runs per side (default 60; --quick 20)",
@@ -215,6 +220,8 @@ def main() -> None:
     }
     if args.multiturn_correction:
         overrides["multiturn_correction"] = True
+    if args.multiturn_no_shared:
+        overrides["multiturn_shared"] = False
     plan = attrs.evolve(plan, **overrides)
     chosen = args.only.split(",") if args.only else list(SCENARIOS)
     unknown = set(chosen) - set(SCENARIOS)

@@ -77,6 +77,8 @@ class Conversation:
     start: float
     messages: tuple[str, ...]
     thinks: tuple[float, ...]
+    #: A system prompt that opens every request of it (the shared-prefix part: one for all).
+    system: str = ""
 
 
 def user_text(rng: random.Random, tokens: int, chars_per_token: float) -> str:
@@ -136,6 +138,8 @@ def history(conversation: Conversation, replies: Sequence[str], turn: int) -> li
     if len(replies) < turn:
         raise ValueError(f"turn {turn} needs {turn} earlier answers, not {len(replies)}")
     messages: list[dict[str, str]] = []
+    if conversation.system:
+        messages.append({"role": "system", "content": conversation.system})
     for earlier in range(turn):
         messages.append({"role": "user", "content": conversation.messages[earlier]})
         messages.append({"role": "assistant", "content": replies[earlier]})

@@ -55,22 +55,35 @@ UNCACHED = NODES[0]
 HISTORY_TOKENS = 2000
 
 
+#: The shared-prefix part's system prompt, in tokens (a coding assistant's is about this long).
+SHARED_TOKENS = 2000
+
+
 @attrs.frozen
 class Calibration:
     chars_per_token: float
     read_tokens: int
     read_ms: tuple[float, ...]
+    #: The shared-prefix part's system prompt, :data:`SHARED_TOKENS` tokens give or take 2 %.
+    system: str = ""
 
 
 def calibrate(model: Path) -> Calibration:
-    """Characters per token of the words the messages are made of, and the time one server
-    takes to read a 2,000-token history (twice; its cache bypassed)."""
+    """Characters per token of the words the messages are made of, the time one server takes to
+    read a 2,000-token history (twice; its cache bypassed), and the shared-prefix part's system
+    prompt fitted to its length by the engine's own tokenizer."""
     with llama_node("probe", model) as probe:
         sample = user_text(Random(0), 3000, 1.0)
         chars_per_token = len(sample) / token_count(probe.url, sample)
         history = user_text(Random(1), HISTORY_TOKENS, chars_per_token)
         reads = [read_time_ms(probe.url, f"{i} {history}") for i in range(2)]
-    return Calibration(chars_per_token, reads[0][0], tuple(ms for _, ms in reads))
+        system = fitted(
+            user_text(Random(2), SHARED_TOKENS, chars_per_token),
+            lambda text: token_count(probe.url, text),
+            round(SHARED_TOKENS * 0.98),
+            round(SHARED_TOKENS * 1.02),
+        )
+    return Calibration(chars_per_token, reads[0][0], tuple(ms for _, ms in reads), system)
 
 
 def fit_messages(
@@ -250,6 +263,46 @@ def run(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
                     results.note(f"multi-turn round {r + 1} correction: {line}")
         for line in side_table(summaries):
             _say(f"    {line}")
+        if plan.multiturn_shared:
+            shared = [attrs.evolve(c, system=calibration.system) for c in conversations]
+            _shared_part(results, names, r, shared, mix, model, work)
+
+
+def _shared_part(
+    results: Results,
+    sides: Sequence[str],
+    r: int,
+    conversations: Sequence[Conversation],
+    mix: ChatMix,
+    model: Path,
+    work: Path,
+) -> None:
+    """The same conversations, each opening with one shared system prompt: what prefix sharing
+    across conversations does with affinity off and on (reported, not judged)."""
+    summaries: dict[str, SideSummary] = {}
+    for side in sides:
+        sub = work / f"multiturn-shared-{side}-{r}"
+        sub.mkdir()
+        try:
+            played = run_side(side, conversations, mix, model, sub)
+        except (RuntimeError, OSError) as error:
+            results.note(f"multi-turn shared prefix round {r + 1} {side} failed: {error}")
+            continue
+        summary = summaries[side] = summarize(played.turns, NODES, played.seconds)
+        for metric, value in (
+            ("requests", summary.requests),
+            ("failed", summary.failed),
+            ("ttft_p50_ms", summary.ttft_p50_ms),
+            ("ttft_p90_ms", summary.ttft_p90_ms),
+            ("evaluated", summary.evaluated),
+            ("cached", summary.cached),
+            ("busiest_share", summary.busiest_share),
+            ("stayed", summary.stayed / summary.followups if summary.followups else None),
+        ):
+            results.put(f"mts_{metric}", side, r, value)
+        _say(f"  round {r + 1} shared prefix {side}: done in {played.seconds:.0f} s")
+    for line in side_table(summaries):
+        _say(f"    {line}")
 
 
 def _record(results: Results, side: str, r: int, summary: SideSummary, played: SideRun) -> None:

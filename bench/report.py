@@ -71,6 +71,18 @@ MT_ROWS: tuple[tuple[str, str, int], ...] = (
         for node in ("n0", "n1", "n2")
     ),
 )
+#: The multi-turn bench's shared-prefix part: every conversation opens with one long system
+#: prompt.
+MTS_ROWS: tuple[tuple[str, str, int], ...] = (
+    ("requests", "mts_requests", 0),
+    ("failed requests", "mts_failed", 0),
+    ("TTFT p50 (ms)", "mts_ttft_p50_ms", 0),
+    ("TTFT p90 (ms)", "mts_ttft_p90_ms", 0),
+    ("prompt tokens evaluated (the answers' timings.prompt_n)", "mts_evaluated", 0),
+    ("prompt tokens from cache (timings.cache_n)", "mts_cached", 0),
+    ("busiest node's requests / a fair share", "mts_busiest_share", 2),
+    ("share of follow-up turns on the turn before's node", "mts_stayed", 2),
+)
 #: The contention bench: the fleet's queue off and on, part by part.
 CT_SIDES = ("queue-off", "queue-on")
 CT_ROWS: tuple[tuple[str, str, int], ...] = (
@@ -200,6 +212,8 @@ def _multiturn_table(table: Table) -> list[str]:
     """The multi-turn bench's rows, each the median over rounds and every round's figure."""
     title = "Multi-turn: affinity off against affinity on"
     out = _sides_table(table, title, MT_SIDES, MT_ROWS)
+    shared = "Multi-turn, one shared 2,000-token system prompt: affinity off against on"
+    out += _sides_table(table, shared, MT_SIDES, MTS_ROWS)
     read = table.get("mt_read_ms", {}).get("calibration", ())
     if out and read and read[0] is not None:
         out += [

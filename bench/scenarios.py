@@ -79,6 +79,8 @@ class Plan:
     multiturn_conversations: int = 24
     #: Also run affinity with one node's prompt cache off (bench/multiturn.py), not judged.
     multiturn_correction: bool = False
+    #: Also play the conversations behind one shared 2,000-token system prompt (not judged).
+    multiturn_shared: bool = True
     #: Seconds each part of the contention bench runs per side (bench/contention.py).
     contention_seconds: float = 60.0
     contention_seed: int = 31

@@ -152,6 +152,54 @@ def summed(table: Table, metric: str, a: str, b: str) -> list[float | None]:
     return out
 
 
+def over_least(table: Table) -> list[float | None]:
+    """Per round: the prompt tokens the engines evaluated with affinity over the fewest any
+    order could have had them evaluate (each conversation's longest prompt, read once)."""
+    out: list[float | None] = []
+    for x, y in zip(
+        rounds(table, "mt_evaluated", "affinity-on"),
+        rounds(table, "mt_least", "affinity-on"),
+        strict=False,
+    ):
+        out.append(x / y if x is not None and y else None)
+    return out
+
+
+def busiest_either(table: Table) -> list[float | None]:
+    """Per round: the busiest node's share of requests over a fair share, the larger of the
+    two sides'."""
+    out: list[float | None] = []
+    for x, y in zip(
+        rounds(table, "mt_busiest_share", "affinity-off"),
+        rounds(table, "mt_busiest_share", "affinity-on"),
+        strict=False,
+    ):
+        out.append(max(x, y) if x is not None and y is not None else None)
+    return out
+
+
+def counters_off_by(table: Table) -> list[float | None]:
+    """Per round: how far the engines' own ``/metrics`` counters (evaluated and cached prompt
+    tokens) are from the sums of their answers' ``timings``, both sides, in tokens; None where
+    a side did not run."""
+    per_pair = [
+        [
+            abs(e - a) if e is not None and a is not None else None
+            for e, a in zip(rounds(table, engine, side), rounds(table, answers, side), strict=False)
+        ]
+        for side in ("affinity-off", "affinity-on")
+        for engine, answers in (
+            ("mt_engine_evaluated", "mt_evaluated"),
+            ("mt_engine_cached", "mt_cached"),
+        )
+    ]
+    out: list[float | None] = []
+    for values in zip(*per_pair, strict=False):
+        present = [v for v in values if v is not None]
+        out.append(max(present) if len(present) == len(values) else None)
+    return out
+
+
 def both_sides_failed(table: Table) -> list[float | None]:
     """Per round: the multi-turn requests not answered 200 (or broken), both sides together;
     None where either side did not run."""
@@ -296,25 +344,49 @@ TARGETS: tuple[Target, ...] = (
         "x",
     ),
     Target(
-        "multi-turn: TTFT p50 >= 3x lower with affinity (off / on)",
-        lambda t: ratios(t, "mt_ttft_p50_ms", "affinity-off", "affinity-on"),
-        3,
-        False,
+        "multi-turn: prompt tokens the engines evaluated with affinity <= 1.25x the least any "
+        "order could (on / least)",
+        over_least,
+        1.25,
+        True,
         "x",
     ),
     Target(
-        "multi-turn: prompt tokens the engines evaluated >= 3x fewer with affinity (off / on)",
+        "multi-turn: prompt tokens the engines evaluated >= 1.6x fewer with affinity (off / on)",
         lambda t: ratios(t, "mt_evaluated", "affinity-off", "affinity-on"),
-        3,
+        1.6,
         False,
         "x",
     ),
     Target(
-        "multi-turn: busiest node's requests <= 1.5x a fair share with affinity (worst round)",
-        lambda t: rounds(t, "mt_busiest_share", "affinity-on"),
+        "multi-turn: follow-ups on the node of the turn before >= 90 % with affinity",
+        lambda t: [None if v is None else v * 100 for v in rounds(t, "mt_stayed", "affinity-on")],
+        90,
+        False,
+        "%",
+    ),
+    Target(
+        "multi-turn: TTFT p50 >= 1.5x lower with affinity (off / on)",
+        lambda t: ratios(t, "mt_ttft_p50_ms", "affinity-off", "affinity-on"),
+        1.5,
+        False,
+        "x",
+    ),
+    Target(
+        "multi-turn: busiest node's requests <= 1.5x a fair share on both sides (worst round)",
+        busiest_either,
         1.5,
         True,
         "x",
+        worst,
+    ),
+    Target(
+        "multi-turn: the engines' /metrics counters equal their answers' sums (tokens off, "
+        "worst round)",
+        counters_off_by,
+        0,
+        True,
+        "",
         worst,
     ),
     Target(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from random import Random
 
+import attrs
 import pytest
 
 from bench.conversations import (
@@ -93,6 +94,16 @@ def test_history_is_every_earlier_turn_with_its_actual_answer_then_the_new_messa
     ]
     # Turn 2's request starts with turn 1's exactly: the prefix an engine has in cache.
     assert history(conversation, ["A1"], 1)[:1] == history(conversation, [], 0)
+
+
+def test_a_shared_system_prompt_opens_every_request_of_every_conversation() -> None:
+    one, two = (
+        attrs.evolve(c, system="S") for c in chat_mix(1, ChatMix(conversations=2, turns=2), CPT)
+    )
+    system = {"role": "system", "content": "S"}
+    assert history(one, [], 0) == [system, {"role": "user", "content": one.messages[0]}]
+    assert history(one, ["A1"], 1)[:2] == history(one, [], 0)
+    assert history(two, [], 0)[0] == system
 
 
 def test_history_refuses_a_turn_it_cannot_build() -> None:

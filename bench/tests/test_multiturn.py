@@ -116,6 +116,7 @@ def test_the_multiturn_verdicts_are_same_round_ratios_and_worst_rounds() -> None
         affinity_off={
             "mt_ttft_p50_ms": [900.0, 600.0, 300.0],
             "mt_evaluated": [90_000.0, 80_000.0, 70_000.0],
+            "mt_busiest_share": [1.3, 1.2, 1.1],
             "mt_failed": [0.0, 0.0, 0.0],
         },
         affinity_on={
@@ -123,6 +124,8 @@ def test_the_multiturn_verdicts_are_same_round_ratios_and_worst_rounds() -> None
             "mt_evaluated": [30_000.0, 40_000.0, 10_000.0],
             "mt_busiest_share": [1.2, 1.6, 1.1],
             "mt_failed": [0.0, 1.0, 0.0],
+            "mt_least": [25_000.0, 25_000.0, 9_000.0],
+            "mt_stayed": [0.95, 0.85, 0.92],
         },
     )
     judged = {name: judge(t, figures) for name, t in MT_TARGETS.items()}
@@ -130,6 +133,10 @@ def test_the_multiturn_verdicts_are_same_round_ratios_and_worst_rounds() -> None
     assert ttft.per_round == (4.5, 3.0, 1.5) and ttft.verdict is Verdict.PASS  # median 3.0
     tokens = judged["prompt tokens the engines evaluated"]
     assert tokens.per_round == (3.0, 2.0, 7.0) and tokens.value == 3.0
+    least = judged["prompt tokens the engines evaluated with affinity"]
+    assert least.per_round == pytest.approx((1.2, 1.6, 10 / 9)) and least.value == 1.2
+    stayed = judged["follow-ups on the node of the turn before"]
+    assert stayed.value == 92 and stayed.verdict is Verdict.PASS
     busiest = judged["busiest node's requests"]
     assert busiest.value == 1.6 and busiest.verdict is Verdict.MISS  # one round piled up
     answered = judged["every request answered 200 on both sides (failed, worst round)"]

@@ -132,5 +132,5 @@ def test_the_multiturn_table_shows_each_side_s_median_and_every_round() -> None:
     assert "| TTFT p50 (ms) | 750 (900 / 600) | 225 (300 / 150) |" in text
     assert "| 85,000 (90,000 / 80,000) | 30,000 (30,000 / —) |" in text
     assert "Reading a 2,000-token history took 1,234 ms" in text
-    assert "| multi-turn: TTFT p50 >= 3x lower with affinity (off / on) | 3.50x |" in text
+    assert "| multi-turn: TTFT p50 >= 1.5x lower with affinity (off / on) | 3.50x |" in text
     assert "Multi-turn" not in markdown("title", [], TABLE, [], None)

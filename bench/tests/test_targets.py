@@ -9,10 +9,13 @@ from bench.targets import (
     Table,
     Target,
     Verdict,
+    busiest_either,
+    counters_off_by,
     differences,
     flatness,
     judge,
     median,
+    over_least,
     percentile,
     ratios,
     rounds,
@@ -87,8 +90,8 @@ def test_metrics_cost_is_judged_on_same_round_ratios() -> None:
 
 
 def test_every_issue_target_is_judged() -> None:
-    """The table has the issues' twenty-eight lines, each with a verdict even on no data."""
-    assert len(TARGETS) == 28
+    """The table has the issues' thirty-one lines, each with a verdict even on no data."""
+    assert len(TARGETS) == 31
     assert all(judge(t, {}).verdict is Verdict.NA for t in TARGETS)
 
 
@@ -133,3 +136,26 @@ def test_added_latency_is_judged_against_nginx_in_the_same_round() -> None:
 def test_throughput_is_reported_not_judged() -> None:
     assert not any("req/s" in t.name and "LiteLLM" not in t.name for t in TARGETS)
     assert not any("streams/s" in t.name for t in TARGETS)
+
+
+def test_multiturn_judged_against_the_least_any_order_could_evaluate() -> None:
+    """Issue 33's multi-turn figures: evaluated over the least, the larger busiest share of the
+    two sides, and the engines' counters against their answers' sums, per round."""
+    table: dict[str, dict[str, list[float | None]]] = {
+        "mt_evaluated": {"affinity-off": [200.0, 180.0], "affinity-on": [120.0, 100.0]},
+        "mt_least": {"affinity-on": [100.0, 0.0]},
+        "mt_busiest_share": {"affinity-off": [1.2, 1.1], "affinity-on": [1.0, 1.6]},
+        "mt_cached": {"affinity-off": [10.0, 10.0], "affinity-on": [50.0, 60.0]},
+        "mt_engine_evaluated": {"affinity-off": [200.0, 180.0], "affinity-on": [120.0, 103.0]},
+        "mt_engine_cached": {"affinity-off": [10.0, 10.0], "affinity-on": [50.0, None]},
+    }
+    assert over_least(table) == [1.2, None]
+    assert busiest_either(table) == [1.2, 1.6]
+    assert counters_off_by(table) == [0.0, None]
+    by_name = {t.name: t for t in TARGETS}
+    least = next(t for name, t in by_name.items() if "the least any order" in name)
+    assert judge(least, table).verdict is Verdict.PASS
+    counters = next(t for name, t in by_name.items() if "/metrics counters" in name)
+    table["mt_engine_cached"]["affinity-on"] = [50.0, 59.0]
+    assert judge(counters, table).value == 3.0
+    assert judge(counters, table).verdict is Verdict.MISS
