@@ -120,6 +120,10 @@ class Dialect:
         loads models) or its account: a LAN caller needs a key with ``manage = true`` for it.
     :ivar path_model: the model a route names in its path (Ollama's ``/v1/models/<name>``
         shows it), judged against a key as a body's model is.
+    :ivar starting_paths: the engine's health routes, answered as the engine answers them while
+        it loads (:attr:`starting_body`, reason ``starting``) before any node serves, while one
+        has yet to answer its first poll (docs/fleet-scheduling.md#before-the-first-poll).
+    :ivar starting_body: the engine's own body while it loads; None: the proxy's envelope.
     """
 
     id: str
@@ -140,6 +144,8 @@ class Dialect:
     member_names_fold: bool = False
     manages: Callable[[bytes, str], bool] = manages_nothing
     path_model: Callable[[str], str | None] = no_path_model
+    starting_paths: frozenset[str] = frozenset()
+    starting_body: bytes | None = None
 
     @property
     def spans_engines(self) -> bool:
@@ -163,6 +169,8 @@ class Dialect:
     def error_body(self, path: str, message: str, reason: Reason) -> bytes:
         """A proxy-generated error body in the route's dialect
         (docs/request-path.md#proxy-generated-answers)."""
+        if reason is Reason.STARTING and self.starting_body is not None:
+            return self.starting_body
         body: dict[str, object]
         if self.error_style(path) is ErrorStyle.PLAIN:
             body = {"error": message}
@@ -336,6 +344,10 @@ LLAMACPP = Engine(
     file_path_ids=True,
     liveness_path="/health",
     manages=llamacpp_manages,
+    # Its public health routes; what llama-server answers on every route until its model is
+    # loaded (tools/server/server-http.cpp, middleware_server_state), byte for byte.
+    starting_paths=frozenset({"/health", "/v1/health"}),
+    starting_body=b'{"error":{"message":"Loading model","type":"unavailable_error","code":503}}',
 )
 
 #: The registry: every engine the process knows, by id. Order is presentation order.
