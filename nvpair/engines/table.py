@@ -62,6 +62,9 @@ class InventoryRoute:
     :ivar newest_first: the timestamp field a merged list stays sorted by, newest first.
     :ivar also_named: other entry fields that repeat the model's name (Ollama's ``model``):
         an entry listed under another name has them renamed too (docs/model-names.md#inventories).
+    :ivar companion: a second list the engine's answer also carries (llama.cpp's Ollama-style
+        ``models``), merged as this one is where a node sent it, never required
+        (docs/inventories.md#llamacpps-two-lists).
     """
 
     list_field: str
@@ -70,6 +73,7 @@ class InventoryRoute:
     upstream_path: str | None = None
     newest_first: str | None = None
     also_named: tuple[str, ...] = ()
+    companion: InventoryRoute | None = None
 
 
 def _exact(name: str) -> str:
@@ -222,6 +226,10 @@ class Engine(Dialect):
 
 _OPENAI_LIST_EMPTY: Mapping[str, object] = {"object": "list", "data": []}
 
+#: llama-server's ``models`` beside its ``data``: one entry per model, named in ``name`` and
+#: ``model`` as Ollama's ``/api/tags`` names them (docs/inventories.md#llamacpps-two-lists).
+_LLAMA_MODELS = InventoryRoute("models", "name", {"models": []}, also_named=("model",))
+
 OLLAMA = Engine(
     id="ollama",
     display_name="Ollama",
@@ -331,9 +339,12 @@ LLAMACPP = Engine(
         }
     ),
     inventory={
-        # Both aliases ask each node's /models (docs/inventories.md#routes): one handler upstream.
-        "/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models"),
-        "/v1/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models"),
+        # Both aliases ask each node's /models (docs/inventories.md#routes): one handler upstream,
+        # which answers llama-server's Ollama-style list beside OpenAI's.
+        path: InventoryRoute(
+            "data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models", companion=_LLAMA_MODELS
+        )
+        for path in ("/models", "/v1/models")
     },
     inventory_methods=frozenset({b"GET"}),
     model_required=False,
