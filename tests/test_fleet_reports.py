@@ -325,3 +325,17 @@ def test_a_load_poll_cancelled_by_a_reload_is_no_error() -> None:
         assert hanging.called
         service.stopService()
     assert [e for e in events if e["log_level"] >= LogLevel.warn] == []
+
+
+def test_the_scheduler_hears_while_a_node_is_still_to_answer_its_first_poll(
+    rig: Reporting,
+) -> None:
+    """What a health route with no node answers (docs/fleet-scheduling.md#before-the-first-poll):
+    the engine is starting while any node is pending; one that answered is no longer, nor one
+    whose poll failed (down is not loading); an engine without nodes never is."""
+    assert rig.scheduler.starting("ollama")
+    rig.agent.answer("a", tags("llama3:latest"))
+    assert rig.scheduler.starting("ollama")
+    refuse(rig, "b")
+    assert not rig.scheduler.starting("ollama")
+    assert not rig.scheduler.starting("llamacpp")

@@ -31,9 +31,6 @@ def envelope(engine: Engine, path: str, entries: Sequence[Entry] | None) -> byte
     route = engine.inventory[path]
     document: dict[str, object] = dict(route.empty)
     document[route.list_field] = entries
-    if engine is LLAMACPP:
-        # llama-server answers both conventions in one object; "models" must be ignored.
-        document["models"] = [{"name": "ignored", "model": "ignored"}]
     return encode(document)
 
 
@@ -154,27 +151,86 @@ def test_output_is_compact_json() -> None:
 
 
 @pytest.mark.parametrize("path", ["/models", "/v1/models"])
-def test_llamacpp_merges_data_only(path: str) -> None:
-    """Both aliases answer an OpenAI list built from each node's `data`
-    (docs/inventories.md#routes)."""
+def test_llamacpp_merges_models_beside_data(path: str) -> None:
+    """Both aliases answer llama-server's own two lists, each merged in node order, one entry
+    per name, every field kept (docs/inventories.md#llamacpps-two-lists)."""
     node1 = {
-        "models": [{"name": "only-in-models", "model": "only-in-models"}],
+        "models": [{"name": "a.gguf", "model": "a.gguf", "details": {"format": "gguf"}}],
         "object": "list",
         "data": [{"id": "a.gguf", "object": "model", "meta": {"n_ctx": 4096}}],
     }
     node2 = {
-        "models": [],
+        "models": [{"name": "b.gguf", "model": "b.gguf"}, {"name": "a.gguf", "size": "n2"}],
         "object": "list",
         "data": [{"id": "b.gguf", "aliases": ["b"]}, {"id": "a.gguf", "owned_by": "n2"}],
     }
     merged = merge_inventories(LLAMACPP, path, [encode(node1), encode(node2)])
+    assert merged.startswith(b'{"models":[')  # llama-server's own order of fields
     assert json.loads(merged) == {
+        "models": [
+            {"name": "a.gguf", "model": "a.gguf", "details": {"format": "gguf"}},
+            {"name": "b.gguf", "model": "b.gguf"},
+        ],
         "object": "list",
         "data": [
             {"id": "a.gguf", "object": "model", "meta": {"n_ctx": 4096}},
             {"id": "b.gguf", "aliases": ["b"]},
         ],
     }
+
+
+def test_llamacpp_models_come_from_the_nodes_that_sent_them() -> None:
+    """A router lists no ``models``: the others' still merge, and nodes that all sent empty
+    ones answer an empty ``models``."""
+    router = encode({"object": "list", "data": [{"id": "r", "status": {"value": "loaded"}}]})
+    single = encode(
+        {"models": [{"name": "s", "model": "s"}], "object": "list", "data": [{"id": "s"}]}
+    )
+    merged = json.loads(merge_inventories(LLAMACPP, "/models", [router, single]))
+    assert merged["models"] == [{"name": "s", "model": "s"}]
+    assert [e["id"] for e in merged["data"]] == ["r", "s"]
+    empty = encode({"models": [], "object": "list", "data": []})
+    assert merge_inventories(LLAMACPP, "/models", [empty, empty]) == (
+        b'{"models":[],"object":"list","data":[]}'
+    )
+
+
+def test_llamacpp_models_get_the_other_names_the_filter_and_the_lan_trim() -> None:
+    """What ``data`` gets, ``models`` gets: each other name once, as a copy with ``name`` and
+    ``model`` renamed; a key's filter; a LAN caller's trim."""
+    body = encode(
+        {
+            "models": [{"name": "/m/a.gguf", "model": "/m/a.gguf"}, {"name": "x", "model": "x"}],
+            "object": "list",
+            "data": [
+                {"id": "/m/a.gguf"},
+                {"id": "x", "status": {"value": "loaded", "args": ["-m"]}},
+            ],
+        }
+    )
+    names = [OtherName("a.gguf", "a.gguf", "/m/a.gguf", "/m/a.gguf")]
+    merged = json.loads(
+        merge_inventories(LLAMACPP, "/v1/models", [body], names, allowed=lambda n: n != "x")
+    )
+    assert merged["models"] == [
+        {"name": "/m/a.gguf", "model": "/m/a.gguf"},
+        {"name": "a.gguf", "model": "a.gguf"},
+    ]
+    assert [e["id"] for e in merged["data"]] == ["/m/a.gguf", "a.gguf"]
+    trimmed = json.loads(merge_inventories(LLAMACPP, "/v1/models", [body], lan=True))
+    assert trimmed["data"][1]["status"] == {"value": "loaded"}
+    assert [e["name"] for e in trimmed["models"]] == ["/m/a.gguf", "x"]
+
+
+def test_the_openai_facade_answers_data_only() -> None:
+    """OpenAI's list has no ``models``: a llama.cpp node's is not carried there."""
+    body = encode(
+        {"models": [{"name": "a", "model": "a"}], "object": "list", "data": [{"id": "a"}]}
+    )
+    read_as = [LLAMACPP.inventory["/v1/models"]]
+    assert merge_inventories(OPENAI, "/v1/models", [body], read_as=read_as) == (
+        b'{"object":"list","data":[{"id":"a"}]}'
+    )
 
 
 def test_llamacpp_without_models_array_is_valid() -> None:
@@ -197,10 +253,20 @@ def test_llamacpp_without_a_data_list_is_invalid(document: object) -> None:
         merge_inventories(LLAMACPP, "/models", [encode(document)])
 
 
-def test_llamacpp_models_array_is_not_validated() -> None:
-    """Only `data` is read; a malformed `models` cannot invalidate a usable answer."""
-    body = encode({"models": "garbage", "object": "list", "data": [{"id": "a"}]})
-    assert json.loads(merge_inventories(LLAMACPP, "/v1/models", [body]))["data"] == [{"id": "a"}]
+@pytest.mark.parametrize(
+    "models",
+    ["garbage", None, {"name": "a"}, [{"name": "a"}, "b"], [{"name": 1}], [{"model": "a"}]],
+)
+def test_a_malformed_llamacpp_models_is_skipped_not_fatal(models: object) -> None:
+    """Only ``data`` is required: a node's ``models`` that is not a list of objects each with a
+    string ``name`` adds nothing, and spoils neither the answer nor another node's ``models``."""
+    bad = encode({"models": models, "object": "list", "data": [{"id": "a"}]})
+    good = encode({"models": [{"name": "b"}], "object": "list", "data": [{"id": "b"}]})
+    assert json.loads(merge_inventories(LLAMACPP, "/v1/models", [bad]))["data"] == [{"id": "a"}]
+    assert "models" not in json.loads(merge_inventories(LLAMACPP, "/v1/models", [bad]))
+    assert json.loads(merge_inventories(LLAMACPP, "/v1/models", [bad, good]))["models"] == [
+        {"name": "b"}
+    ]
 
 
 # -- duplicates and keys -------------------------------------------------------------------

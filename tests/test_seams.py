@@ -56,6 +56,9 @@ class Backwards:
     def owners_down(self, engine: str, model_key: str | None) -> list[str]:
         return self.down
 
+    def starting(self, engine: str) -> bool:
+        return False
+
     def dispatching(self, engine: str, node: str, model_key: str | None) -> bool:
         self.told.append(("dispatching", node, model_key))
         return node == "c"

@@ -46,6 +46,11 @@ class Reason(enum.StrEnum):
         "no node advertising this model came back before the deadline",
     )
     ATTEMPTS_EXHAUSTED = "attempts-exhausted", 503, "every dispatch attempt failed"
+    STARTING = (
+        "starting",
+        503,
+        "the engine's nodes have not answered their first poll yet, or say they are loading",
+    )
     NO_RESPONDERS = "no-responders", 502, "no engine responded"
     INVENTORY_INVALID = "inventory-invalid", 502, "an engine's model list could not be parsed"
     CORS_DENIED = "cors-denied", 403, "an engine denies this origin"

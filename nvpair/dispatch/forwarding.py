@@ -32,6 +32,13 @@ async def serve_once_each(services: Services, job: Job) -> None:
     candidates = services.candidates.plan(job.admitted).candidates
     if not candidates:
         admitted = job.admitted
+        engine = admitted.engine
+        if admitted.path in engine.starting_paths and services.scheduling.starting(engine.id):
+            # Nobody serves yet, but a node is still to say it does: the engine's own "still
+            # loading" answer, which a client waiting for it to start retries on, where a 502
+            # would read as gone (docs/fleet-scheduling.md#before-the-first-poll).
+            job.refuse(Reason.STARTING, retry_after=1)
+            return
         job.refuse(Reason.NO_OWNER, message=no_node_message(admitted.engine, admitted.model))
         return
     outgoing = job.outgoing()

@@ -66,6 +66,12 @@ class Scheduling(Protocol):
         refusal for want of an owner names."""
         ...
 
+    def starting(self, engine: str) -> bool:
+        """Whether a node of ``engine`` the mode knows of has yet to answer its first poll, or
+        says it is loading its model: a health route with no node to go to answers as the
+        engine does while it loads (docs/fleet-scheduling.md#before-the-first-poll)."""
+        ...
+
     def dispatching(self, engine: str, node: str, model_key: str | None) -> bool:
         """An attempt to ``node`` starts now; whether it is the node's trial after a hold-back
         (handed back to :meth:`failed`)."""
@@ -127,6 +133,10 @@ class PriorityScheduling:
     def owners_down(self, engine: str, model_key: str | None) -> list[str]:
         # A broker's discovery says nothing of the nodes that left it.
         return []
+
+    def starting(self, engine: str) -> bool:
+        # No polls: a broker's discovery is all there is to know of its nodes.
+        return False
 
     def dispatching(self, engine: str, node: str, model_key: str | None) -> bool:
         return False

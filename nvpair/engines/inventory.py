@@ -69,13 +69,15 @@ def merge_inventories(
     is missing or not an RFC 3339 timestamp sorts after every dated one, and such entries
     keep node order among themselves. The envelope is the engine's empty envelope with its
     list field filled, so an empty result is exactly that empty envelope (Ollama
-    ``/v1/models``: ``"data": null``); any other top-level field a node sent is dropped.
+    ``/v1/models``: ``"data": null``); any other top-level field a node sent is dropped, but
+    for the route's companion list (llama.cpp's ``models``), merged alike where nodes sent one.
 
     A body is valid when it is a JSON object whose list field is a list of objects, each with a
     string in the route's key field. ``null`` in the list field counts as an empty list only on a
     route whose engine itself answers ``null`` for an empty list (Ollama ``/v1/models``). llama.cpp
-    nodes answer with both ``models`` and ``data``; only ``data`` is read (and required), since the
-    merged answer is an OpenAI list (docs/inventories.md#validity).
+    nodes answer with both ``models`` and ``data``; ``data`` is required, ``models`` is merged
+    (keyed by ``name``) from the nodes whose ``models`` is such a list and skipped for the others,
+    never invalidating an answer (docs/inventories.md#llamacpps-two-lists).
 
     :param engine: the facade's engine.
     :param path: the client's inventory route, a key of ``engine.inventory``.
@@ -98,13 +100,42 @@ def merge_inventories(
     :raises KeyError: when *path* is not an inventory route of *engine*.
     """
     route = engine.inventory[path]
-    seen: set[str] = set()
-    merged: list[dict[str, object]] = []
+    documents: list[object] = []
+    lists: list[list[dict[str, object]]] = []
     for index, body in enumerate(bodies):
         # Every body is validated before anything is returned, duplicates included: one bad
         # node makes the whole answer invalid, so a partial list can never escape.
+        documents.append(_load(index, body))
+        lists.append(_entries(route if read_as is None else read_as[index], index, documents[-1]))
+    merged = _merged(engine, route, lists, names, allowed, lan, read_as)
+    companion = route.companion
+    if companion is None or read_as is not None:
+        return _dump({**route.empty, route.list_field: merged} if merged else route.empty)
+    # llama.cpp's models beside its data: merged the same way from the nodes that sent a
+    # readable one, never required (docs/inventories.md#llamacpps-two-lists).
+    also = [found for doc in documents if (found := _companion(companion, doc)) is not None]
+    if not also:
+        return _dump({**route.empty, route.list_field: merged} if merged else route.empty)
+    beside = _merged(engine, companion, also, names, allowed, lan)
+    return _dump({companion.list_field: beside, **route.empty, route.list_field: merged})
+
+
+def _merged(
+    engine: Dialect,
+    route: InventoryRoute,
+    lists: Sequence[list[dict[str, object]]],
+    names: Sequence[OtherName],
+    allowed: Callable[[str], bool] | None,
+    lan: bool,
+    read_as: Sequence[InventoryRoute] | None = None,
+) -> list[dict[str, object]]:
+    """One list field's entries from every node's, in node order, one per key, with the other
+    names, the caller's filter and the LAN's trimming applied."""
+    seen: set[str] = set()
+    merged: list[dict[str, object]] = []
+    for index, entries in enumerate(lists):
         reading = route if read_as is None else read_as[index]
-        for entry in _entries(reading, index, body):
+        for entry in entries:
             key = engine.model_key(_key(reading, entry))
             if key not in seen:
                 seen.add(key)
@@ -121,9 +152,17 @@ def merge_inventories(
     if sort_field is not None:
         # list.sort is stable with reverse=True too: equal timestamps keep node order.
         merged.sort(key=lambda entry: _timestamp_key(entry.get(sort_field)), reverse=True)
-    if not merged:
-        return _dump(route.empty)
-    return _dump({**route.empty, route.list_field: merged})
+    return merged
+
+
+def _companion(route: InventoryRoute, document: object) -> list[dict[str, object]] | None:
+    """A node's companion list (its body already judged valid), or None when it sent none or
+    one that is not a list of objects each with a string key: a usable answer is never spoiled
+    by a list nobody requires."""
+    try:
+        return _entries(route, 0, document)
+    except InvalidInventory:
+        return None
 
 
 #: What a llama.cpp router's entry ``status`` says of how it starts the model: its command line
@@ -180,9 +219,8 @@ def _key(route: InventoryRoute, entry: Mapping[str, object]) -> str:
     return key
 
 
-def _entries(route: InventoryRoute, index: int, body: bytes) -> list[dict[str, object]]:
-    """The entries of one node's body, or :class:`InvalidInventory`."""
-    document = _load(index, body)
+def _entries(route: InventoryRoute, index: int, document: object) -> list[dict[str, object]]:
+    """The entries of one node's parsed body, or :class:`InvalidInventory`."""
     if not isinstance(document, dict):
         raise InvalidInventory(index, "not a JSON object")
     if route.list_field not in document:

@@ -2,9 +2,9 @@
 
 Standalone fleet mode has no scheduler, so each poll also asks every engine what it holds in
 memory and how busy it is: Ollama ``GET /api/ps``, LM Studio ``GET /api/v0/models``,
-llama.cpp ``GET /health``, ``GET /props`` and ``GET /v1/models``, then ``/slots`` unless it sleeps
-(for a router, ``/slots?model=`` of each loaded model: :mod:`nvpair.engines.llamarouter`). This
-module turns those answers into one
+llama.cpp ``GET /health``, ``GET /props`` and ``GET /v1/models``, then ``/metrics`` or ``/slots``
+unless it sleeps (:mod:`nvpair.engines.llamametrics`; for a router, ``/slots?model=`` of each
+loaded model: :mod:`nvpair.engines.llamarouter`). This module turns those answers into one
 :class:`LoadState` value. Anything it cannot read — a failed request, a status it does not
 expect, a body that is not JSON, the wrong shape, deep nesting, a number that overflows —
 gives :data:`UNKNOWN`, never an exception: a node's load is a hint for the order, and a
@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from attrs import evolve, frozen
 
 from nvpair.common import strictjson
-from nvpair.engines import llamarouter
+from nvpair.engines import llamametrics, llamarouter
 
 __all__ = [
     "LISTING_LAG",
@@ -48,7 +48,7 @@ class LoadState:
     :ivar warm: the keys of the models it holds in memory; None when it did not say.
     :ivar warm_all: every model the node lists is in memory (llama.cpp serves the one model it
         loaded at start).
-    :ivar slots: how many requests it runs at once, where it says (llama.cpp ``/slots``).
+    :ivar slots: how many requests it runs at once, where it says (llama.cpp).
     :ivar busy: how many of those slots are generating for someone other than this proxy (the
         poller subtracts the proxy's own requests in flight to that engine).
     :ivar loading_models: a llama.cpp router's models it is loading now: in memory soon, in
@@ -284,7 +284,7 @@ def read_llamacpp(answers: Sequence[Answer | None], key: Callable[[str], str]) -
     200 once it serves. ``/props`` says ``is_sleeping`` (builds before late 2025 do not say:
     awake), and ``role: "router"`` for a router. A server that sleeps has its model out of
     memory: cold, not asked its ``/slots``. An awake one serves the model it loaded at start;
-    its ``/slots`` (:func:`read_llamacpp_slots`) says how busy it is.
+    its ``/metrics`` or ``/slots`` (:func:`read_llamacpp_slots`) says how busy it is.
 
     A router (:mod:`nvpair.engines.llamarouter`) says each model's state in ``/v1/models``:
     loaded is in memory, loading is in memory with no slot free yet, anything else (sleeping
@@ -306,14 +306,15 @@ def read_llamacpp(answers: Sequence[Answer | None], key: Callable[[str], str]) -
     if isinstance(props, dict) and props.get("is_sleeping") is True:
         return LoadState(warm=frozenset(), sleeping=True)
     ready = health is not None and 200 <= health.status < 300
-    # Single-model mode: whatever the server lists is what it loaded at start.
-    return LoadState(warm_all=True) if ready else UNKNOWN
+    # Single-model mode: what it lists is what it loaded at start; /props may say its slots.
+    return LoadState(warm_all=True, slots=llamametrics.metrics_slots(props)) if ready else UNKNOWN
 
 
 def llamacpp_follow_up(answers: Sequence[Answer | None]) -> tuple[tuple[str | None, str], ...]:
     """A router's loaded models and the route of each one's slots; a single server's own
-    ``/slots`` unless it sleeps (one request there wakes it and reloads its model); nothing
-    for a server loading as a whole."""
+    ``/metrics`` when ``/props`` says it is on, else its ``/slots``, unless it sleeps (one
+    ``/slots`` request wakes it and reloads its model, and each keeps it awake: ``/metrics``
+    does neither); nothing for a server loading as a whole."""
     health, props_answer, listing = answers
     if health is not None and health.status == 503:
         return ()
@@ -323,7 +324,7 @@ def llamacpp_follow_up(answers: Sequence[Answer | None]) -> tuple[tuple[str | No
     props = _json(props_answer)
     if isinstance(props, dict) and (props.get("role") == "router" or props.get("is_sleeping")):
         return ()
-    return ((None, "/slots"),)
+    return ((None, "/slots" if llamametrics.metrics_slots(props) is None else "/metrics"),)
 
 
 def read_llamacpp_slots(
@@ -331,12 +332,17 @@ def read_llamacpp_slots(
     answers: Sequence[tuple[str | None, Answer | None]],
     key: Callable[[str], str],
 ) -> LoadState:
-    """The first reading with the slots asked after it: a single server's ``/slots``, a list
-    with one object per slot, ``is_processing`` true while it generates (builds before late
-    2024 said ``state``: 0 idle, 1 processing) — a server started with ``--no-slots`` answers
-    an error there, and its slot count stays unknown; or a router's per-model ones."""
+    """The first reading with the slots asked after it: a single server's ``/metrics``, when
+    the first reading has its slot count (from ``/props``, only then), or its ``/slots``, a
+    list with one object per slot, ``is_processing`` true while it generates (builds before
+    late 2024 said ``state``: 0 idle, 1 processing) — a server started with ``--no-slots``
+    answers an error there, and its slot count stays unknown; or a router's per-model ones."""
     if answers and answers[0][0] is None:
         answer = answers[0][1]
+        if state.slots is not None:
+            body = answer.body if answer is not None and answer.status == 200 else b""
+            busy = llamametrics.requests_processing(body, state.slots)
+            return evolve(state, slots=None) if busy is None else evolve(state, busy=busy)
         if answer is not None and answer.status == 400:
             # A router (a server with one model never answers 400 here) that said so nowhere
             # else this time.

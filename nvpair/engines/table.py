@@ -62,6 +62,9 @@ class InventoryRoute:
     :ivar newest_first: the timestamp field a merged list stays sorted by, newest first.
     :ivar also_named: other entry fields that repeat the model's name (Ollama's ``model``):
         an entry listed under another name has them renamed too (docs/model-names.md#inventories).
+    :ivar companion: a second list the engine's answer also carries (llama.cpp's Ollama-style
+        ``models``), merged as this one is where a node sent it, never required
+        (docs/inventories.md#llamacpps-two-lists).
     """
 
     list_field: str
@@ -70,6 +73,7 @@ class InventoryRoute:
     upstream_path: str | None = None
     newest_first: str | None = None
     also_named: tuple[str, ...] = ()
+    companion: InventoryRoute | None = None
 
 
 def _exact(name: str) -> str:
@@ -120,6 +124,10 @@ class Dialect:
         loads models) or its account: a LAN caller needs a key with ``manage = true`` for it.
     :ivar path_model: the model a route names in its path (Ollama's ``/v1/models/<name>``
         shows it), judged against a key as a body's model is.
+    :ivar starting_paths: the engine's health routes, answered as the engine answers them while
+        it loads (:attr:`starting_body`, reason ``starting``) before any node serves, while one
+        has yet to answer its first poll (docs/fleet-scheduling.md#before-the-first-poll).
+    :ivar starting_body: the engine's own body while it loads; None: the proxy's envelope.
     """
 
     id: str
@@ -140,6 +148,8 @@ class Dialect:
     member_names_fold: bool = False
     manages: Callable[[bytes, str], bool] = manages_nothing
     path_model: Callable[[str], str | None] = no_path_model
+    starting_paths: frozenset[str] = frozenset()
+    starting_body: bytes | None = None
 
     @property
     def spans_engines(self) -> bool:
@@ -163,6 +173,8 @@ class Dialect:
     def error_body(self, path: str, message: str, reason: Reason) -> bytes:
         """A proxy-generated error body in the route's dialect
         (docs/request-path.md#proxy-generated-answers)."""
+        if reason is Reason.STARTING and self.starting_body is not None:
+            return self.starting_body
         body: dict[str, object]
         if self.error_style(path) is ErrorStyle.PLAIN:
             body = {"error": message}
@@ -213,6 +225,10 @@ class Engine(Dialect):
 
 
 _OPENAI_LIST_EMPTY: Mapping[str, object] = {"object": "list", "data": []}
+
+#: llama-server's ``models`` beside its ``data``: one entry per model, named in ``name`` and
+#: ``model`` as Ollama's ``/api/tags`` names them (docs/inventories.md#llamacpps-two-lists).
+_LLAMA_MODELS = InventoryRoute("models", "name", {"models": []}, also_named=("model",))
 
 OLLAMA = Engine(
     id="ollama",
@@ -323,9 +339,12 @@ LLAMACPP = Engine(
         }
     ),
     inventory={
-        # Both aliases ask each node's /models (docs/inventories.md#routes): one handler upstream.
-        "/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models"),
-        "/v1/models": InventoryRoute("data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models"),
+        # Both aliases ask each node's /models (docs/inventories.md#routes): one handler upstream,
+        # which answers llama-server's Ollama-style list beside OpenAI's.
+        path: InventoryRoute(
+            "data", "id", _OPENAI_LIST_EMPTY, upstream_path="/models", companion=_LLAMA_MODELS
+        )
+        for path in ("/models", "/v1/models")
     },
     inventory_methods=frozenset({b"GET"}),
     model_required=False,
@@ -336,6 +355,10 @@ LLAMACPP = Engine(
     file_path_ids=True,
     liveness_path="/health",
     manages=llamacpp_manages,
+    # Its public health routes; what llama-server answers on every route until its model is
+    # loaded (tools/server/server-http.cpp, middleware_server_state), byte for byte.
+    starting_paths=frozenset({"/health", "/v1/health"}),
+    starting_body=b'{"error":{"message":"Loading model","type":"unavailable_error","code":503}}',
 )
 
 #: The registry: every engine the process knows, by id. Order is presentation order.

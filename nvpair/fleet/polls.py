@@ -116,6 +116,8 @@ class FleetService(Service):
         )
         if liveness is not None:
             liveness.changed = lambda engine, node: self._discovery.publish(engine)
+        if scheduler is not None:
+            scheduler.awaited = self._awaited
         # (node id, engine) -> the pair, in the file's order
         self._pairs: dict[tuple[str, str], Pair] = {}
         #: Latched once every pair has answered or failed (:attr:`polled`).
@@ -258,6 +260,14 @@ class FleetService(Service):
             for engine, url in node.engines.items()
             if engine in self._engines
         }
+
+    def _awaited(self, engine: str) -> bool:
+        """Whether a pair of ``engine`` is still to answer its first poll, or its engine says it
+        is loading (docs/fleet-scheduling.md#before-the-first-poll)."""
+        return any(
+            p.engine == engine and p.report.state in (PollState.PENDING, PollState.LOADING)
+            for p in self._pairs.values()
+        )
 
     def _urls(self, engine: str) -> dict[str, str]:
         """Node id -> URL of each configured node of ``engine``."""

@@ -89,6 +89,10 @@ class FleetScheduler:
         #: Called after every poll's reading: the fleet's queue looks for a place freed
         #: (docs/fleet-scheduling.md#the-queue).
         self.load_changed: Callable[[], None] = lambda: None
+        #: Given an engine, whether a node the fleet file names for it has yet to answer its
+        #: first poll or says it is loading: the fleet service's to say
+        #: (docs/fleet-scheduling.md#before-the-first-poll).
+        self.awaited: Callable[[str], bool] = lambda engine: False
 
     def load(self, engine: str, node: str) -> LoadState:
         """What ``node``'s ``engine`` said about its load at its last poll."""
@@ -184,6 +188,9 @@ class FleetScheduler:
                 if of == engine and (model_key in keys if model_key is not None else keys)
             )
         ]
+
+    def starting(self, engine: str) -> bool:
+        return self.awaited(engine)
 
     def forget(self, engine: str, node: str) -> None:
         """A reload removed or moved the node: what was learned of it no longer applies."""

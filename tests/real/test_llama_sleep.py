@@ -83,3 +83,54 @@ async def test_polls_leave_a_sleeping_server_asleep(tmp_path: Path, sleepy: str)
         assert response.code == 200, body
         assert json.loads(body)["choices"]
         assert not await is_sleeping(sleepy)
+
+
+@pytest.fixture
+def metered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    model = write_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf")
+    binary = llama_server_binary()
+    with running_llama_server(binary, model, "--metrics", "--sleep-idle-seconds", "1") as url:
+        yield url
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_awake_server_polled_faster_than_its_idle_time_falls_asleep(
+    tmp_path: Path, metered: str
+) -> None:
+    """Started with ``--metrics``: its busy slots are read at ``/metrics``, which leaves its idle
+    timer alone, so polls every 200 ms no longer keep it awake (each ``/slots`` did); it falls
+    asleep by its own word and ``/status`` shows it, and the busy count read while a
+    generation runs is that generation."""
+    admin = free_port()
+    async with fleet_proxy(
+        tmp_path, {"n": metered}, "--admin-port", str(admin), interval="200ms", settle=0
+    ) as (_, port):
+
+        async def load() -> Any:
+            status = await get_json(f"http://127.0.0.1:{admin}/status")
+            (node,) = status["nodes"]["llamacpp"]
+            return node["load"] or {}
+
+        # A long generation straight to the server (not through the proxy, whose own requests
+        # are taken off the engine's count) wakes it if it slept while the proxy started, and
+        # shows as one busy slot of two: busy slots are still read.
+        body = json.dumps({"prompt": "hi", "n_predict": 2000, "ignore_eos": True}).encode()
+        generating = treq.post(metered + "/completion", body, timeout=60)
+
+        async def one_busy() -> bool:
+            now = await load()
+            return bool(now.get("slots") == 2 and now.get("busySlots") == 1)
+
+        await until(one_busy, "/status did not show the generation's busy slot")
+        generating.cancel()
+        generating.addErrback(lambda _: None)
+        # Awake now, and polled every 200 ms: it falls asleep all the same.
+        await until(lambda: is_sleeping(metered), "the polled server did not fall asleep")
+
+        async def shown_sleeping() -> bool:
+            return (await load()).get("sleeping") is True
+
+        await until(shown_sleeping, "/status did not show the node sleeping")
+        assert await is_sleeping(metered)
+        response, _ = await post_chat(port)
+        assert response.code == 200
