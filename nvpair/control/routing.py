@@ -137,10 +137,15 @@ class Standing(NamedTuple):
         has dispatched to it since counted in memory
         (docs/fleet-scheduling.md#dispatched-is-loading).
     :ivar held: passive health holds the node back (docs/fleet-scheduling.md#passive-health).
+    :ivar last_dispatch: when this proxy last dispatched to the node, as an ordinal over all of
+        its dispatches (greater is more recent; 0: never). An ordinal, not a clock reading:
+        two dispatches within one reactor turn read the same time, yet one came first
+        (docs/fleet-scheduling.md#ties-spread).
     """
 
     load: LoadState = UNKNOWN
     held: bool = False
+    last_dispatch: int = 0
 
 
 def tier(node: Node, model_key: str | None, load: LoadState, reserved: int) -> Tier:
@@ -187,7 +192,9 @@ def fleet_plan(
     """Order ``eligible`` owners in standalone fleet mode (docs/fleet-scheduling.md#order).
 
     The pin first, then the nodes not held back, by tier (:class:`Tier`), within a tier by
-    :func:`fleet_load`, ties by node id; then the held-back nodes in the same order. A node
+    :func:`fleet_load`, ties to the one dispatched to least recently
+    (:attr:`Standing.last_dispatch`), then by node id; then the held-back nodes in the same
+    order. A node
     whose engine is loading is left out while any other owner is there; when every owner is
     loading they all stay, least loaded first. ``affine``'s node goes first behind the pin
     when it may (:func:`ranked_plan`). The first candidate behind the pin is the one reserved.
@@ -203,8 +210,8 @@ def fleet_plan(
 Ranked = tuple[Node, str | None, Standing]
 
 
-#: A candidate's place in fleet order: held back, tier, estimated load, node id.
-Rank = tuple[bool, Tier, int, str]
+#: A candidate's place in fleet order: held back, tier, estimated load, last dispatch, node id.
+Rank = tuple[bool, Tier, int, int, str]
 
 
 def ranked_plan(
@@ -224,9 +231,13 @@ def ranked_plan(
     if ready or pinned:
         rest = ready
     ranks: list[tuple[Rank, Node]] = []
-    for node, model_key, (load, held) in rest:
+    for node, model_key, (load, held, last) in rest:
         reserved = reservations.get(node.id, 0)
-        rank = (held, tier(node, model_key, load, reserved), fleet_load(load, reserved), node.id)
+        # Ties of tier and load go to the owner dispatched to least recently: by node id alone,
+        # every idle-time request and every new conversation would start on the lowest id
+        # (docs/fleet-scheduling.md#ties-spread).
+        its_tier = tier(node, model_key, load, reserved)
+        rank = (held, its_tier, fleet_load(load, reserved), last, node.id)
         ranks.append((rank, node))
     ranks.sort(key=itemgetter(0))
     chosen = None if affine is None else _affine_first(ranks, affine)
@@ -248,7 +259,7 @@ def _affine_first(ranks: Sequence[tuple[Rank, Node]], affine: Affine) -> Node | 
     engine, wanted, slack = affine
     for rank, node in ranks:
         if node.id == wanted and node.engine == engine:
-            held, its_tier, load, _ = rank
+            held, its_tier, load = rank[:3]
             break
     else:
         return None
@@ -257,7 +268,7 @@ def _affine_first(ranks: Sequence[tuple[Rank, Node]], affine: Affine) -> Node | 
         return None
     # Sorted best first: the warm owners not held back lead (of either warm tier).
     least = load
-    for (other_held, other_tier, other_load, _), _node in ranks:
+    for (other_held, other_tier, other_load, *_), _node in ranks:
         if other_held or other_tier is Tier.COLD:
             break
         if other_load < least:

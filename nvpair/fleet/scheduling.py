@@ -3,7 +3,8 @@
 In broker mode the scheduler ranks nodes; in fleet mode there is none, so the proxy ranks them
 itself from two things it learns on its own: each engine's load state, polled with the
 inventory (:mod:`nvpair.engines.loadstate`, :mod:`nvpair.fleet.polls`), and each node's passive
-health, from the outcome of its attempts (:mod:`nvpair.fleet.health`). :class:`FleetScheduler`
+health, from the outcome of its attempts (:mod:`nvpair.fleet.health`); ties go to the owner it
+dispatched to least recently (docs/fleet-scheduling.md#ties-spread). :class:`FleetScheduler`
 holds both and is the request path's :class:`~nvpair.dispatch.seams.Scheduling` in this mode: the
 order of a round (:meth:`FleetScheduler.plan`, the pure :func:`nvpair.control.routing.fleet_plan`
 on live values), what an attempt's outcome says about its node, and how long to wait for an owner
@@ -86,6 +87,11 @@ class FleetScheduler:
         self._room: dict[tuple[str, str], int] = {}
         # (engine, node) -> the model keys it last listed, while it is out of discovery
         self._away: dict[tuple[str, str], frozenset[str]] = {}
+        # (engine, node) -> the ordinal of this proxy's latest dispatch to it, and the last
+        # ordinal given: ties of the order go to the least recent
+        # (docs/fleet-scheduling.md#ties-spread)
+        self._last: dict[tuple[str, str], int] = {}
+        self._dispatches = 0
         #: Called after every poll's reading: the fleet's queue looks for a place freed
         #: (docs/fleet-scheduling.md#the-queue).
         self.load_changed: Callable[[], None] = lambda: None
@@ -116,6 +122,8 @@ class FleetScheduler:
         (docs/fleet-scheduling.md#passive-health)."""
         trial = self.health.dispatching(engine, node)
         self.dispatched(engine, node, model_key)
+        self._dispatches += 1
+        self._last[(engine, node)] = self._dispatches
         return trial
 
     def succeeded(self, engine: str, node: str) -> None:
@@ -191,13 +199,14 @@ class FleetScheduler:
         self._away.pop((engine, node), None)
         self._sent.pop((engine, node), None)
         self._room.pop((engine, node), None)
+        self._last.pop((engine, node), None)
         self.health.forget(engine, node)
         self.caches.forget(engine, node)
 
     def standing(self, engine: str, node: str) -> Standing:
         """The node's last reading, with what was dispatched to it since counted in memory,
-        and whether it goes last: passive health holds it back, or its last liveness probe
-        went unanswered."""
+        whether it goes last (passive health holds it back, or its last liveness probe went
+        unanswered), and when this proxy last dispatched to it."""
         key = (engine, node)
         load = self._loads.get(key, UNKNOWN)
         sent = self._sent.get(key)
@@ -206,7 +215,7 @@ class FleetScheduler:
         held = self.health.held(engine, node)
         if not held and self.liveness is not None:
             held = self.liveness.suspect(engine, node)
-        return Standing(load, held)
+        return Standing(load, held, self._last.get(key, 0))
 
     def plan(
         self,

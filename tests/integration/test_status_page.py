@@ -3,8 +3,9 @@
 docs/operations.md#recent-workloads and #the-status-page): ``recent`` in ``/status``, and the
 live status page at ``/`` in headless Chromium.
 
-Two simulated Ollama nodes own the model; the first, by id, answers every inference request
-503, so each request fails over to the second. The page test names the nodes with markup, as a
+Two simulated Ollama nodes own the model; the first by id, which is then each time the one
+dispatched to least recently, answers every inference request 503, so each request fails over
+to the second. The page test names the nodes with markup, as a
 careless or hostile fleet file could: the page must show it as text.
 """
 
