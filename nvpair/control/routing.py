@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
+from nvpair.control.affinity import BUSIER, HELD_BACK, TIER, Conversation
 from nvpair.control.state import Discovery, Node, Priority
 from nvpair.engines.loadstate import UNKNOWN, LoadState
 
@@ -48,12 +49,16 @@ class Plan(NamedTuple):
     :ivar affine: in fleet mode, the node that goes first behind any pin because the
         request's conversation was served there (docs/fleet-scheduling.md#affinity-order);
         None when affinity chose none.
+    :ivar conversation: in fleet mode with affinity, for a request with prefix keys: what the
+        order knew of its conversation (docs/fleet-scheduling.md
+        #what-the-operator-sees-of-affinity); None otherwise.
     """
 
     candidates: tuple[Node, ...]
     pinned: bool
     reserve: str | None
     affine: str | None = None
+    conversation: Conversation | None = None
 
 
 def estimated_load(priority: Priority, node_id: str, reservations: Mapping[str, int]) -> float:
@@ -240,7 +245,7 @@ def ranked_plan(
         rank = (held, its_tier, fleet_load(load, reserved), last, node.id)
         ranks.append((rank, node))
     ranks.sort(key=itemgetter(0))
-    chosen = None if affine is None else _affine_first(ranks, affine)
+    chosen, why = (None, None) if affine is None else _affine_first(ranks, affine)
     ordered = [node for _, node in ranks]
     if chosen is not None:
         ordered.remove(chosen)
@@ -251,21 +256,28 @@ def ranked_plan(
         bool(pinned),
         reserve,
         None if chosen is None else chosen.id,
+        None if affine is None else Conversation((affine.engine, affine.node), why),
     )
 
 
-def _affine_first(ranks: Sequence[tuple[Rank, Node]], affine: Affine) -> Node | None:
-    """``affine``'s node, if it may go first among ``ranks`` (sorted best first)."""
+def _affine_first(
+    ranks: Sequence[tuple[Rank, Node]], affine: Affine
+) -> tuple[Node | None, str | None]:
+    """``affine``'s node, if it may go first among ``ranks`` (sorted best first); else None
+    and why not (docs/fleet-scheduling.md#what-the-operator-sees-of-affinity)."""
     engine, wanted, slack = affine
     for rank, node in ranks:
         if node.id == wanted and node.engine == engine:
             held, its_tier, load = rank[:3]
             break
     else:
-        return None
+        # Left out of the round: its engine is loading while another owner is not.
+        return None, TIER
     best_held, best_tier = ranks[0][0][0], ranks[0][0][1]
-    if held or its_tier != best_tier or best_held or its_tier is Tier.COLD:
-        return None
+    if held or best_held:
+        return None, HELD_BACK
+    if its_tier != best_tier or its_tier is Tier.COLD:
+        return None, TIER
     # Sorted best first: the warm owners not held back lead (of either warm tier).
     least = load
     for (other_held, other_tier, other_load, *_), _node in ranks:
@@ -273,4 +285,4 @@ def _affine_first(ranks: Sequence[tuple[Rank, Node]], affine: Affine) -> Node | 
             break
         if other_load < least:
             least = other_load
-    return node if load <= least + slack else None
+    return (node, None) if load <= least + slack else (None, BUSIER)

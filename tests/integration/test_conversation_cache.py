@@ -121,17 +121,18 @@ def fleet_nodes() -> list[SimEngine]:
 
 @contextlib.asynccontextmanager
 async def three_nodes(
-    tmp_path: Path, affinity: bool = True
+    tmp_path: Path, affinity: bool = True, *options: str
 ) -> AsyncIterator[tuple[ProxyProcess, int, int, list[SimEngine]]]:
-    """The proxy's llama.cpp facade over ``a``, ``b`` and ``c``, with its admin listener, once
-    every node is up; yields the proxy, the facade's port, the admin port and the sims."""
+    """The proxy's llama.cpp facade over ``a``, ``b`` and ``c``, with its admin listener (and
+    ``options``), once every node is up; yields the proxy, the facade's port, the admin port
+    and the sims."""
     sims = fleet_nodes()
     port, admin = free_port(), free_port()
     fleet = write_fleet(tmp_path / "fleet.toml", port, {s.node: s.url for s in sims}, "llamacpp")
     with fleet.open("a") as text:
         text.write(f"[scheduling]\naffinity = {str(affinity).lower()}\n")
     try:
-        async with every_node_up(tmp_path, fleet, admin) as proxy:
+        async with every_node_up(tmp_path, fleet, admin, *options) as proxy:
             yield proxy, port, admin, sims
             assert log_problems(proxy) == []
     finally:

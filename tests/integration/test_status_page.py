@@ -64,10 +64,13 @@ async def failing_over(
 
 
 @contextlib.asynccontextmanager
-async def every_node_up(tmp_path: Path, fleet: Path, admin: int) -> AsyncIterator[ProxyProcess]:
-    """The proxy over ``fleet`` with its admin listener on ``admin``, once it is ready and every
-    node of every engine is up."""
-    async with running_proxy(tmp_path, "--fleet", str(fleet), "--admin-port", str(admin)) as proxy:
+async def every_node_up(
+    tmp_path: Path, fleet: Path, admin: int, *options: str
+) -> AsyncIterator[ProxyProcess]:
+    """The proxy over ``fleet`` with its admin listener on ``admin`` (and ``options``), once it
+    is ready and every node of every engine is up."""
+    args = ("--fleet", str(fleet), "--admin-port", str(admin), *options)
+    async with running_proxy(tmp_path, *args) as proxy:
 
         async def all_up() -> bool:
             try:
