@@ -199,10 +199,10 @@ def fleet_plan(
     The pin first, then the nodes not held back, by tier (:class:`Tier`), within a tier by
     :func:`fleet_load`, ties to the one dispatched to least recently
     (:attr:`Standing.last_dispatch`), then by node id; then the held-back nodes in the same
-    order. A node
-    whose engine is loading is left out while any other owner is there; when every owner is
-    loading they all stay, least loaded first. ``affine``'s node goes first behind the pin
-    when it may (:func:`ranked_plan`). The first candidate behind the pin is the one reserved.
+    order. A node whose engine is loading is left out while any other owner is there; when
+    every owner is loading they all stay, least loaded first. ``affine``'s node goes first
+    behind the pin when it may (:func:`ranked_plan`). The first candidate behind the pin is the
+    one reserved.
     """
     pinned = [node for node in eligible if node.id == pin][:1]
     rest = [(node, model_key, standing(node.id)) for node in eligible if node.id != pin]
