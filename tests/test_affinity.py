@@ -47,8 +47,8 @@ EVERYONE = lambda _: True  # noqa: E731
 def test_the_longest_known_key_names_the_node() -> None:
     table = PrefixTable()
     within = scope(ENGINE, "m")
-    table.record(within, (1, 2), "a")
-    table.record(within, (1, 2, 3, 4), "b")
+    table.record(within, (1, 2), ENGINE, "a")
+    table.record(within, (1, 2, 3, 4), ENGINE, "b")
     assert table.owner(within, (1, 2, 3, 4, 5, 6), EVERYONE) == ("b", 4)
     assert table.owner(within, (1, 9), EVERYONE) == ("b", 1)
     assert table.owner(within, (7,), EVERYONE) is None
@@ -57,18 +57,18 @@ def test_the_longest_known_key_names_the_node() -> None:
 def test_a_node_that_is_no_candidate_is_passed_over_for_a_shorter_key() -> None:
     table = PrefixTable()
     within = scope(ENGINE, "m")
-    table.record(within, (1,), "a")
-    table.record(within, (1, 2), "b")
+    table.record(within, (1,), ENGINE, "a")
+    table.record(within, (1, 2), ENGINE, "b")
     assert table.owner(within, (1, 2), lambda n: n != "b") is None  # key 1 is b's now too
-    table.record(within, (5,), "a")
-    table.record(within, (5, 6), "b")
-    table.record(within, (5,), "a")
+    table.record(within, (5,), ENGINE, "a")
+    table.record(within, (5, 6), ENGINE, "b")
+    table.record(within, (5,), ENGINE, "a")
     assert table.owner(within, (5, 6), lambda n: n != "b") == ("a", 1)
 
 
 def test_keys_of_one_model_or_engine_are_never_found_for_another() -> None:
     table = PrefixTable()
-    table.record(scope(ENGINE, "m"), (1, 2), "a")
+    table.record(scope(ENGINE, "m"), (1, 2), ENGINE, "a")
     assert table.owner(scope(ENGINE, "other"), (1, 2), EVERYONE) is None
     assert table.owner(scope("ollama", "m"), (1, 2), EVERYONE) is None
     assert table.owner(scope(ENGINE, "m"), (1, 2), EVERYONE) == ("a", 2)
@@ -77,14 +77,14 @@ def test_keys_of_one_model_or_engine_are_never_found_for_another() -> None:
 def test_the_table_keeps_its_bound_least_recently_used_out() -> None:
     table = PrefixTable(bound=3)
     within = scope(ENGINE, "m")
-    table.record(within, (1, 2), "a")
-    table.record(within, (3,), "b")
+    table.record(within, (1, 2), ENGINE, "a")
+    table.record(within, (3,), ENGINE, "b")
     assert table.owner(within, (1,), EVERYONE) == ("a", 1)  # 1 is used: 2 is the oldest now
-    table.record(within, (4,), "c")
+    table.record(within, (4,), ENGINE, "c")
     assert len(table) == 3
     assert table.owner(within, (2,), EVERYONE) is None
     assert table.owner(within, (1,), EVERYONE) == ("a", 1)
-    table.record(within, tuple(range(100, 200)), "a")
+    table.record(within, tuple(range(100, 200)), ENGINE, "a")
     assert len(table) == 3
     with pytest.raises(ValueError):
         PrefixTable(bound=0)

@@ -1,7 +1,10 @@
 """Whatever the sequence of requests, loads and cache reports, affinity never breaks fleet
 mode's order (issue 23 item 5; docs/fleet-scheduling.md#affinity-order): the first candidate
 is an owner in the best tier there is, never more than ``affinity-slack`` busier than the
-least-loaded warm owner, and the prefix table never exceeds its bound."""
+least-loaded warm owner, and the prefix table never exceeds its bound. Where affinity chose
+none, the first candidate is, among the owners equal to it in standing, tier and load, the
+one this proxy dispatched to least recently, then the first by node id (issue 33 item 1;
+docs/fleet-scheduling.md#ties-spread)."""
 
 from __future__ import annotations
 
@@ -122,6 +125,17 @@ def test_affinity_never_breaks_the_tiers_nor_the_slack_nor_the_bound(
                 assert chosen[2] <= min(warm) + slack
             else:
                 assert plan.candidates == plain.candidates
+                # Ties spread: of the owners that rank as the first does, none was dispatched
+                # to less recently, and of those dispatched to as long ago, none has a lower id.
+                equal = [n for n in nodes if rank(n) == chosen]
+                last = {n.id: fleet.standing(ENGINE, n.id).last_dispatch for n in equal}
+                assert last[first.id] == min(last.values())
+                assert first.id == min(i for i in last if last[i] == last[first.id])
+            # The request is sent to the first candidate: it is now the most recent dispatch.
+            fleet.dispatching(ENGINE, first.id, "m")
+            assert fleet.standing(ENGINE, first.id).last_dispatch == max(
+                fleet.standing(ENGINE, n.id).last_dispatch for n in nodes
+            )
             # The node answers: its keys are recorded, its cache may say anything.
             fleet.answered(
                 ENGINE,

@@ -1,7 +1,8 @@
 """Candidate order in standalone fleet mode (docs/fleet-scheduling.md#order, issue 13 item 2):
 pin → in memory with a free slot → in memory but busy → not in memory; within a tier the least
-estimated load, ties by id; held-back nodes last; a loading node only when no other owner is
-there. A pure function: table tests, then properties."""
+estimated load, ties to the owner dispatched to least recently, then by id (issue 33 item 1,
+docs/fleet-scheduling.md#ties-spread); held-back nodes last; a loading node only when no other
+owner is there. A pure function: table tests, then properties."""
 
 from __future__ import annotations
 
@@ -79,10 +80,42 @@ def ids(plan: Plan) -> list[str]:
             {"a": llama(4, 0), "b": llama(4, 2)}, {"a": 3}, ["b", "a"], id="own-plus-busy"
         ),
         pytest.param({"a": COLD, "b": COLD}, {}, ["a", "b"], id="no-knowledge-is-id-order"),
+        pytest.param(
+            {"a": Standing(WARM, last_dispatch=2), "b": Standing(WARM, last_dispatch=1)},
+            {},
+            ["b", "a"],
+            id="tie-to-least-recently-dispatched",
+        ),
+        pytest.param(
+            {"a": Standing(WARM, last_dispatch=3), "b": Standing(WARM)},
+            {},
+            ["b", "a"],
+            id="never-dispatched-before-dispatched",
+        ),
+        pytest.param(
+            {"a": Standing(WARM, last_dispatch=1), "b": Standing(COLD)},
+            {},
+            ["a", "b"],
+            id="recency-never-beats-tier",
+        ),
+        pytest.param(
+            {"a": Standing(WARM, last_dispatch=5), "b": Standing(WARM, last_dispatch=1)},
+            {"b": 1},
+            ["a", "b"],
+            id="recency-never-beats-load",
+        ),
+        pytest.param(
+            {"a": Standing(WARM, held=True), "b": Standing(WARM, held=True, last_dispatch=1)},
+            {},
+            ["a", "b"],
+            id="held-back-tie-alike",
+        ),
     ],
 )
 def test_order(
-    nodes: Mapping[str, LoadState], reservations: Mapping[str, int], expected: list[str]
+    nodes: Mapping[str, LoadState | Standing],
+    reservations: Mapping[str, int],
+    expected: list[str],
 ) -> None:
     plan = planned(nodes, reservations=reservations)
     assert ids(plan) == expected
@@ -148,38 +181,35 @@ load_states = st.one_of(
 )
 fleets = st.dictionaries(
     st.text("abcdefgh", min_size=1, max_size=3),
-    st.tuples(load_states, st.booleans(), st.integers(0, 5)),
+    # Load, held back, reservations, last dispatch (0: never).
+    st.tuples(load_states, st.booleans(), st.integers(0, 5), st.integers(0, 3)),
     max_size=8,
 )
 
 
-Fleet = Mapping[str, tuple[LoadState, bool, int]]
+Fleet = Mapping[str, tuple[LoadState, bool, int, int]]
 
 
-def rank_of(plan: Plan, states: Fleet) -> list[tuple[bool, Tier, int, str]]:
+def rank_of(plan: Plan, states: Fleet) -> list[tuple[bool, Tier, int, int, str]]:
     ranks = []
     for node in plan.candidates[1:] if plan.pinned else plan.candidates:
-        load, held, reserved = states[node.id]
-        ranks.append((held, tier(node, M, load, reserved), reserved + load.busy, node.id))
+        load, held, reserved, last = states[node.id]
+        ranks.append((held, tier(node, M, load, reserved), reserved + load.busy, last, node.id))
     return ranks
 
 
-def plan_for(
-    states: Mapping[str, tuple[LoadState, bool, int]], pin: str | None, order: list[str]
-) -> Plan:
+def plan_for(states: Fleet, pin: str | None, order: list[str]) -> Plan:
     return fleet_plan(
         [owner(node_id) for node_id in order],
         pin,
         M,
-        lambda node_id: Standing(states[node_id][0], states[node_id][1]),
-        {node_id: reserved for node_id, (_, _, reserved) in states.items() if reserved},
+        lambda node_id: Standing(states[node_id][0], states[node_id][1], states[node_id][3]),
+        {node_id: reserved for node_id, (_, _, reserved, _) in states.items() if reserved},
     )
 
 
 @given(fleet=fleets, pin=st.none() | st.text("abcdefgh", min_size=1, max_size=3), data=st.data())
-def test_properties(
-    fleet: Mapping[str, tuple[LoadState, bool, int]], pin: str | None, data: st.DataObject
-) -> None:
+def test_properties(fleet: Fleet, pin: str | None, data: st.DataObject) -> None:
     order = data.draw(st.permutations(sorted(fleet)))
     plan = plan_for(fleet, pin, order)
     chosen = ids(plan)
@@ -199,7 +229,7 @@ def test_properties(
         assert set(chosen) - {pin} == set(rest) - loading
     else:
         assert set(chosen) == set(rest)
-    # Sorted: not held before held, then tier, then load, then id.
+    # Sorted: not held before held, then tier, then load, then last dispatch, then id.
     ranks = rank_of(plan, fleet)
     assert ranks == sorted(ranks)
 
@@ -207,12 +237,12 @@ def test_properties(
 @given(fleet=fleets)
 def test_a_node_that_warms_up_never_moves_back(fleet: Fleet) -> None:
     """Putting the model in memory on one node (all else equal) never moves it later."""
-    for node_id, (load, held, reserved) in fleet.items():
+    for node_id, (load, held, reserved, last) in fleet.items():
         if load.loading:
             continue
         before = ids(plan_for(fleet, None, sorted(fleet))).index(node_id)
         hot = attrs.evolve(load, warm=(load.warm or frozenset()) | {M})
-        warmed = {**fleet, node_id: (hot, held, reserved)}
+        warmed = {**fleet, node_id: (hot, held, reserved, last)}
         after = ids(plan_for(warmed, None, sorted(warmed))).index(node_id)
         assert after <= before
 
@@ -240,9 +270,9 @@ def test_a_node_loading_the_model_for_this_proxy_ranks_as_in_memory() -> None:
 def test_a_dispatch_never_moves_its_node_back(fleet: Fleet) -> None:
     """Counting a dispatched model in memory on one node (all else equal) never moves that
     node later, and the order's rules hold for the assumed states as for polled ones."""
-    for node_id, (load, held, reserved) in fleet.items():
+    for node_id, (load, held, reserved, last) in fleet.items():
         before = ids(plan_for(fleet, None, sorted(fleet)))
-        assumed = {**fleet, node_id: (load.assuming({M}), held, reserved)}
+        assumed = {**fleet, node_id: (load.assuming({M}), held, reserved, last)}
         plan = plan_for(assumed, None, sorted(assumed))
         after = ids(plan)
         if node_id in before:

@@ -74,6 +74,42 @@ def test_a_busy_warm_node_beats_a_cold_one_and_spreads_otherwise() -> None:
     assert dispatched(h) == ["b", "c", "b"]
 
 
+def test_idle_time_requests_take_turns_over_equal_nodes() -> None:
+    """Ties spread (issue 33 item 1, docs/fleet-scheduling.md#ties-spread): one request at a
+    time to two equally idle warm owners goes to each in turn, the one dispatched to least
+    recently first, instead of every one to ``a``, the lowest id."""
+    h, scheduler = fleet()
+    for each in ("a", "b"):
+        scheduler.record_load(ENGINE, each, LoadState(warm=frozenset({"m"})))
+    for index in range(4):
+        h.serve()
+        h.upstream.calls[index].answer(Response(200, b"ok"))
+    assert dispatched(h) == ["a", "b", "a", "b"]
+
+
+def test_a_failed_attempt_counts_as_a_dispatch_for_the_tie() -> None:
+    """``a`` refused and ``b`` served the first request; ``a`` was sent to least recently, so
+    the next idle-time request starts there."""
+    h, scheduler = fleet()
+    for each in ("a", "b"):
+        scheduler.record_load(ENGINE, each, LoadState(warm=frozenset({"m"})))
+    serve_through_a_refusing(h)
+    h.serve()
+    assert dispatched(h) == ["a", "b", "a"]
+
+
+def test_broker_mode_ties_stay_in_priority_order() -> None:
+    """Broker mode is unchanged: equal loads go to the earlier in the scheduler's order, every
+    time, however recently it was sent to."""
+    h = harness()
+    h.nodes(A, B)
+    h.control.set_priority(1, [PriorityEntry("a", 0, 0), PriorityEntry("b", 0, 0)])
+    for index in range(3):
+        h.serve()
+        h.upstream.calls[index].answer(Response(200, b"ok"))
+    assert dispatched(h) == ["a", "a", "a"]
+
+
 def test_broker_mode_keeps_the_schedulers_order() -> None:
     """No fleet scheduling: priority order, whatever an engine would say."""
     h = harness()
@@ -348,14 +384,17 @@ def test_a_poll_asked_after_the_dispatch_has_the_last_word() -> None:
     h.serve()
     h.upstream.calls[0].answer(Response(200, b"ok"))
     # Asked before the dispatch (or within a second of it): the answer is older than the load.
+    # ``b`` says it does not hold m: were ``a`` believed as its answer says, the two would tie
+    # and ``b``, never dispatched to, would go first (docs/fleet-scheduling.md#ties-spread).
     scheduler.record_load(ENGINE, "a", LoadState(warm=frozenset()), asked_at=h.clock.seconds())
-    scheduler.record_load(ENGINE, "b", LoadState(warm=frozenset({"m"})), asked_at=0.0)
+    scheduler.record_load(ENGINE, "b", LoadState(warm=frozenset()), asked_at=0.0)
     h.serve()
     assert dispatched(h) == ["a", "a"]
     h.upstream.calls[1].answer(Response(200, b"ok"))
     # Asked well after it: ``a`` says m is gone (evicted, say), and b has it.
     h.clock.advance(5.0)
     scheduler.record_load(ENGINE, "a", LoadState(warm=frozenset()), asked_at=h.clock.seconds())
+    scheduler.record_load(ENGINE, "b", LoadState(warm=frozenset({"m"})), asked_at=h.clock.seconds())
     h.serve()
     assert dispatched(h) == ["a", "a", "b"]
 

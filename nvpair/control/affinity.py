@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from attrs import define, field, frozen
 
@@ -56,6 +57,70 @@ def scope(engine: str, model_key: str | None) -> int:
     return hash((engine, model_key))
 
 
+#: What the order did with a request's conversation (docs/fleet-scheduling.md
+#: #what-the-operator-sees-of-affinity), as ``/status``, ``/metrics`` and the access log say it:
+#: sent to its conversation's node; its node was known and the order chose another; no key of
+#: the request was known.
+FOLLOWED, MOVED, NEW = "followed", "moved", "new"
+
+#: Why a known conversation's node did not go first (``moved``): more than ``affinity-slack``
+#: busier than the least-loaded warm owner; not in the round's best tier (the model not in
+#: memory there, or loading, or every slot busy while another owner has one free); its affinity
+#: suspended (its cache keeps too little); held back (passive health, or an unanswered liveness
+#: probe); it left between the plan and the dispatch; the queue gave another owner's place first.
+BUSIER, TIER, SUSPENDED, HELD_BACK, LEFT, QUEUE = (
+    "busier",
+    "tier",
+    "suspended",
+    "held-back",
+    "left",
+    "queue",
+)
+
+
+class Conversation(NamedTuple):
+    """What a round's order knew of a request's conversation (one per keyed round: a
+    NamedTuple).
+
+    :ivar node: (engine, node id) of its conversation's node, the owner recorded for the
+        longest of its keys among the round's owners; None: no key was known (``new``).
+    :ivar passed_over: why that node does not go first (:data:`BUSIER`, ...), or None when
+        affinity put it first.
+    """
+
+    node: tuple[str, str] | None
+    passed_over: str | None = None
+
+
+class Verdict(NamedTuple):
+    """What the order did with a request, judged at its first dispatch.
+
+    :ivar result: :data:`FOLLOWED`, :data:`MOVED` or :data:`NEW`.
+    :ivar why: for ``moved``, why (:data:`BUSIER`, ...); else None.
+    :ivar node: the conversation's node id, when one was known.
+    """
+
+    result: str
+    why: str | None = None
+    node: str | None = None
+
+
+def verdict(known: Conversation, engine: str, node: str, elsewhere: str) -> Verdict:
+    """``known``'s request is dispatched first to ``engine``'s ``node``; ``elsewhere``: why,
+    if affinity put its node first, the dispatch went to another (:data:`LEFT`,
+    :data:`QUEUE`)."""
+    if known.node is None:
+        return Verdict(NEW)
+    if known.node == (engine, node):
+        return Verdict(FOLLOWED, None, node)
+    return Verdict(MOVED, known.passed_over or elsewhere, known.node[1])
+
+
+#: A node as the table names it: (engine, node id). One tuple per node, shared by all its
+#: entries, so an entry costs what a node id alone would.
+Owner = tuple[str, str]
+
+
 class PrefixTable:
     """Prefix keys of served requests → the node that served them, least recently used out.
 
@@ -66,7 +131,8 @@ class PrefixTable:
         if bound < 1:
             raise ValueError("a prefix table holds at least one entry")
         self.bound = bound
-        self._owners: OrderedDict[int, str] = OrderedDict()
+        self._owners: OrderedDict[int, Owner] = OrderedDict()
+        self._shared: dict[Owner, Owner] = {}
 
     def __len__(self) -> int:
         return len(self._owners)
@@ -79,22 +145,39 @@ class PrefixTable:
         owners = self._owners
         for index in range(len(keys) - 1, -1, -1):
             key = keys[index] ^ within
-            node = owners.get(key)
-            if node is not None and usable(node):
+            found = owners.get(key)
+            if found is not None and usable(found[1]):
                 owners.move_to_end(key)
-                return node, index + 1
+                return found[1], index + 1
         return None
 
-    def record(self, within: int, keys: Sequence[int], node: str) -> None:
-        """``node`` served a request with ``keys``: each now names it, the oldest entries
-        going when the table is full."""
+    def record(self, within: int, keys: Sequence[int], engine: str, node: str) -> None:
+        """``engine``'s ``node`` served a request with ``keys``: each now names it, the oldest
+        entries going when the table is full."""
         owners = self._owners
+        owner = self._shared.setdefault((engine, node), (engine, node))
         for piece in keys:
             key = piece ^ within
-            owners[key] = node
+            owners[key] = owner
             owners.move_to_end(key)
         while len(owners) > self.bound:
             owners.popitem(last=False)
+
+    def forget(self, engine: str, node: str) -> int:
+        """``engine`` on ``node`` no longer holds what it was sent (it left discovery, or
+        restarted): every entry naming it goes, so that no turn is sent to a cache that is
+        gone (docs/fleet-scheduling.md#a-node-that-restarted-forgets). How many went.
+
+        One pass over the table (a few milliseconds when full): a node leaves far more rarely
+        than requests look up, and an index per node would cost memory on every entry."""
+        owner = self._shared.pop((engine, node), None)
+        if owner is None:
+            return 0
+        owners = self._owners
+        gone = [key for key, named in owners.items() if named is owner]
+        for key in gone:
+            del owners[key]
+        return len(gone)
 
 
 @define

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
+from nvpair.control.affinity import BUSIER, HELD_BACK, TIER, Conversation
 from nvpair.control.state import Discovery, Node, Priority
 from nvpair.engines.loadstate import UNKNOWN, LoadState
 
@@ -48,12 +49,16 @@ class Plan(NamedTuple):
     :ivar affine: in fleet mode, the node that goes first behind any pin because the
         request's conversation was served there (docs/fleet-scheduling.md#affinity-order);
         None when affinity chose none.
+    :ivar conversation: in fleet mode with affinity, for a request with prefix keys: what the
+        order knew of its conversation (docs/fleet-scheduling.md
+        #what-the-operator-sees-of-affinity); None otherwise.
     """
 
     candidates: tuple[Node, ...]
     pinned: bool
     reserve: str | None
     affine: str | None = None
+    conversation: Conversation | None = None
 
 
 def estimated_load(priority: Priority, node_id: str, reservations: Mapping[str, int]) -> float:
@@ -137,10 +142,15 @@ class Standing(NamedTuple):
         has dispatched to it since counted in memory
         (docs/fleet-scheduling.md#dispatched-is-loading).
     :ivar held: passive health holds the node back (docs/fleet-scheduling.md#passive-health).
+    :ivar last_dispatch: when this proxy last dispatched to the node, as an ordinal over all of
+        its dispatches (greater is more recent; 0: never). An ordinal, not a clock reading:
+        two dispatches within one reactor turn read the same time, yet one came first
+        (docs/fleet-scheduling.md#ties-spread).
     """
 
     load: LoadState = UNKNOWN
     held: bool = False
+    last_dispatch: int = 0
 
 
 def tier(node: Node, model_key: str | None, load: LoadState, reserved: int) -> Tier:
@@ -187,10 +197,12 @@ def fleet_plan(
     """Order ``eligible`` owners in standalone fleet mode (docs/fleet-scheduling.md#order).
 
     The pin first, then the nodes not held back, by tier (:class:`Tier`), within a tier by
-    :func:`fleet_load`, ties by node id; then the held-back nodes in the same order. A node
-    whose engine is loading is left out while any other owner is there; when every owner is
-    loading they all stay, least loaded first. ``affine``'s node goes first behind the pin
-    when it may (:func:`ranked_plan`). The first candidate behind the pin is the one reserved.
+    :func:`fleet_load`, ties to the one dispatched to least recently
+    (:attr:`Standing.last_dispatch`), then by node id; then the held-back nodes in the same
+    order. A node whose engine is loading is left out while any other owner is there; when
+    every owner is loading they all stay, least loaded first. ``affine``'s node goes first
+    behind the pin when it may (:func:`ranked_plan`). The first candidate behind the pin is the
+    one reserved.
     """
     pinned = [node for node in eligible if node.id == pin][:1]
     rest = [(node, model_key, standing(node.id)) for node in eligible if node.id != pin]
@@ -203,8 +215,8 @@ def fleet_plan(
 Ranked = tuple[Node, str | None, Standing]
 
 
-#: A candidate's place in fleet order: held back, tier, estimated load, node id.
-Rank = tuple[bool, Tier, int, str]
+#: A candidate's place in fleet order: held back, tier, estimated load, last dispatch, node id.
+Rank = tuple[bool, Tier, int, int, str]
 
 
 def ranked_plan(
@@ -224,12 +236,16 @@ def ranked_plan(
     if ready or pinned:
         rest = ready
     ranks: list[tuple[Rank, Node]] = []
-    for node, model_key, (load, held) in rest:
+    for node, model_key, (load, held, last) in rest:
         reserved = reservations.get(node.id, 0)
-        rank = (held, tier(node, model_key, load, reserved), fleet_load(load, reserved), node.id)
+        # Ties of tier and load go to the owner dispatched to least recently: by node id alone,
+        # every idle-time request and every new conversation would start on the lowest id
+        # (docs/fleet-scheduling.md#ties-spread).
+        its_tier = tier(node, model_key, load, reserved)
+        rank = (held, its_tier, fleet_load(load, reserved), last, node.id)
         ranks.append((rank, node))
     ranks.sort(key=itemgetter(0))
-    chosen = None if affine is None else _affine_first(ranks, affine)
+    chosen, why = (None, None) if affine is None else _affine_first(ranks, affine)
     ordered = [node for _, node in ranks]
     if chosen is not None:
         ordered.remove(chosen)
@@ -240,26 +256,33 @@ def ranked_plan(
         bool(pinned),
         reserve,
         None if chosen is None else chosen.id,
+        None if affine is None else Conversation((affine.engine, affine.node), why),
     )
 
 
-def _affine_first(ranks: Sequence[tuple[Rank, Node]], affine: Affine) -> Node | None:
-    """``affine``'s node, if it may go first among ``ranks`` (sorted best first)."""
+def _affine_first(
+    ranks: Sequence[tuple[Rank, Node]], affine: Affine
+) -> tuple[Node | None, str | None]:
+    """``affine``'s node, if it may go first among ``ranks`` (sorted best first); else None
+    and why not (docs/fleet-scheduling.md#what-the-operator-sees-of-affinity)."""
     engine, wanted, slack = affine
     for rank, node in ranks:
         if node.id == wanted and node.engine == engine:
-            held, its_tier, load, _ = rank
+            held, its_tier, load = rank[:3]
             break
     else:
-        return None
+        # Left out of the round: its engine is loading while another owner is not.
+        return None, TIER
     best_held, best_tier = ranks[0][0][0], ranks[0][0][1]
-    if held or its_tier != best_tier or best_held or its_tier is Tier.COLD:
-        return None
+    if held or best_held:
+        return None, HELD_BACK
+    if its_tier != best_tier or its_tier is Tier.COLD:
+        return None, TIER
     # Sorted best first: the warm owners not held back lead (of either warm tier).
     least = load
-    for (other_held, other_tier, other_load, _), _node in ranks:
+    for (other_held, other_tier, other_load, *_), _node in ranks:
         if other_held or other_tier is Tier.COLD:
             break
         if other_load < least:
             least = other_load
-    return node if load <= least + slack else None
+    return (node, None) if load <= least + slack else (None, BUSIER)

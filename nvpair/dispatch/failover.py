@@ -19,9 +19,11 @@ from twisted.internet.defer import Deferred
 
 from nvpair.common.durations import format_duration
 from nvpair.common.reasons import Reason
+from nvpair.control.affinity import LEFT, QUEUE
 from nvpair.control.fairqueue import Option
 from nvpair.control.routing import Plan
 from nvpair.control.state import Discovery, Node
+from nvpair.dispatch.affinitynote import note_affinity
 from nvpair.dispatch.attempt import Failed, Fault, Outgoing
 from nvpair.dispatch.candidates import model_key_on
 from nvpair.dispatch.delivery import answer_final, try_node
@@ -146,6 +148,8 @@ async def _round(services: Services, job: Job, round_plan: Plan, outgoing: Outgo
             round_plan.affine is not None
             and planned is round_plan.candidates[int(round_plan.pinned)]
         )
+        # The first candidate that is still there: the ones before it left.
+        note_affinity(services, job, round_plan, node, LEFT)
         failed = await _attempt(services, job, outgoing, node, affine)
         if failed is None:
             return None
@@ -268,6 +272,7 @@ async def _dispatch(
     job.reserve(services.reservations, node.id)
     workload.engine = node.engine
     workload.submitted(node.id)
+    note_affinity(services, job, plan, node, QUEUE)
     return await _attempt(services, job, outgoing, node, affine)
 
 

@@ -278,6 +278,11 @@ def counted(counter: RequestCounter, job: Job, now: float) -> None:
         None if committed is None else committed - job.created,
         job.stats,
     )
+    stats, node = job.stats, job.node
+    if stats is not None and stats.cached_tokens and node is not None:
+        # Per node, by the node's own engine: a facade reaching several (openai) counts the
+        # engine of the node that answered (docs/operations.md#metrics).
+        counter.cached_read(job.node_engine or admitted.engine.id, node, stats.cached_tokens)
     key = _key_name(admitted)
     if key is not None:
         counter.key_request_ended(key, admitted.engine.id, outcome(job))
@@ -294,6 +299,7 @@ def finished(job: Job, now: float) -> Finished:
     """An admitted request's access line, when its job ends (docs/README.md#the-access-log)."""
     admitted, request = job.admitted, job.request
     committed = job.committed_at
+    judged = None if job.workload is None else job.workload.affinity
     return Finished(
         engine=job.node_engine or admitted.engine.id,
         facade=admitted.engine.id,
@@ -312,6 +318,8 @@ def finished(job: Job, now: float) -> Finished:
         key=_key_name(admitted),
         queued_ms=None if job.queued is None else millis(job.queued),
         client=shown_address(admitted.client),
+        affinity=None if judged is None else judged.result,
+        affinity_why=None if judged is None else judged.why,
     )
 
 

@@ -198,6 +198,15 @@ class RequestCounter(Protocol):
     def key_request_ended(self, key: str, engine: str, outcome: str) -> None:
         """A request that came with the fleet key ``key`` ended (docs/lan.md#keys)."""
 
+    def affinity_judged(self, engine: str, node: str, result: str) -> None:
+        """A request was first dispatched to ``engine``'s ``node``, affinity's ``result``
+        (``followed``, ``moved``, ``new``; docs/fleet-scheduling.md
+        #what-the-operator-sees-of-affinity)."""
+
+    def cached_read(self, engine: str, node: str, tokens: int) -> None:
+        """``engine`` on ``node`` answered a request reading ``tokens`` of its prompt from its
+        cache."""
+
 
 class _NotRecorded:
     """No admin listener: nothing recorded, and the one log every workload shares."""
@@ -234,6 +243,12 @@ class _NotCounted:
         pass
 
     def key_request_ended(self, key: str, engine: str, outcome: str) -> None:
+        pass
+
+    def affinity_judged(self, engine: str, node: str, result: str) -> None:
+        pass
+
+    def cached_read(self, engine: str, node: str, tokens: int) -> None:
         pass
 
 

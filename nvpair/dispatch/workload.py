@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from attrs import define, field
 
+from nvpair.control.affinity import Verdict
 from nvpair.engines.caller import Caller
 from nvpair.engines.inferstats import Stats
 
@@ -115,6 +116,10 @@ class Workload:
     #: Milliseconds it waited in fleet mode's queue, if it waited (docs/fleet-scheduling.md
     #: #the-queue).
     queued_ms: int | None = None
+    #: What the order did with its conversation, judged at its first dispatch (fleet mode with
+    #: affinity, a request with prefix keys; docs/fleet-scheduling.md
+    #: #what-the-operator-sees-of-affinity).
+    affinity: Verdict | None = None
 
     @property
     def ended(self) -> bool:

@@ -62,6 +62,9 @@ class Finished:
     :ivar key: the name of the fleet key the request came with.
     :ivar queued_ms: how long it waited in fleet mode's queue, if it waited.
     :ivar client: the source address it came from.
+    :ivar affinity: what fleet mode's order did with its conversation (``followed``,
+        ``moved``, ``new``), and ``affinity_why``, why it moved
+        (docs/fleet-scheduling.md#what-the-operator-sees-of-affinity).
     """
 
     engine: str
@@ -78,6 +81,8 @@ class Finished:
     key: str | None = None
     queued_ms: float | None = None
     client: str | None = None
+    affinity: str | None = None
+    affinity_why: str | None = None
 
     def fields(self) -> dict[str, object]:
         """The line's fields: only those known."""

@@ -100,6 +100,10 @@ class FleetDiscovery:
             # included; it is no gone node. Kept with what it last listed, marked loading; one
             # never seen does not join until its models are known.
             self._report(pair, PollState.LOADING, known or (), why)
+            if before is not PollState.LOADING and self._scheduler is not None:
+                # A server loading as a whole has just started: what it held went with the
+                # process (docs/fleet-scheduling.md#a-node-that-restarted-forgets).
+                self._scheduler.restarted(engine, node_id)
             if before is not PollState.LOADING:
                 self._log.info(
                     "{node}'s {engine} is loading a model{known}",

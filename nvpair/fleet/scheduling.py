@@ -3,7 +3,8 @@
 In broker mode the scheduler ranks nodes; in fleet mode there is none, so the proxy ranks them
 itself from two things it learns on its own: each engine's load state, polled with the
 inventory (:mod:`nvpair.engines.loadstate`, :mod:`nvpair.fleet.polls`), and each node's passive
-health, from the outcome of its attempts (:mod:`nvpair.fleet.health`). :class:`FleetScheduler`
+health, from the outcome of its attempts (:mod:`nvpair.fleet.health`); ties go to the owner it
+dispatched to least recently (docs/fleet-scheduling.md#ties-spread). :class:`FleetScheduler`
 holds both and is the request path's :class:`~nvpair.dispatch.seams.Scheduling` in this mode: the
 order of a round (:meth:`FleetScheduler.plan`, the pure :func:`nvpair.control.routing.fleet_plan`
 on live values), what an attempt's outcome says about its node, and how long to wait for an owner
@@ -27,8 +28,10 @@ from twisted.internet.interfaces import IReactorTime
 
 from nvpair.control.affinity import (
     DEFAULT_AFFINITY,
+    SUSPENDED,
     AffinityOptions,
     CacheLedger,
+    Conversation,
     PrefixTable,
     scope,
 )
@@ -86,6 +89,11 @@ class FleetScheduler:
         self._room: dict[tuple[str, str], int] = {}
         # (engine, node) -> the model keys it last listed, while it is out of discovery
         self._away: dict[tuple[str, str], frozenset[str]] = {}
+        # (engine, node) -> the ordinal of this proxy's latest dispatch to it, and the last
+        # ordinal given: ties of the order go to the least recent
+        # (docs/fleet-scheduling.md#ties-spread)
+        self._last: dict[tuple[str, str], int] = {}
+        self._dispatches = 0
         #: Called after every poll's reading: the fleet's queue looks for a place freed
         #: (docs/fleet-scheduling.md#the-queue).
         self.load_changed: Callable[[], None] = lambda: None
@@ -120,6 +128,8 @@ class FleetScheduler:
         (docs/fleet-scheduling.md#passive-health)."""
         trial = self.health.dispatching(engine, node)
         self.dispatched(engine, node, model_key)
+        self._dispatches += 1
+        self._last[(engine, node)] = self._dispatches
         return trial
 
     def succeeded(self, engine: str, node: str) -> None:
@@ -169,11 +179,21 @@ class FleetScheduler:
         if models is None:
             self._away.pop((engine, node), None)
         else:
+            if (engine, node) not in self._away:
+                # Gone (its poll fails, or it hangs): whatever comes back is no longer known
+                # to hold its conversations.
+                self.restarted(engine, node)
             key = ENGINES[engine].model_key
             # A pattern alias's key is a key already, and no name (patternnames.PatternKey).
             self._away[(engine, node)] = frozenset(
                 model if isinstance(model, PatternKey) else key(model) for model in models
             )
+
+    def restarted(self, engine: str, node: str) -> None:
+        """``node``'s ``engine`` left discovery or was seen starting again (loading as a
+        whole): its cache is gone, and so are its entries in the prefix table
+        (docs/fleet-scheduling.md#a-node-that-restarted-forgets)."""
+        self.table.forget(engine, node)
 
     def owners_down(self, engine: str, model_key: str | None) -> list[str]:
         """The nodes out of discovery whose last list had ``model_key`` (None: any model), by
@@ -198,13 +218,15 @@ class FleetScheduler:
         self._away.pop((engine, node), None)
         self._sent.pop((engine, node), None)
         self._room.pop((engine, node), None)
+        self._last.pop((engine, node), None)
         self.health.forget(engine, node)
         self.caches.forget(engine, node)
+        self.table.forget(engine, node)
 
     def standing(self, engine: str, node: str) -> Standing:
         """The node's last reading, with what was dispatched to it since counted in memory,
-        and whether it goes last: passive health holds it back, or its last liveness probe
-        went unanswered."""
+        whether it goes last (passive health holds it back, or its last liveness probe went
+        unanswered), and when this proxy last dispatched to it."""
         key = (engine, node)
         load = self._loads.get(key, UNKNOWN)
         sent = self._sent.get(key)
@@ -213,7 +235,7 @@ class FleetScheduler:
         held = self.health.held(engine, node)
         if not held and self.liveness is not None:
             held = self.liveness.suspect(engine, node)
-        return Standing(load, held)
+        return Standing(load, held, self._last.get(key, 0))
 
     def plan(
         self,
@@ -226,10 +248,11 @@ class FleetScheduler:
     ) -> Plan:
         """This round's candidates in fleet order, and the node to reserve; ``prefix``: the
         request's prefix keys (:meth:`prefix_of`)."""
-        affine = self._affine({engine: model_key}, eligible, prefix)
-        return fleet_plan(
+        affine, known = self._affine({engine: model_key}, eligible, prefix)
+        plan = fleet_plan(
             eligible, pin, model_key, partial(self.standing, engine), reservations, affine
         )
+        return plan if known is None else plan._replace(conversation=known)
 
     def plan_across(
         self,
@@ -244,7 +267,9 @@ class FleetScheduler:
         ranked: list[Ranked] = [
             (node, keys[node.engine], self.standing(node.engine, node.id)) for node in eligible
         ]
-        return ranked_plan((), ranked, reservations, self._affine(keys, eligible, prefix))
+        affine, known = self._affine(keys, eligible, prefix)
+        plan = ranked_plan((), ranked, reservations, affine)
+        return plan if known is None else plan._replace(conversation=known)
 
     # -- affinity (docs/fleet-scheduling.md#conversations-go-where-their-cache-is) --------------
 
@@ -261,12 +286,35 @@ class FleetScheduler:
 
     def _affine(
         self, keys: Mapping[str, str | None], eligible: Sequence[Node], prefix: Sequence[int]
-    ) -> Affine | None:
+    ) -> tuple[Affine | None, Conversation | None]:
         """Where the longest known prefix of the request was served, among ``eligible`` nodes
-        whose affinity is not suspended (over every engine in ``keys``: the longest wins)."""
+        whose affinity is not suspended (over every engine in ``keys``: the longest wins); and
+        what the plan is to say of the conversation when the order alone cannot: that no key
+        was known, or that its node's affinity is suspended (None: the order says it, or the
+        request has no keys)."""
         if not prefix or not self.affinity.enabled:
-            return None
+            return None, None
+        known = self._longest(keys, eligible, prefix, None)
+        if known is None:
+            return None, Conversation(None)
         now = self._clock.seconds()
+        if not self.caches.suspended(known[0], known[1], now):
+            return Affine(known[0], known[1], self.affinity.slack), None
+        # Its node keeps too little: a shorter key's node, if any, may still go first.
+        found = self._longest(keys, eligible, prefix, now)
+        affine = None if found is None else Affine(found[0], found[1], self.affinity.slack)
+        return affine, Conversation(known, SUSPENDED)
+
+    def _longest(
+        self,
+        keys: Mapping[str, str | None],
+        eligible: Sequence[Node],
+        prefix: Sequence[int],
+        unsuspended_at: float | None,
+    ) -> tuple[str, str] | None:
+        """(engine, node) recorded for the longest of ``prefix`` among ``eligible`` nodes,
+        over every engine in ``keys``; with ``unsuspended_at``, only nodes whose affinity is
+        not suspended then."""
         suspended = self.caches.suspended
         best: tuple[str, str, int] | None = None
         for engine, model_key in keys.items():
@@ -274,12 +322,14 @@ class FleetScheduler:
             ids = [node.id for node in eligible if node.engine == engine]
 
             def usable(node: str, engine: str = engine, ids: list[str] = ids) -> bool:
-                return node in ids and not suspended(engine, node, now)
+                if node not in ids:
+                    return False
+                return unsuspended_at is None or not suspended(engine, node, unsuspended_at)
 
             found = self.table.owner(scope(engine, model_key), prefix, usable)
             if found is not None and (best is None or found[1] > best[2]):
                 best = (engine, *found)
-        return None if best is None else Affine(best[0], best[1], self.affinity.slack)
+        return None if best is None else (best[0], best[1])
 
     def answered(
         self,
@@ -293,7 +343,7 @@ class FleetScheduler:
         """``node`` served a request below 400: its prefix keys now name the node, and what
         its answer said of its cache is noted (``affine``: affinity sent it there)."""
         if prefix and self.affinity.enabled:
-            self.table.record(scope(engine, model_key), prefix, node)
+            self.table.record(scope(engine, model_key), prefix, engine, node)
         if stats is not None and stats.cached_tokens is not None and stats.prompt_tokens:
             self.caches.reported(
                 engine,

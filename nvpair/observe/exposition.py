@@ -135,6 +135,20 @@ class MetricsCollector(Collector):
             ["engine", "kind"],
             m.tokens.items(),
         )
+        yield _counter(
+            "nvpair_cached_tokens",
+            "Prompt tokens a node's engine reported reading from its cache, by the engine and "
+            "node that answered.",
+            ["engine", "node"],
+            m.cached.items(),
+        )
+        yield _counter(
+            "nvpair_affinity",
+            "Requests by what the fleet's order did with their conversation at their first "
+            "dispatch (followed, moved, new), by the engine and node dispatched to.",
+            ["engine", "node", "result"],
+            m.affinity.items(),
+        )
         yield histogram_family(
             m.rate,
             "nvpair_tokens_per_second",

@@ -93,6 +93,10 @@ class Metrics:
         self.keyed: dict[tuple[str, str, str], int] = {}
         #: The wait of every request that waited in fleet mode's queue, by engine.
         self.queue_wait = Histogram(LATENCY_BUCKETS)
+        #: Requests by (engine, node, affinity's result) of their first dispatch (fleet mode).
+        self.affinity: dict[tuple[str, str, str], int] = {}
+        #: Prompt tokens read from cache, by (engine, node) that answered.
+        self.cached: dict[tuple[str, str], int] = {}
 
     def attempt_ended(self, engine: str, node: str, outcome: Outcome, cut: bool = False) -> None:
         """A dispatch ended: failed, or served and its answer delivered (``cut``: truncated
@@ -157,6 +161,17 @@ class Metrics:
         """A request that came with the fleet key ``key`` ended (docs/lan.md#keys)."""
         labels = (key, engine, outcome)
         self.keyed[labels] = self.keyed.get(labels, 0) + 1
+
+    def affinity_judged(self, engine: str, node: str, result: str) -> None:
+        """A request's first dispatch, to ``engine``'s ``node``: affinity's ``result``
+        (docs/fleet-scheduling.md#what-the-operator-sees-of-affinity)."""
+        labels = (engine, node, result)
+        self.affinity[labels] = self.affinity.get(labels, 0) + 1
+
+    def cached_read(self, engine: str, node: str, tokens: int) -> None:
+        """``engine`` on ``node`` answered reading ``tokens`` prompt tokens from its cache."""
+        labels = (engine, node)
+        self.cached[labels] = self.cached.get(labels, 0) + tokens
 
     def queue_waited(self, engine: str, seconds: float) -> None:
         """A request that waited in fleet mode's queue ended, served or not."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from nvpair.control.affinity import Verdict
 from nvpair.engines.inferstats import Stats
 from nvpair.observe.recent import RecentWorkloads, Trail
 
@@ -37,7 +38,7 @@ def recent_workload(trail: Trail) -> dict[str, object]:
     or from a handful of tokens, is too rough to put beside a node's real figure.
     """
     workload = trail.workload
-    stats = workload.stats
+    stats, judged = workload.stats, workload.affinity
     return {
         "id": workload.id,
         "engine": workload.engine,
@@ -67,9 +68,17 @@ def recent_workload(trail: Trail) -> dict[str, object]:
         "endedAt": _when_ms(workload.completed_at),
         # Fleet mode's queue: how long it waited for a place, if it waited.
         "queuedMs": workload.queued_ms,
+        # Fleet mode with affinity: what the order did with its conversation at its first
+        # dispatch, why it moved, and the conversation's node
+        # (docs/fleet-scheduling.md#what-the-operator-sees-of-affinity).
+        **({} if judged is None else _affinity(judged)),
         # Where [access] is in force: the fleet key it came with (docs/lan.md#keys).
         **({} if workload.caller is None else {"key": workload.caller.name}),
     }
+
+
+def _affinity(judged: Verdict) -> dict[str, object]:
+    return {"affinity": judged.result, "affinityWhy": judged.why, "affinityNode": judged.node}
 
 
 def recent_document(recent: RecentWorkloads | None) -> list[dict[str, object]]:

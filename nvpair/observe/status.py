@@ -226,7 +226,7 @@ def fleet_nodes(
 
 def _cache(share: CacheShare | None) -> dict[str, object] | None:
     """What a node's answers said of its cache
-    (docs/fleet-scheduling.md#what-the-operator-sees); None before any said."""
+    (docs/fleet-scheduling.md#what-the-operator-sees-of-affinity); None before any said."""
     if share is None:
         return None
     ratio = share.share

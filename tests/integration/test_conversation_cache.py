@@ -121,17 +121,18 @@ def fleet_nodes() -> list[SimEngine]:
 
 @contextlib.asynccontextmanager
 async def three_nodes(
-    tmp_path: Path, affinity: bool = True
+    tmp_path: Path, affinity: bool = True, *options: str
 ) -> AsyncIterator[tuple[ProxyProcess, int, int, list[SimEngine]]]:
-    """The proxy's llama.cpp facade over ``a``, ``b`` and ``c``, with its admin listener, once
-    every node is up; yields the proxy, the facade's port, the admin port and the sims."""
+    """The proxy's llama.cpp facade over ``a``, ``b`` and ``c``, with its admin listener (and
+    ``options``), once every node is up; yields the proxy, the facade's port, the admin port
+    and the sims."""
     sims = fleet_nodes()
     port, admin = free_port(), free_port()
     fleet = write_fleet(tmp_path / "fleet.toml", port, {s.node: s.url for s in sims}, "llamacpp")
     with fleet.open("a") as text:
         text.write(f"[scheduling]\naffinity = {str(affinity).lower()}\n")
     try:
-        async with every_node_up(tmp_path, fleet, admin) as proxy:
+        async with every_node_up(tmp_path, fleet, admin, *options) as proxy:
             yield proxy, port, admin, sims
             assert log_problems(proxy) == []
     finally:
@@ -159,6 +160,14 @@ async def go_on(port: int, conversations: Sequence[Conversation]) -> None:
     for _ in range(LATER_TURNS):
         for conversation in conversations:
             await conversation.say(port)
+
+
+def least_recent(dispatched: Sequence[str]) -> str:
+    """Of the nodes, the one dispatched to least recently, given dispatches in order (each node
+    among them): where the plain order sends a request when all are idle
+    (docs/fleet-scheduling.md#ties-spread)."""
+    latest = {node: index for index, node in enumerate(dispatched)}
+    return min(NODES, key=latest.__getitem__)
 
 
 def served(conversations: Sequence[Conversation]) -> dict[str, list[Turn]]:
@@ -208,12 +217,20 @@ async def test_each_turn_goes_back_to_its_node_and_a_node_that_keeps_nothing_is_
                 assert turn.cached_tokens == found, (conversation.node, turns)
                 assert turn.prompt_tokens > before.prompt_tokens
         # c's 20 routed answers found (almost) nothing: its conversations now go by the plain
-        # order.
+        # order, to the node dispatched to least recently (the last round went in the
+        # conversations' order). Were that c itself, a new conversation takes c's turn first.
+        recency = [c.node for c in conversations]
+        newcomers = []
+        if least_recent(recency) == "c":
+            newcomers.append(Conversation(CONVERSATIONS))
+            assert (await newcomers[0].say(port)).node == "c"
+            recency.append("c")
         (on_c, *_) = [c for c in conversations if c.node == "c"]
-        assert (await on_c.say(port)).node == "a"
+        assert (await on_c.say(port)).node == least_recent(recency) != "c"
+        conversations = [*conversations, *newcomers]
 
         by_node = served(conversations)
-        seen = await caches(admin, CONVERSATIONS * (1 + LATER_TURNS) + 1)
+        seen = await caches(admin, CONVERSATIONS * (1 + LATER_TURNS) + 1 + len(newcomers))
         for node, turns in by_node.items():
             prompt = sum(t.prompt_tokens for t in turns)
             cached = sum(t.cached_tokens for t in turns)
@@ -266,11 +283,13 @@ async def test_the_status_page_shows_each_nodes_cache_share_and_the_suspension(
 @pytest_twisted.ensureDeferred
 async def test_with_affinity_off_the_later_turns_go_by_the_plain_order(tmp_path: Path) -> None:
     """``[scheduling] affinity = false``: the same conversations start on every node, by load,
-    but each later turn goes by the plain order — all idle, the first node by id — and reads
-    from cache only what that node happens to hold."""
+    but each later turn goes by the plain order — all idle, the node dispatched to least
+    recently — and reads from cache only what that node happens to hold: the two conversations
+    that started on ``a`` go on on every node in turn, never only on ``a``."""
     async with three_nodes(tmp_path, affinity=False) as (_proxy, port, admin, sims):
         conversations = await start(port, sims)
-        for conversation in conversations:
-            assert (await conversation.say(port)).node == "a"
+        on_a = [c for c in conversations if c.node == "a"]
+        nodes = [(await c.say(port)).node for _ in range(3) for c in on_a]
+        assert set(nodes[:3]) == set(NODES) and nodes[3:] == nodes[:3], nodes
         _, status = await admin_get(admin, "/status")
         assert status["affinity"] == {"enabled": False, "slack": 2, "entries": 0, "bound": 100_000}

@@ -267,7 +267,9 @@ async def test_a_failing_node_is_held_back_and_returns(tmp_path: Path) -> None:
             await sleep(2.1)
             assert await generate(port) == (200, "a", None)
             assert posts(a) == 4
-            # Healthy again, and first by id among equally warm nodes.
+            # Healthy again: it takes turns with b, equally warm, the one dispatched to least
+            # recently first (docs/fleet-scheduling.md#ties-spread).
+            assert await generate(port) == (200, "b", None)
             assert await generate(port) == (200, "a", None)
             await proxy.wait_for_log(lambda r: "answers again" in str(r.get("msg", "")))
             assert log_problems(proxy) == []

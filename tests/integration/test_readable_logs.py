@@ -117,7 +117,9 @@ async def test_a_failover_read_back_from_the_log(tmp_path: Path, fmt: str) -> No
         assert re.fullmatch(
             r".* info  POST /completion 200 engine=llamacpp facade=llamacpp route=inference "
             r"outcome=served node=b attempts=2 ttfb_ms=[\d.]+ duration_ms=[\d.]+ "
-            r"client=127\.0\.0\.1",
+            # A first prompt: its conversation is new to the fleet (docs/fleet-scheduling.md
+            # #what-the-operator-sees-of-affinity).
+            r"client=127\.0\.0\.1 affinity=new",
             failover,
         ), failover
     else:

@@ -3,8 +3,9 @@
 docs/operations.md#recent-workloads and #the-status-page): ``recent`` in ``/status``, and the
 live status page at ``/`` in headless Chromium.
 
-Two simulated Ollama nodes own the model; the first, by id, answers every inference request
-503, so each request fails over to the second. The page test names the nodes with markup, as a
+Two simulated Ollama nodes own the model; the first by id, which is then each time the one
+dispatched to least recently, answers every inference request 503, so each request fails over
+to the second. The page test names the nodes with markup, as a
 careless or hostile fleet file could: the page must show it as text.
 """
 
@@ -63,10 +64,13 @@ async def failing_over(
 
 
 @contextlib.asynccontextmanager
-async def every_node_up(tmp_path: Path, fleet: Path, admin: int) -> AsyncIterator[ProxyProcess]:
-    """The proxy over ``fleet`` with its admin listener on ``admin``, once it is ready and every
-    node of every engine is up."""
-    async with running_proxy(tmp_path, "--fleet", str(fleet), "--admin-port", str(admin)) as proxy:
+async def every_node_up(
+    tmp_path: Path, fleet: Path, admin: int, *options: str
+) -> AsyncIterator[ProxyProcess]:
+    """The proxy over ``fleet`` with its admin listener on ``admin`` (and ``options``), once it
+    is ready and every node of every engine is up."""
+    args = ("--fleet", str(fleet), "--admin-port", str(admin), *options)
+    async with running_proxy(tmp_path, *args) as proxy:
 
         async def all_up() -> bool:
             try:

@@ -157,13 +157,14 @@ async def test_the_next_turn_goes_back_to_the_node_that_holds_the_conversation(
         cache = {node["id"]: node["cache"] for node in status["nodes"]["llamacpp"]}
         assert cache["b-node"]["answers"] == 2 and cache["b-node"]["share"] > 0.3
         assert cache["b-node"]["suspendedUntil"] is None
-        # Affinity off by SIGHUP: the same conversation goes by the plain order, to a-node, and
+        # Affinity off by SIGHUP: the first conversation goes by the plain order — both idle,
+        # to b-node, dispatched to least recently (docs/fleet-scheduling.md#ties-spread) — and
         # reads its whole history there.
         fleet.write_text(fleet_text(port, nodes, affinity=False))
         os.kill(proxy.pid, signal.SIGHUP)
         await proxy.wait_for_log(lambda r: "fleet file reloaded" in str(r.get("msg")))
-        plain = await turn(port, second, message(5))
-        assert plain.node == "a-node"
+        plain = await turn(port, first, message(5))
+        assert plain.node == "b-node"
         assert plain.cached_tokens < plain.prompt_tokens // 2
         _, status = await admin_get(admin, "/status")
         assert status["affinity"] == {

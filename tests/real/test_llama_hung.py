@@ -86,8 +86,10 @@ async def status_of(admin: int, node: str) -> dict[str, Any]:
 async def test_a_stopped_engine_stops_being_dispatched_to_within_5s_and_comes_back(
     tmp_path: Path, pair: tuple[LlamaServer, LlamaServer]
 ) -> None:
-    """Both servers idle, ``a`` first by id. Stopped and left alone, ``a`` gets nothing sent
-    to it 4.5 s later: its unanswered probe has sent it after ``b`` already, or it is hung.
+    """Both servers idle: ``a`` first by id, then ``b``, so that ``a`` is the one dispatched
+    to least recently (docs/fleet-scheduling.md#ties-spread). Stopped and left alone, ``a``
+    gets nothing sent to it 4.5 s later: its unanswered probe has sent it after ``b`` already,
+    or it is hung.
     Once hung, ``/status`` says so and why. SIGCONT: ``a`` is up and serves again."""
     a, b = pair
     admin = free_port()
@@ -97,13 +99,14 @@ async def test_a_stopped_engine_stops_being_dispatched_to_within_5s_and_comes_ba
         port,
     ):
         assert (await chat(port))[:2] == (200, "a")
+        assert (await chat(port))[:2] == (200, "b")
         os.kill(a.process.pid, signal.SIGSTOP)
         stopped_at = time.time()
         await sleep(4.5)
         began = time.monotonic()
         assert await chat(port) == (200, "b", None)
         assert time.monotonic() - began < 1
-        assert placed(proxy) == ["a", "b"]
+        assert placed(proxy) == ["a", "b", "b"]
         await sleep(max(0.0, stopped_at + 6.5 - time.time()))
         detected = hung_after(proxy, stopped_at)
         print(f"a stopped engine found hung {detected:.2f}s after SIGSTOP")
@@ -124,7 +127,7 @@ async def test_a_stopped_engine_stops_being_dispatched_to_within_5s_and_comes_ba
             await sleep(0.1)
         print(f"a up again {time.monotonic() - resumed:.2f}s after SIGCONT")
         assert (await chat(port))[:2] == (200, "a")
-        assert "a" not in placed(proxy)[2:-1]
+        assert "a" not in placed(proxy)[3:-1]
         assert [p for p in log_problems(proxy) if "is hung" not in p] == []
 
 
@@ -139,13 +142,16 @@ async def test_an_attempt_waiting_on_a_stopped_engine_fails_over_within_6s(
     nodes = {"a": a.url, "b": b.url}
     async with fleet_proxy(tmp_path, nodes, "--log-level", "debug") as (proxy, port):
         assert (await chat(port))[:2] == (200, "a")
+        # Ties spread: the next new conversation goes to b, which leaves a the one dispatched
+        # to least recently, first for the request after (docs/fleet-scheduling.md#ties-spread).
+        assert (await chat(port))[:2] == (200, "b")
         os.kill(a.process.pid, signal.SIGSTOP)
         began = time.monotonic()
         assert await chat(port) == (200, "b", None)
         took = time.monotonic() - began
         print(f"an attempt waiting on a stopped engine failed over after {took:.2f}s")
         assert took < 6.5
-        assert placed(proxy) == ["a", "a", "b"]
+        assert placed(proxy) == ["a", "b", "a", "b"]
         assert [p for p in log_problems(proxy) if "is hung" not in p] == []
 
 
