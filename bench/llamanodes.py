@@ -98,12 +98,13 @@ def llama_node(
     slots: int = 2,
     cache_ram_mib: int | None = None,
     extra: Sequence[str] = (),
+    slot_context: int = SLOT_CONTEXT,
 ) -> Iterator[LlamaNode]:
     """A fresh ``llama-server`` for ``model``, yielded once ``/health`` answers 200; ``extra``
     arguments go last."""
     port = free_port()
     argv = [str(binary()), "-m", str(model), "--alias", MODEL, "--host", "127.0.0.1"]
-    argv += ["--port", str(port), "-c", str(SLOT_CONTEXT * slots), "-np", str(slots)]
+    argv += ["--port", str(port), "-c", str(slot_context * slots), "-np", str(slots)]
     argv += ["-t", "1", "-tb", "1", "--seed", "7", "--metrics", "--no-warmup"]
     if cache_ram_mib is not None:
         argv += ["--cache-ram", str(cache_ram_mib)]

@@ -33,6 +33,7 @@ from bench.chatresults import SideSummary, Turn, side_table, summarize
 from bench.conversations import ChatMix, Conversation, chat_mix, fitted, user_text
 from bench.llamanodes import (
     MODEL,
+    SLOT_CONTEXT,
     LlamaNode,
     llama_node,
     model_path,
@@ -57,6 +58,10 @@ HISTORY_TOKENS = 2000
 
 #: The shared-prefix part's system prompt, in tokens (a coding assistant's is about this long).
 SHARED_TOKENS = 2000
+#: The shared-prefix part's turns and context per slot: the system prompt and four turns of
+#: 300-token messages fit the model's 4,096 positions; six would not.
+SHARED_TURNS = 4
+SHARED_SLOT_CONTEXT = 4096
 
 
 @attrs.frozen
@@ -174,6 +179,7 @@ def run_side(
     mix: ChatMix,
     model: Path,
     work: Path,
+    slot_context: int | None = None,
 ) -> SideRun:
     """Three fresh servers, a fresh proxy for ``side``, every conversation played through it."""
     affinity = side != "affinity-off"
@@ -184,7 +190,11 @@ def run_side(
             # keeps no prompt cache to speak of, so the most conversations meet the correction.
             uncached = side == CORRECTION and name == UNCACHED
             node = llama_node(
-                name, model, slots=1 if uncached else 2, cache_ram_mib=0 if uncached else None
+                name,
+                model,
+                slots=1 if uncached else 2,
+                cache_ram_mib=0 if uncached else None,
+                slot_context=SLOT_CONTEXT if slot_context is None else slot_context,
             )
             nodes.append(stack.enter_context(node))
         running = stack.enter_context(proxy(nodes, affinity, work))
@@ -264,8 +274,17 @@ def run(plan: Plan, results: Results, work: Path, names: Sequence[str]) -> None:
         for line in side_table(summaries):
             _say(f"    {line}")
         if plan.multiturn_shared:
-            shared = [attrs.evolve(c, system=calibration.system) for c in conversations]
-            _shared_part(results, names, r, shared, mix, model, work)
+            shared = [
+                attrs.evolve(
+                    c,
+                    system=calibration.system,
+                    messages=c.messages[:SHARED_TURNS],
+                    thinks=c.thinks[: SHARED_TURNS - 1],
+                )
+                for c in conversations
+            ]
+            shared_mix = attrs.evolve(mix, turns=SHARED_TURNS)
+            _shared_part(results, names, r, shared, shared_mix, model, work)
 
 
 def _shared_part(
@@ -284,7 +303,7 @@ def _shared_part(
         sub = work / f"multiturn-shared-{side}-{r}"
         sub.mkdir()
         try:
-            played = run_side(side, conversations, mix, model, sub)
+            played = run_side(side, conversations, mix, model, sub, SHARED_SLOT_CONTEXT)
         except (RuntimeError, OSError) as error:
             results.note(f"multi-turn shared prefix round {r + 1} {side} failed: {error}")
             continue
