@@ -37,7 +37,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
 from nvpair.wire.cluster import Membership
-from nvpair.wire.sniffing import Held
+from nvpair.wire.held import Held
 from nvpair.wire.tls import MemberServer, server_context
 
 #: A handshake not done this long after its first byte closes the connection: a TLS state
