@@ -90,3 +90,38 @@ def test_the_enum_check_sees_one(tmp_path: Path) -> None:
         "probe.py:5 _A, _B = tuple(Phase)",
         "probe.py:6 _C, _D = [*Phase]",
     ]
+
+
+def gather_uses(path: Path) -> list[str]:
+    """Each place ``path`` enters :data:`nvpair.wire.outlet.GATHER` (``with GATHER:``) or sets
+    one of its attributes by hand."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.With):
+            entered = [item.context_expr for item in node.items]
+            if any(isinstance(e, ast.Name) and e.id == "GATHER" for e in entered):
+                found.append(f"{path.name}:{node.lineno} with")
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "GATHER"
+                ):
+                    found.append(f"{path.name}:{node.lineno} set")
+    return found
+
+
+def test_sends_are_gathered_in_one_place() -> None:
+    """Whether a send leaves now depends on whether a read is being handled beneath it
+    (docs/performance.md#one-send-per-read): that is decided in one place, in one block."""
+    found = {name: uses for name, path in module_names().items() if (uses := gather_uses(path))}
+    assert list(found) == ["nvpair.wire.upstream_conn"]
+    assert [use.rpartition(" ")[2] for use in found["nvpair.wire.upstream_conn"]] == ["with"]
+
+
+def test_the_gather_check_sees_a_hand_set_depth(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("with GATHER:\n    pass\nGATHER.depth += 1\n")
+    assert gather_uses(probe) == ["probe.py:1 with", "probe.py:3 set"]

@@ -220,23 +220,19 @@ class UpstreamConnection(AnswerReader):
         flow.feeding = True
         # What this read makes anyone send leaves once it has been handled: a stream's last
         # piece with the terminator its end writes (docs/performance.md#one-send-per-read).
-        gather = GATHER
-        gather.depth += 1
-        try:
+        with GATHER:
             try:
-                parser.feed_data(data)
-                if rest:
-                    if self._pending is None:
-                        raise BadResponse(f"response head over {MAX_HEAD} bytes")
-                    parser.feed_data(rest)
-            except Exception as error:
-                problem = self._failure or error
-            self._after_feed(problem)
-        finally:
-            flow.feeding = False
-            gather.depth -= 1
-            if not gather.depth and gather.outlets:
-                gather.release()
+                try:
+                    parser.feed_data(data)
+                    if rest:
+                        if self._pending is None:
+                            raise BadResponse(f"response head over {MAX_HEAD} bytes")
+                        parser.feed_data(rest)
+                except Exception as error:
+                    problem = self._failure or error
+                self._after_feed(problem)
+            finally:
+                flow.feeding = False
         if flow.want_pause:
             flow.settle(self._response is not None)
 
