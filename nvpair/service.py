@@ -392,6 +392,6 @@ def build(
             from nvpair.observe.adminguard import lan_factory
 
             where = (lan.admin.bind, config.admin_port)
-            on_lan = (where[0], lan_factory(clock, site.resource, lan, bounds, where))
+            on_lan = (lan.admin.bind, lan_factory(clock, site.resource, lan, bounds, where))
         AdminListener(reactor, config.admin_port, site, root.fail, on_lan).setServiceParent(root)
     return root
