@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import IO, NoReturn
 
@@ -25,6 +26,14 @@ PROG = "nvpair-proxy"
 #: Where ``pip install`` puts the pages of docs/, under the environment's prefix
 #: (pyproject.toml's data-files): there is no public web copy to link to.
 INSTALLED_DOCS = Path("share", "doc", PROG)
+
+
+def version() -> str:
+    """nvpair-proxy's version, from the installed package's metadata."""
+    try:
+        return metadata.version("nvpair-proxy")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def docs_dir(prefix: str = sys.prefix) -> Path:

@@ -22,6 +22,7 @@ from twisted.web.iweb import IPolicyForHTTPS
 from nvpair.broker.link import BrokerProtocol
 from nvpair.broker.methods import BrokerMethods
 from nvpair.broker.outboxes import BrokerOutbox, LogOutbox
+from nvpair.cli_actions import version
 from nvpair.common.logs import LogObserver, chosen_format
 from nvpair.common.twistedlines import TwistedLines, event_loop
 from nvpair.config import Config
@@ -211,8 +212,6 @@ def _peer_tls(
 def _observer(reactor: object, config: Config, out: IO[str]) -> LogObserver:
     """The log: text for a person at a terminal, else JSON (``--log-format``); Twisted's own
     lines in the process's words either way."""
-    from nvpair.tap import version
-
     text = chosen_format(config.log_format, out) == "text"
     lines = TwistedLines(version(), event_loop(reactor))
     return LogObserver(out, config.log_level, text=text, readable=lines)
@@ -393,6 +392,6 @@ def build(
             from nvpair.observe.adminguard import lan_factory
 
             where = (lan.admin.bind, config.admin_port)
-            on_lan = (where[0], lan_factory(clock, site.resource, lan, bounds, where))
+            on_lan = (lan.admin.bind, lan_factory(clock, site.resource, lan, bounds, where))
         AdminListener(reactor, config.admin_port, site, root.fail, on_lan).setServiceParent(root)
     return root

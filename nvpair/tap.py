@@ -13,7 +13,6 @@ import atexit
 import os
 import sys
 from collections.abc import Callable, Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -21,7 +20,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from nvpair.cli_actions import PROG as PROG
-from nvpair.cli_actions import ActionOptions, docs_dir
+from nvpair.cli_actions import ActionOptions, docs_dir, version
 from nvpair.common.durations import parse_duration
 from nvpair.common.logs import parse_level, parse_log_format
 from nvpair.config import DEFAULTS, Config, parse_count
@@ -44,14 +43,6 @@ if TYPE_CHECKING:
 
 #: The exit status of a usage error (POSIX utilities' and argparse's convention).
 USAGE_STATUS = 2
-
-
-def version() -> str:
-    """nvpair-proxy's version, from the installed package's metadata."""
-    try:
-        return metadata.version("nvpair-proxy")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def usage_exit(error: usage.UsageError, err: IO[str] | None = None) -> NoReturn:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections import namedtuple
+from collections.abc import Callable
+from types import FunctionType
+from typing import Any, get_type_hints
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvpair.dispatch.budget import BACKOFF_CAP, RetryBudget
+from nvpair.dispatch.budget import BACKOFF_CAP, Bounds, RetryBudget
 
 budgets = st.builds(
     RetryBudget.start,
@@ -135,3 +140,102 @@ def test_the_wait_that_ran_out_is_the_earlier_bound(
         assert ran_out
     else:
         assert not ran_out  # the deadline ran out (first)
+
+
+#: What each method that returns a new budget means to change; every other field it keeps.
+CHANGES: dict[str, frozenset[str]] = {
+    "spend": frozenset({"used"}),
+    "backed_off": frozenset({"backoff"}),
+    "owners_gone": frozenset({"owner_deadline"}),
+    "owners_back": frozenset({"owner_deadline"}),
+}
+
+#: What each such method is given, by its parameter's name.
+ARGUMENTS: dict[str, st.SearchStrategy[Any]] = {
+    "now": st.floats(0, 1e6),
+    "limit": st.floats(0, 3600),
+}
+
+
+def evolving(cls: type[RetryBudget]) -> dict[str, Callable[..., RetryBudget]]:
+    """Each method of ``cls`` that returns a new budget from one, by name."""
+    return {
+        name: value
+        for name, value in vars(cls).items()
+        if isinstance(value, FunctionType)
+        and not name.startswith("_")
+        and get_type_hints(value).get("return") is RetryBudget
+    }
+
+
+def with_a_field_added() -> type[Any]:
+    """:class:`RetryBudget` as it would be with one more field (``added``, last, defaulting to
+    None), every method of its own carried over unchanged."""
+    plain = set(vars(namedtuple("Plain", "x")))
+    fields = [*RetryBudget._fields, "added"]
+    base = namedtuple("Extended", fields, defaults=(*RetryBudget._field_defaults.values(), None))  # type: ignore[misc]
+    own = {
+        name: value
+        for name, value in vars(RetryBudget).items()
+        if name not in plain and name not in RetryBudget._fields and not name.startswith("__")
+    }
+    return type("Extended", (base,), {**own, "__slots__": ()})
+
+
+#: A budget as any point of a request's life may hold it, every field set.
+any_budget = st.builds(
+    RetryBudget,
+    max_attempts=st.integers(1, 20),
+    deadline=st.floats(0, 1e6),
+    first_backoff=st.sampled_from([0.0, 0.05, 1.0]),
+    used=st.integers(0, 20),
+    backoff=st.sampled_from([0.0, 0.05, 0.4, 8.0]),
+    owner_deadline=st.none() | st.floats(0, 1e6),
+)
+
+
+def test_every_method_that_returns_a_budget_says_what_it_changes() -> None:
+    assert set(evolving(RetryBudget)) == set(CHANGES)
+
+
+@given(any_budget, st.sampled_from(sorted(CHANGES)), st.data())
+def test_a_new_budget_keeps_every_field_it_does_not_mean_to_change(
+    budget: RetryBudget, name: str, data: st.DataObject
+) -> None:
+    """``spend`` once dropped ``owner_deadline`` (issue 34): no method loses a field."""
+    method = evolving(RetryBudget)[name]
+    parameters = list(inspect.signature(method).parameters)[1:]
+    after = method(budget, *(data.draw(ARGUMENTS[p], label=p) for p in parameters))
+    kept = set(RetryBudget._fields) - CHANGES[name]
+    assert {f: getattr(after, f) for f in kept} == {f: getattr(budget, f) for f in kept}
+
+
+@given(
+    budgets,
+    st.lists(st.sampled_from(sorted(CHANGES)), max_size=12),
+    st.data(),
+)
+def test_a_field_added_to_the_budget_survives_every_path(
+    budget: RetryBudget, steps: list[str], data: st.DataObject
+) -> None:
+    """Were a field added, every way to make or change a budget would carry it."""
+    extended = with_a_field_added()
+    marker = object()
+    made = extended.start(0.0, budget.deadline, budget.max_attempts, budget.first_backoff)
+    assert type(made) is extended and made.added is None
+    current = made._replace(added=marker)
+    for name in steps:
+        method = getattr(current, name)
+        parameters = list(inspect.signature(method).parameters)
+        current = method(*(data.draw(ARGUMENTS[p], label=p) for p in parameters))
+        assert type(current) is extended and current.added is marker, name
+
+
+@given(st.floats(0, 1e6), st.floats(0, 3600), st.integers(1, 20), st.floats(0, 8))
+def test_the_bounds_make_a_budget_as_start_does(
+    created: float, job_deadline: float, max_attempts: int, retry_backoff: float
+) -> None:
+    bounds = Bounds(1.0, 1.0, job_deadline, max_attempts, retry_backoff, 0.0)
+    assert bounds.budget(created) == RetryBudget.start(
+        created, job_deadline, max_attempts, retry_backoff
+    )

@@ -1,9 +1,10 @@
 """Imports among ``nvpair`` modules run one way: no cycle, and no engine knowledge in the wire.
 
-Read from the source, not from a running interpreter: every module's top-level imports count,
-those under ``if TYPE_CHECKING:`` too (a cycle hidden from the interpreter is still a cycle to a
-reader and to mypy). A submodule's import of its own package is not an edge: a package is
-always initialised before its submodules, whoever imports first.
+Read from the source, not from a running interpreter: every import statement of a module counts,
+wherever it stands — at the top, under ``if TYPE_CHECKING:``, or inside a function that defers
+it (a cycle hidden from the interpreter is still a cycle to a reader and to mypy). A submodule's
+import of its own package is not an edge: a package is always initialised before its
+submodules, whoever imports first.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import ast
 import importlib
 import re
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import nvpair
@@ -45,26 +45,11 @@ def module_names() -> dict[str, Path]:
     return names
 
 
-def _statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
-    """The module's own statements, descending into ``if`` and ``try`` (TYPE_CHECKING, optional
-    imports) but never into a function or a class."""
-    for node in body:
-        yield node
-        if isinstance(node, ast.If):
-            yield from _statements(node.body)
-            yield from _statements(node.orelse)
-        elif isinstance(node, ast.Try):
-            yield from _statements(node.body)
-            for handler in node.handlers:
-                yield from _statements(handler.body)
-            yield from _statements(node.orelse)
-
-
 def imported(name: str, path: Path, known: set[str]) -> set[str]:
-    """The ``nvpair`` modules ``name`` imports at its top level."""
+    """The ``nvpair`` modules ``name`` imports, anywhere in its source."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in _statements(ast.parse(path.read_text()).body):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -134,8 +119,9 @@ def test_the_facade_server_imports_nothing_that_knows_an_engine() -> None:
         assert reachable(graph, module) & ENGINE_AWARE == set(), module
 
 
-def test_the_checks_see_type_checking_imports_and_find_cycles(tmp_path: Path) -> None:
-    """The checks above cannot pass by reading nothing."""
+def test_the_checks_see_deferred_imports_and_find_cycles(tmp_path: Path) -> None:
+    """The checks above cannot pass by reading nothing: an import under ``TYPE_CHECKING`` and
+    one inside a function are edges as a top-level one is."""
     module = tmp_path / "b.py"
     module.write_text(
         "from typing import TYPE_CHECKING\n"
@@ -146,7 +132,11 @@ def test_the_checks_see_type_checking_imports_and_find_cycles(tmp_path: Path) ->
         "    import nvpair.cli\n"
     )
     known = {"nvpair.b", "nvpair.engines.table", "nvpair.facades.facade", "nvpair.cli", "nvpair"}
-    assert imported("nvpair.b", module, known) == {"nvpair.engines.table", "nvpair.facades.facade"}
+    assert imported("nvpair.b", module, known) == {
+        "nvpair.engines.table",
+        "nvpair.facades.facade",
+        "nvpair.cli",
+    }
     assert cycle_through({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 

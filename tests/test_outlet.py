@@ -126,13 +126,6 @@ def readable(pair: Pair) -> int:
     return int(struct.unpack("i", answer)[0])
 
 
-def gathering(depth: int) -> None:
-    """Enter (1) or leave (-1) a handled read as the upstream connection does."""
-    GATHER.depth += depth
-    if not GATHER.depth and GATHER.outlets:
-        GATHER.release()
-
-
 def paused(outlet: Outlet) -> bool:
     """Read through a call: it changes between two reads."""
     return outlet.paused
@@ -266,15 +259,11 @@ async def test_while_a_read_is_handled_sends_are_gathered_and_leave_as_one(pair:
     handled, then leaves in one send, in order (a stream's last piece and its terminator);
     a read inside another releases nothing."""
     last, end = b"data: last\n\n", b"0\r\n\r\n"
-    gathering(1)
-    try:
+    with GATHER:
         pair.outlet.send(last)
-        gathering(1)
-        pair.outlet.send(end)
-        gathering(-1)
+        with GATHER:
+            pair.outlet.send(end)
         assert readable(pair) == 0 and not pair.writing()
-    finally:
-        gathering(-1)
     assert readable(pair) == len(last + end)
     assert not pair.writing() and not GATHER.outlets
     await received(pair, len(last + end))
@@ -285,12 +274,9 @@ async def test_while_a_read_is_handled_sends_are_gathered_and_leave_as_one(pair:
 
 @pytest_twisted.ensureDeferred
 async def test_a_close_while_a_read_is_handled_sends_what_was_gathered_first(pair: Pair) -> None:
-    gathering(1)
-    try:
+    with GATHER:
         pair.outlet.send(b"the end")
         pair.outlet.close()
-    finally:
-        gathering(-1)
     await pair.client.closed
     assert pair.client.received == b"the end"
 
@@ -301,12 +287,9 @@ async def test_behind_queued_bytes_nothing_is_gathered(pair: Pair) -> None:
     held back and sent ahead of them."""
     pair.client.reading(False)
     pair.outlet.send(BIG)
-    gathering(1)
-    try:
+    with GATHER:
         pair.outlet.send(b"tail")
         assert not GATHER.outlets
-    finally:
-        gathering(-1)
     pair.client.reading(True)
     await received(pair, len(BIG) + 4)
     assert bytes(pair.client.received) == BIG + b"tail"

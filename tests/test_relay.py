@@ -61,27 +61,26 @@ def test_held_bytes_are_spliced_back_in_front() -> None:
     relay.connectionLost(Failure(ResponseDone()))
     assert b"".join(request.written) == b"abcde"
     assert request.finished and request.producer is None
-    assert result(relay.ended()) == BodyEnd(True)
+    assert result(relay.done) == BodyEnd(True)
 
 
 def test_a_whole_body_has_its_end_at_attach_and_one_still_coming_is_waited_for() -> None:
-    """A body that ended before the commit: its end is there to read once attached, with no
-    wait (docs/performance.md#one-wake-per-answer). A body still coming: the wait fires at its
-    end, with the same end."""
+    """A body that ended before the commit: its end has fired once attached, so the wait for
+    it does not sleep (docs/performance.md#one-wake-per-answer). A body still coming: the wait
+    fires at its end."""
     whole, _ = connected()
     whole.dataReceived(b"{}")
     whole.connectionLost(Failure(ResponseDone()))
     request = ClientRequest()
     whole.attach(request)
-    assert whole.end == BodyEnd(True) and request.finished
+    assert result(whole.done) == BodyEnd(True) and request.finished
     coming, _ = connected()
     coming.dataReceived(b"{")
     coming.attach(ClientRequest())
-    waiting = coming.ended()
-    assert coming.end is None and not waiting.called
+    assert not coming.done.called
     coming.dataReceived(b"}")
     coming.connectionLost(Failure(ResponseDone()))
-    assert result(waiting) == BodyEnd(True) == coming.end
+    assert result(coming.done) == BodyEnd(True)
 
 
 def test_attach_registers_upstream_as_streaming_producer() -> None:
@@ -130,7 +129,7 @@ def test_truncated_body_closes_the_client_without_finishing() -> None:
     relay.attach(request)
     relay.connectionLost(Failure(ConnectionLost()))
     assert request.lost and not request.finished
-    end = result(relay.ended())
+    end = result(relay.done)
     assert end.complete is False and end.reason is not None
 
 
@@ -144,7 +143,7 @@ def test_client_gone_stops_the_upstream_and_writes_nothing_more() -> None:
     relay.dataReceived(b"more")
     relay.connectionLost(Failure(ConnectionLost()))
     assert request.written == [b"x"] and not request.finished
-    assert result(relay.ended()).complete is False
+    assert result(relay.done).complete is False
 
 
 @pytest.mark.parametrize("error", [AttributeError, RuntimeError])
@@ -159,7 +158,7 @@ def test_finish_after_an_unreported_disconnect_is_tolerated(error: type[Exceptio
     request.finish = boom  # type: ignore[method-assign]
     relay.attach(request)
     relay.connectionLost(Failure(ResponseDone()))
-    assert result(relay.ended()).complete is True
+    assert result(relay.done).complete is True
 
 
 def test_every_attribute_of_a_relay_is_a_slot() -> None:

@@ -101,6 +101,6 @@ class LogOutbox:
     def call(self, method: str, params: dict[str, object]) -> Deferred[object]:
         return defer.succeed({})
 
-    #: Only while the log level is debug: otherwise an event would be built for nothing.
-    #: The gate itself, not a method calling it: asked several times per request.
-    wanted = staticmethod(debug_enabled)
+    def wanted(self) -> bool:
+        """Only while the log level is debug: otherwise an event would be built for nothing."""
+        return debug_enabled()

@@ -61,9 +61,11 @@ def renamed(body: bytes, name: str, member: str = "model") -> bytes | None:
     except (ValueError, RecursionError):
         return None
     # A string whose spelling holds anything between its quotes holds something.
-    if span is None or body[span[0] : span[0] + 1] != b'"' or span[1] - span[0] <= 2:
+    if span is None:
         return None
     first, last = span
+    if body[first : first + 1] != b'"' or last - first <= 2:
+        return None
     # ASCII escapes: the new value's bytes are UTF-8 whatever the name holds (even a lone
     # surrogate, which an engine's JSON may carry as an escape). One join over views: the body
     # is copied once, into the new one.

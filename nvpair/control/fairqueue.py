@@ -151,7 +151,7 @@ class Ledger:
         if not warm and own_node:
             return False
         load = self._load(node)
-        engine = node[0]
+        engine, _ = node
         per_model = model is not None and (
             engine != "llamacpp" or any(key == model for key, _, _ in load.model_slots)
         )

@@ -29,8 +29,10 @@ class RetryBudget(NamedTuple):
 
     A NamedTuple: two are made per request (at admission and at its dispatch), immutable for
     a fraction of what a frozen attrs class costs to make
-    (docs/performance.md#per-dispatch-overheads). Made by :meth:`start` (or
-    :meth:`Bounds.budget`), which set :attr:`backoff` to the first one.
+    (docs/performance.md#per-dispatch-overheads). Made only by :meth:`start`, which sets
+    :attr:`backoff` to the first one, and changed only through ``_replace``, which carries over
+    every field it is not told to change: a field added here cannot be dropped on the way
+    (``tests/test_budget.py`` adds one and follows it through every method).
 
     :ivar max_attempts: dispatches allowed in all.
     :ivar deadline: the clock time after which no new dispatch starts.
@@ -53,7 +55,13 @@ class RetryBudget(NamedTuple):
         cls, created: float, job_deadline: float, max_attempts: int, retry_backoff: float
     ) -> RetryBudget:
         """A fresh budget for a request admitted at ``created``."""
-        return cls(max_attempts, created + job_deadline, retry_backoff, 0, retry_backoff)
+        return cls(
+            max_attempts=max_attempts,
+            deadline=created + job_deadline,
+            first_backoff=retry_backoff,
+            used=0,
+            backoff=retry_backoff,
+        )
 
     def refusal(self, now: float) -> Reason | None:
         """Why no dispatch may start now (docs/retry-budget.md#the-bounds), or None when one may."""
@@ -65,11 +73,7 @@ class RetryBudget(NamedTuple):
 
     def spend(self) -> RetryBudget:
         """One dispatch started."""
-        # Built directly rather than with _replace, which goes through keywords: this runs
-        # once per dispatch (bench/README.md, request-path cost).
-        return RetryBudget(
-            self.max_attempts, self.deadline, self.first_backoff, self.used + 1, self.backoff
-        )
+        return self._replace(used=self.used + 1)
 
     @property
     def final(self) -> bool:
@@ -154,10 +158,6 @@ class Bounds:
 
     def budget(self, created: float) -> RetryBudget:
         """A fresh budget for a request admitted at ``created``."""
-        return RetryBudget(
-            self.max_dispatch_attempts,
-            created + self.job_deadline,
-            self.retry_backoff,
-            0,
-            self.retry_backoff,
+        return RetryBudget.start(
+            created, self.job_deadline, self.max_dispatch_attempts, self.retry_backoff
         )

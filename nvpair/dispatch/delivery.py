@@ -120,7 +120,7 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
             relay.set_tap(lambda chunk: feed(chunk, clock.seconds()))
     relay.attach(request)
     try:
-        end = relay.end if relay.end is not None else await relay.ended()
+        end = await relay.done
     except CancelledError:
         relay.client_gone()
         raise

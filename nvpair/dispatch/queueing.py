@@ -114,7 +114,9 @@ class FleetQueue:
         """(facade, model as shown) -> requests waiting, for the metrics."""
         depths: dict[tuple[str, str], int] = {}
         for waiter in self._entries:
-            facade = waiter.group[0] if isinstance(waiter.group, tuple) else ""
+            facade = ""
+            if isinstance(waiter.group, tuple):
+                facade, _ = waiter.group
             key = (str(facade), waiter.shown)
             depths[key] = depths.get(key, 0) + 1
         return depths

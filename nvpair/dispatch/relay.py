@@ -135,15 +135,14 @@ class BodyRelay(Protocol):
 
     :ivar first: what opened the gate (:class:`First`), or the transport error that ended the
         body before any byte; None until one of them came. :meth:`gate` waits for it.
-    :ivar end: how the relayed body ended (only after :meth:`attach`), once it has; None until
-        then. :meth:`ended` waits for it.
+    :ivar done: fires with :class:`BodyEnd` once the relayed body has ended (only after
+        :meth:`attach`).
     """
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
         "_client_gone",
         "_deadline",
-        "_done",
         "_ended",
         "_gate",
         "_guard",
@@ -153,7 +152,7 @@ class BodyRelay(Protocol):
         "_state",
         "_tap",
         "connected",
-        "end",
+        "done",
         "first",
         "transport",
     )
@@ -171,11 +170,7 @@ class BodyRelay(Protocol):
         # Made only for a wait: most answers bring their first byte with their head, and nobody
         # waits (docs/performance.md#one-wake-per-answer).
         self._gate: Deferred[First] | None = None
-        # As the gate: made only for a wait. A whole answer has ended by the time it is
-        # attached, and whoever delivers it reads :attr:`end` at once
-        # (docs/performance.md#one-wake-per-answer).
-        self._done: Deferred[BodyEnd] | None = None
-        self.end: BodyEnd | None = None
+        self.done: Deferred[BodyEnd] = Deferred()
         self._state = _State.WAITING
         self._held = b""
         self._ended: Failure | None = None
@@ -237,15 +232,6 @@ class BodyRelay(Protocol):
             if self.first is not None:
                 self._fire(gate, self.first)
         return gate
-
-    def ended(self) -> Deferred[BodyEnd]:
-        """Fires with :attr:`end` once the relayed body has ended (at once if it has)."""
-        done = self._done
-        if done is None:
-            done = self._done = Deferred()
-            if self.end is not None:
-                done.callback(self.end)
-        return done
 
     def set_deadline(self, wrap: Callable[[IPushProducer], WriteDeadline]) -> None:
         """Wrap the upstream before it is registered as the client's producer (for a
@@ -355,7 +341,7 @@ class BodyRelay(Protocol):
             upstream.pauseProducing()
 
     def _finish(self, reason: Failure) -> None:
-        if self.end is not None:
+        if self.done.called:
             return
         if self._guard is not None:
             # Paused by the client when the body ended, the deadline would otherwise fire
@@ -378,6 +364,4 @@ class BodyRelay(Protocol):
             except (AttributeError, RuntimeError):
                 pass
         cut = not clean and not self._client_gone
-        end = self.end = BodyEnd(complete, None if complete else reason, cut)
-        if self._done is not None:
-            self._done.callback(end)
+        self.done.callback(BodyEnd(complete, None if complete else reason, cut))

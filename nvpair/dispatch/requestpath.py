@@ -266,8 +266,6 @@ def outcome(job: Job) -> str:
 
 def counted(counter: RequestCounter, job: Job, now: float) -> None:
     """One ended request, counted (docs/operations.md#metrics)."""
-    if counter is NOT_COUNTED:
-        return  # no admin listener: nothing to build the record for
     admitted, committed = job.admitted, job.committed_at
     counter.request_ended(
         admitted.engine.id,

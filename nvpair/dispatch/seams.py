@@ -12,7 +12,7 @@ one implementation of each (docs/request-path.md#seams):
   ``--owner-wait`` (docs/fleet-scheduling.md).
 - **with an admin listener** :class:`nvpair.observe.recent.RecentWorkloads` records and
   :class:`nvpair.observe.metrics.Metrics` counts; without one, :data:`NOT_RECORDED` and
-  :data:`NOT_COUNTED` do nothing, and nothing is allocated for them per request.
+  :data:`NOT_COUNTED` do nothing, shared by every request.
 """
 
 from __future__ import annotations

@@ -194,7 +194,8 @@ def with_other_names(
     """
     behind: dict[str, tuple[str, set[str]]] = {}
     for other in names:
-        behind.setdefault(other.key, (other.name, set()))[1].add(other.reported_key)
+        _, reported = behind.setdefault(other.key, (other.name, set()))
+        reported.add(other.reported_key)
     first: dict[str, int] = {}
     for index, entry in enumerate(entries):
         first.setdefault(engine.model_key(_key(route, entry)), index)

@@ -337,22 +337,22 @@ def read_llamacpp_slots(
     list with one object per slot, ``is_processing`` true while it generates (builds before
     late 2024 said ``state``: 0 idle, 1 processing) — a server started with ``--no-slots``
     answers an error there, and its slot count stays unknown; or a router's per-model ones."""
-    if answers and answers[0][0] is None:
-        answer = answers[0][1]
-        if state.slots is not None:
-            body = answer.body if answer is not None and answer.status == 200 else b""
-            busy = llamametrics.requests_processing(body, state.slots)
-            return evolve(state, slots=None) if busy is None else evolve(state, busy=busy)
-        if answer is not None and answer.status == 400:
-            # A router (a server with one model never answers 400 here) that said so nowhere
-            # else this time.
-            return UNKNOWN
-        slots = _slots(_json(answer))
-        if slots is None:
-            return state
-        total, busy = slots
-        return LoadState(warm_all=True, slots=total, busy=busy)
-    return read_router_slots(state, answers, key)
+    model, answer = answers[0] if answers else ("", None)  # none at all: read as a router's
+    if model is not None:  # a single server's first reading names no model
+        return read_router_slots(state, answers, key)
+    if state.slots is not None:
+        body = answer.body if answer is not None and answer.status == 200 else b""
+        busy = llamametrics.requests_processing(body, state.slots)
+        return evolve(state, slots=None) if busy is None else evolve(state, busy=busy)
+    if answer is not None and answer.status == 400:
+        # A router (a server with one model never answers 400 here) that said so nowhere
+        # else this time.
+        return UNKNOWN
+    slots = _slots(_json(answer))
+    if slots is None:
+        return state
+    total, busy = slots
+    return LoadState(warm_all=True, slots=total, busy=busy)
 
 
 def _slots(document: object) -> tuple[int, int] | None:

@@ -200,7 +200,8 @@ def _tls(table: Mapping[str, object], fleet_dir: Path, environ: Mapping[str, str
     key = _read("access.tls-key", key_path)
     problem = pem_problem(cert, key)
     if problem is not None:
-        raise _fail(problem[0], problem[1])
+        where, why = problem
+        raise _fail(where, why)
     return LanTls(cert, key)
 
 

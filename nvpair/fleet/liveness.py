@@ -155,12 +155,6 @@ class LivenessProbes:
     def hung(self, engine: str, node: str) -> bool:
         return self.of(engine, node).hung
 
-    def suspect(self, engine: str, node: str) -> bool:
-        """Whether the node's last probe went unanswered (:attr:`Liveness.suspect`); asked for
-        every candidate of every round, in one call."""
-        watched = self._watched.get((engine, node))
-        return watched is not None and watched.liveness.silent > 0
-
     def why(self, engine: str, node: str) -> str | None:
         """Why the node is hung, as an operator reads it; None while it is not."""
         liveness = self.of(engine, node)

@@ -235,7 +235,8 @@ class FleetService(Service):
                 self._pairs[key] = pairs[key]
             else:
                 self._add(key, url, now=True)
-                touched.add(key[1])
+                _, engine = key
+                touched.add(engine)
         for engine in touched:
             self._discovery.publish(engine)
         # A reload before the first round ended may have removed what it waited for.
@@ -274,7 +275,8 @@ class FleetService(Service):
         return {p.node: p.url for p in self._pairs.values() if p.engine == engine}
 
     def _add(self, key: tuple[str, str], url: str, now: bool) -> None:
-        pair = Pair(key[0], key[1], url)
+        node, engine = key
+        pair = Pair(node, engine, url)
         self._pairs[key] = pair
         self._schedule(pair, now)
         self._probe(pair)

@@ -234,7 +234,7 @@ class FleetScheduler:
             load = load.assuming(sent, self._room.get(key, 1))
         held = self.health.held(engine, node)
         if not held and self.liveness is not None:
-            held = self.liveness.suspect(engine, node)
+            held = self.liveness.of(engine, node).suspect
         return Standing(load, held, self._last.get(key, 0))
 
     def plan(

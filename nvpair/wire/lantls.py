@@ -37,7 +37,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
 from nvpair.wire.cluster import Membership
-from nvpair.wire.sniffing import Held
+from nvpair.wire.held import Held
 from nvpair.wire.tls import MemberServer, server_context
 
 #: A handshake not done this long after its first byte closes the connection: a TLS state
@@ -98,7 +98,10 @@ class GatewayServer:
     ) -> None:
         self._membership = membership
         self._lan = lan
-        self._cache: tuple[Membership, SSL.Context, SSL.Context] | None = None
+        #: The member context last made, and the membership and LAN context it was made from.
+        self._member: SSL.Context | None = None
+        self._made_for: Membership | None = None
+        self._made_with: SSL.Context | None = None
 
     def _context(self) -> SSL.Context:
         membership, lan = self._membership(), self._lan()
@@ -106,10 +109,11 @@ class GatewayServer:
             raise SSL.Error("no TLS for LAN callers")
         if membership is None:
             return lan
-        cache = self._cache
-        if cache is None or cache[0] is not membership or cache[1] is not lan:
-            cache = self._cache = (membership, lan, _open_member_context(membership, lan))
-        return cache[2]
+        context = self._member
+        if context is None or self._made_for is not membership or self._made_with is not lan:
+            context = self._member = _open_member_context(membership, lan)
+            self._made_for, self._made_with = membership, lan
+        return context
 
     def serverConnectionForTLS(self, tlsProtocol: TLSMemoryBIOProtocol) -> SSL.Connection:
         connection = SSL.Connection(self._context(), None)

@@ -67,24 +67,38 @@ class _Transport(Protocol):
 
 
 class Gathering:
-    """Whether sends are being gathered, and the outlets holding some (see the module
-    docstring). One per process: :data:`GATHER`."""
+    """Sends gathered while an upstream read is handled: ``with GATHER:`` around the handling,
+    and only there (:meth:`nvpair.wire.upstream_conn.UpstreamConnection.dataReceived`). What
+    any outlet sends meanwhile is held in it and leaves in one send as the block ends (see the
+    module docstring).
+
+    One per process, :data:`GATHER`, since the outlets a read writes to (the facade connection
+    a relay answers on, say) are not the upstream connection's to know. A read handled inside
+    another (in memory, a test's transports deliver at once) sends when the outermost ends.
+
+    :ivar depth: reads being handled now; read by :meth:`Outlet.send`, changed only by
+        entering and leaving.
+    :ivar outlets: the outlets holding gathered bytes.
+    """
 
     __slots__ = ("depth", "outlets")
 
     def __init__(self) -> None:
-        #: Reads being handled that gather (one inside another is possible, never needed).
         self.depth = 0
         self.outlets: list[Outlet] = []
 
-    def release(self) -> None:
-        """Send what each outlet gathered (the outermost read has been handled)."""
-        outlets, self.outlets = self.outlets, []
-        for outlet in outlets:
-            outlet.release()
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.depth -= 1
+        if not self.depth and self.outlets:
+            outlets, self.outlets = self.outlets, []
+            for outlet in outlets:
+                outlet.release()
 
 
-#: Entered by the upstream connection's ``dataReceived`` (nvpair.wire.upstream_conn).
+#: Entered by the upstream connection's ``dataReceived`` (nvpair.wire.upstream_conn), only.
 GATHER = Gathering()
 
 

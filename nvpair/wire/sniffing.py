@@ -19,13 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.interfaces import (
-    IAddress,
-    IDelayedCall,
-    IProtocol,
-    IProtocolFactory,
-    IReactorTime,
-)
+from twisted.internet.interfaces import IAddress, IProtocol, IProtocolFactory, IReactorTime
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -33,6 +27,7 @@ from twisted.python.failure import Failure
 from nvpair.common import trim
 from nvpair.wire.cluster import Membership
 from nvpair.wire.connbounds import ConnectionCounts, Refused, source_of
+from nvpair.wire.held import Held
 
 if TYPE_CHECKING:
     from OpenSSL import SSL
@@ -42,49 +37,6 @@ if TYPE_CHECKING:
 SNIFF_TIMEOUT = 10.0
 
 _TLS_HANDSHAKE = 0x16
-
-
-class Held(Protocol):
-    """A new connection held until something about it is known, within ``timeout`` seconds
-    (else aborted), then handed to a delegate with the real transport."""
-
-    def __init__(self, clock: IReactorTime, timeout: float, address: IAddress) -> None:
-        self._clock = clock
-        self._timeout = timeout
-        self._address = address
-        self._delegate: IProtocol | None = None
-        self._timer: IDelayedCall | None = None
-
-    def connectionMade(self) -> None:
-        self._timer = self._clock.callLater(self._timeout, self.abort)
-
-    def _disarm(self) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-
-    def abort(self) -> None:
-        """Close the connection at once, unanswered."""
-        self._disarm()
-        if self.transport is not None:
-            self.transport.abortConnection()  # type: ignore[attr-defined]
-
-    def hand_over(self, delegate: IProtocol | None) -> bool:
-        """Give the connection to ``delegate`` (None: close it); whether it was given."""
-        self._disarm()
-        transport = self.transport
-        assert transport is not None
-        if delegate is None:
-            transport.loseConnection()
-            return False
-        self._delegate = delegate
-        delegate.makeConnection(transport)
-        return True
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._disarm()
-        if self._delegate is not None:
-            self._delegate.connectionLost(reason)
 
 
 class _Sniffer(Held):

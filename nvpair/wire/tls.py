@@ -101,8 +101,10 @@ class PinnedPeers:
         node_id = self._node_for(host, port)
         expected = membership.pins.get(node_id) if node_id is not None else None
         cached = self._creators.get((host, port))
-        if cached is not None and cached[0] is membership and cached[1] == expected:
-            return cached[2]
+        if cached is not None:
+            made_for, pinned, made = cached
+            if made_for is membership and pinned == expected:
+                return made
 
         def verify(
             connection: SSL.Connection, certificate: crypto.X509, errno: int, depth: int, ok: int
@@ -122,15 +124,19 @@ class MemberServer:
 
     def __init__(self, membership: Callable[[], Membership | None]) -> None:
         self._membership = membership
-        self._cache: tuple[Membership, SSL.Context] | None = None
+        #: The context last made, and the membership it was made from.
+        self._made_for: Membership | None = None
+        self._context: SSL.Context | None = None
 
     def serverConnectionForTLS(self, tlsProtocol: TLSMemoryBIOProtocol) -> SSL.Connection:
         membership = self._membership()
         if membership is None:
             raise SSL.Error("not a cluster member")
-        if self._cache is None or self._cache[0] is not membership:
-            self._cache = (membership, server_context(membership))
-        connection = SSL.Connection(self._cache[1], None)
+        context = self._context
+        if context is None or self._made_for is not membership:
+            context = self._context = server_context(membership)
+            self._made_for = membership
+        connection = SSL.Connection(context, None)
         connection.set_app_data(tlsProtocol)
         connection.set_accept_state()
         return connection

@@ -348,11 +348,12 @@ class Upstream:
         Neither an attempt nor a failure of the node: only a debug line says it happened.
         """
         if debug_enabled():
+            _, host, port = key
             log.debug(
                 "a kept-alive connection to {host}:{port} closed before answering: "
                 "sending again on a new one",
-                host=key[1].decode("ascii", "replace"),
-                port=key[2],
+                host=host.decode("ascii", "replace"),
+                port=port,
             )
         dial = _Dial(pool, key, head, data, None, deferred)
         try:
