@@ -27,11 +27,8 @@ DOCUMENTED: dict[str, str] = {
         "the test asks one server on both 127.0.0.1 and ::1, the harness binds the first"
     ),
     "unit/test_security.py::test_access_public_endpoint[": (
-        "bug: under loopback-keys the proxy asks a key for /health, which llama-server "
-        "--api-key leaves public (docs/lan.md#a-shared-machine)"
-    ),
-    "unit/test_security.py::test_correct_api_key_anthropic_header": (
-        "bug: the proxy takes a key only as Authorization: Bearer (docs/lan.md#who-may-call); "
-        "llama-server also takes X-Api-Key, the header Anthropic clients send"
+        "design: where keys apply every facade caller presents one, on every route, /health "
+        "included (docs/lan.md#a-shared-machine); llama-server --api-key leaves /health public. "
+        "A keyless check asks the admin listener's /healthz (docs/operations.md#is-it-healthy)"
     ),
 }
