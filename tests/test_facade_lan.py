@@ -122,8 +122,10 @@ class _Request:
         self.requestHeaders = headers
 
 
-def _outgoing_headers(caller: Caller | None) -> Headers:
+def _outgoing_headers(caller: Caller | None, x_api_key: bytes | None = None) -> Headers:
     headers = Headers({b"authorization": [b"Bearer nvp_laptop"], b"x-client": [b"1"]})
+    if x_api_key is not None:
+        headers.setRawHeaders(b"x-api-key", [x_api_key])
     admitted = Admitted(
         OLLAMA, RouteClass.INFERENCE, b"POST", "/api/chat", b"/api/chat", b"{}", "m", "m", caller
     )

@@ -166,13 +166,14 @@ class Job:
         The last read of the client's headers: the request keeps none from then on, the
         attempts send them, stripped in place rather than copied
         (docs/performance.md#held-streams, #headers). Where ``[access]`` is in force the
-        caller's ``Authorization`` is the proxy's key, never an engine's: it is not sent on
-        (docs/lan.md#keys)."""
+        caller's ``Authorization`` and ``X-Api-Key`` are the proxy's key, never an engine's:
+        neither is sent on, whether or not a key was asked of this caller (docs/lan.md#keys)."""
         admitted = self.admitted
         request = self.request
         headers = strip_hop_by_hop(request.requestHeaders, request=True)
         if admitted.caller is not None:
             headers.removeHeader(b"authorization")
+            headers.removeHeader(b"x-api-key")
         request.requestHeaders = SPENT
         return Outgoing(
             admitted.route,

@@ -10,6 +10,7 @@ built here from the checked certificate, and rebuilt when a reload changes it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from attrs import evolve
@@ -59,6 +60,12 @@ ADMIN_NOT_LISTED = Refusal(
 
 def _throttled(seconds: int) -> Refusal:
     return Refusal(Reason.TOO_MANY_AUTH_FAILURES, headers=((b"Retry-After", b"%d" % seconds),))
+
+
+def _key_fields(headers: Headers) -> tuple[Sequence[bytes] | None, Sequence[bytes] | None]:
+    """The fields a facade caller's key may come in: ``Authorization``, and ``X-Api-Key`` for
+    Anthropic clients (docs/lan.md#x-api-key). The admin listener reads the first only."""
+    return headers.getRawHeaders(b"authorization"), headers.getRawHeaders(b"x-api-key")
 
 
 def _ip(peer: IAddress | None) -> IPAddress | None:
@@ -151,15 +158,17 @@ class LanGate:
         :param tls: the request came over TLS."""
         access = self.access
         ip = _ip(peer)
-        authorization = headers.getRawHeaders(b"authorization")
+        authorization, x_api_key = _key_fields(headers)
         if is_loopback(peer):
             if access is None or not access.loopback_keys:
                 return None
-            verdict, _ = judge(access, ip, authorization, preflight, loopback=True)
+            verdict, _ = judge(
+                access, ip, authorization, preflight, loopback=True, x_api_key=x_api_key
+            )
         else:
             if access is None:
                 return LOOPBACK_ONLY
-            verdict, _ = judge(access, ip, authorization, preflight)
+            verdict, _ = judge(access, ip, authorization, preflight, x_api_key=x_api_key)
             if verdict is Verdict.FORBIDDEN:
                 return NOT_LISTED
             if not tls and access.require_tls and self.tls is not None:
@@ -234,11 +243,11 @@ class LanGate:
         access = self.access
         if access is None:
             return None if is_loopback(peer) else LOOPBACK_ONLY
-        authorization = headers.getRawHeaders(b"authorization")
+        authorization, x_api_key = _key_fields(headers)
         loopback = is_loopback(peer)
         if loopback and not access.loopback_keys:
-            return loopback_caller(access, authorization)
-        verdict, key = judge(access, _ip(peer), authorization, preflight, loopback)
+            return loopback_caller(access, authorization, x_api_key)
+        verdict, key = judge(access, _ip(peer), authorization, preflight, loopback, x_api_key)
         if verdict is Verdict.ALLOWED:
             return keyed_loopback_caller(key) if loopback else caller_of(key)
         return NOT_LISTED if verdict is Verdict.FORBIDDEN else UNAUTHORIZED

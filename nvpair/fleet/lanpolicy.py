@@ -53,6 +53,25 @@ def bearer(values: Sequence[bytes] | None) -> bytes | None:
     return secret or None
 
 
+def api_key(values: Sequence[bytes] | None) -> bytes | None:
+    """The secret of exactly one non-empty ``X-Api-Key``, taken whole (no scheme), or None."""
+    if values is None or len(values) != 1:
+        return None
+    return values[0].strip() or None
+
+
+def presented(
+    authorization: Sequence[bytes] | None, x_api_key: Sequence[bytes] | None
+) -> bytes | None:
+    """The secret a facade caller presents: ``Authorization``'s Bearer, or, when there is no
+    ``Authorization`` field at all, ``X-Api-Key``'s, which Anthropic clients send
+    (docs/lan.md#x-api-key). ``Authorization`` rules when both are there, as in
+    llama-server: a bad one is a bad key, whatever ``X-Api-Key`` says."""
+    if authorization is not None:
+        return bearer(authorization)
+    return api_key(x_api_key)
+
+
 def find_key(
     keys: Sequence[Key],
     secret: bytes,
@@ -79,22 +98,26 @@ def judge(
     authorization: Sequence[bytes] | None,
     preflight: bool = False,
     loopback: bool = False,
+    x_api_key: Sequence[bytes] | None = None,
 ) -> tuple[Verdict, Key | None]:
     """A non-loopback caller's verdict, and its key when it presented a valid one; with
     ``loopback``, a loopback caller's where ``loopback-keys`` asks it for a key as well
     (docs/lan.md#a-shared-machine): the same key rules, no network to be in.
 
+    :param authorization: the request's ``Authorization`` fields, and ``x_api_key`` its
+        ``X-Api-Key`` fields (None: no such field), read as :func:`presented` reads them.
     :param preflight: the request is a CORS preflight, which a browser sends without
         credentials whatever the request it asks about carries: one without a key is let in
         keyless (it asks the engines what they allow, and uses no model).
     """
     if not loopback and not in_networks(ip, access.networks):
         return Verdict.FORBIDDEN, None
-    if access.keys is None or (preflight and authorization is None):
+    keyless = authorization is None and x_api_key is None
+    if access.keys is None or (preflight and keyless):
         return Verdict.ALLOWED, None
-    if authorization is None:
+    if keyless:
         return Verdict.NO_KEY, None
-    secret = bearer(authorization)
+    secret = presented(authorization, x_api_key)
     key = None if secret is None else find_key(access.keys, secret)
     if key is None:
         return Verdict.BAD_KEY, None
@@ -121,10 +144,14 @@ def keyed_loopback_caller(key: Key | None) -> Caller:
     return Caller(key.name, key.models, key.manage, priority=key.priority)
 
 
-def loopback_caller(access: Access, authorization: Sequence[bytes] | None) -> Caller:
-    """A loopback caller needs no key; one that presents a valid key is that key's, its
-    patterns included."""
-    secret = bearer(authorization) if access.keys else None
+def loopback_caller(
+    access: Access,
+    authorization: Sequence[bytes] | None,
+    x_api_key: Sequence[bytes] | None = None,
+) -> Caller:
+    """A loopback caller needs no key; one that presents a valid key (:func:`presented`) is
+    that key's, its patterns included."""
+    secret = presented(authorization, x_api_key) if access.keys else None
     key = None if secret is None or access.keys is None else find_key(access.keys, secret)
     # Loopback callers may manage whatever their key says: the machine is the operator's.
     if key is None:

@@ -66,7 +66,8 @@ def request_head(
     NUL (Twisted's ``Headers`` replaces CR and LF but keeps NUL).
 
     :param authorization: the server's own credential: sent as ``Authorization`` in place of
-        any the headers carry (docs/fleet-scheduling.md#node-credentials).
+        any the headers carry, and of any ``X-Api-Key``, a key in Anthropic's field: the
+        server sees its own key and no other (docs/fleet-scheduling.md#node-credentials).
     :raises ValueError: for anything that would not be a well-formed head.
     """
     if method not in _METHODS:
@@ -129,9 +130,12 @@ class _Name(enum.Enum):
     SEND = "send"
     HOST = "host"
     SKIP = "skip"
-    #: Sent unless the server has a credential of its own.
+    #: Sent unless the server has a credential of its own: ``Authorization``, ``X-Api-Key``.
     AUTH = "auth"
 
+
+#: The fields a caller's key comes in, which a server's own credential replaces.
+_CALLER_KEYS = frozenset({b"authorization", b"x-api-key"})
 
 #: Verdicts on header names seen before (names repeat: Headers canonicalizes them).
 _NAMES: dict[bytes, _Name] = {}
@@ -146,7 +150,7 @@ def _name_kind(name: bytes) -> _Name:
     elif lowered == b"host":
         kind = _Name.HOST
     else:
-        kind = _Name.AUTH if lowered == b"authorization" else _Name.SEND
+        kind = _Name.AUTH if lowered in _CALLER_KEYS else _Name.SEND
     if len(_NAMES) >= 1024:
         _NAMES.clear()
     _NAMES[name] = kind

@@ -6,7 +6,8 @@ The engine's key is the node's credential, so the proxy reaches it whoever calls
 none or a wrong one is 401 (and counted by the failed-key throttle), a valid one is served,
 its key's model patterns applied; without it a keyless loopback caller is served as before.
 And the names clients hard-code: an Anthropic-style ``/v1/messages`` with ``"model":"test"``,
-answered by llama-server itself through ``"*" = ["tiny"]``, and 502 ``no-owner`` without it.
+answered by llama-server itself through ``"*" = ["tiny"]``, and 502 ``no-owner`` without it;
+and an Anthropic client's key in ``X-Api-Key`` (docs/lan.md#x-api-key).
 """
 
 from __future__ import annotations
@@ -53,11 +54,21 @@ def access(tmp_path: Path, loopback_keys: bool) -> str:
     return f'[access]\nkeys = "keys.toml"\nloopback-keys = {flag}\n'
 
 
-async def chat(port: int, key: str | None, path: str = "/v1/chat/completions") -> tuple[int, Any]:
-    """A loopback chat (or ``/v1/messages``) naming ``tiny`` (``test``), with ``key`` if any."""
+async def chat(
+    port: int,
+    key: str | None,
+    path: str = "/v1/chat/completions",
+    x_api_key: str | None = None,
+) -> tuple[int, Any]:
+    """A loopback chat (or ``/v1/messages``) naming ``tiny`` (``test``), with ``key`` if any,
+    as Bearer, and ``x_api_key`` if any with ``anthropic-version``, as Anthropic clients send
+    theirs."""
     headers = Headers({"content-type": ["application/json"]})
     if key is not None:
         headers.addRawHeader("authorization", f"Bearer {key}")
+    if x_api_key is not None:
+        headers.addRawHeader("x-api-key", x_api_key)
+        headers.addRawHeader("anthropic-version", "2023-06-01")
     messages = [{"role": "user", "content": "hi"}]
     model = "tiny" if path == "/v1/chat/completions" else "test"
     body = {"model": model, "messages": messages, "max_tokens": 4}
@@ -141,4 +152,28 @@ async def test_an_anthropic_request_for_test_is_served_through_a_pattern(
         assert status == 200, body
         assert headers.getRawHeaders("x-nvpair-node") == ["a"]
         assert b'"type":"message"' in body.replace(b" ", b"")
+        assert log_problems(proxy) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_anthropic_clients_x_api_key_is_a_key_under_loopback_keys(
+    tmp_path: Path, keyed_server: str
+) -> None:
+    """Anthropic's ``/v1/messages`` with the key as ``X-Api-Key`` (no ``Authorization``), as
+    the anthropic SDK and Claude Code send it: a key of the key file is served by llama-server
+    (which gets the node's credential); a wrong one, or a wrong ``Authorization`` beside a
+    right ``X-Api-Key``, is the proxy's 401, as llama-server reads the two."""
+    extra = access(tmp_path, loopback_keys=True) + '[models]\n"*" = ["tiny"]\n'
+    async with fleet_proxy(tmp_path, {"a": keyed_server}, extra=extra, **credentials()) as (
+        proxy,
+        port,
+    ):
+        status, (headers, body) = await chat(port, None, "/v1/messages", x_api_key=ALICE)
+        assert status == 200, body
+        assert headers.getRawHeaders("x-nvpair-node") == ["a"]
+        assert b'"type":"message"' in body.replace(b" ", b"")
+        for key, x_api_key in ((None, "nvp_wrong"), (None, NODE_KEY), ("nvp_wrong", ALICE)):
+            status, (headers, _) = await chat(port, key, "/v1/messages", x_api_key=x_api_key)
+            assert status == 401, (key, x_api_key)
+            assert headers.getRawHeaders("www-authenticate") == ['Bearer realm="nvpair"']
         assert log_problems(proxy) == []
