@@ -253,6 +253,11 @@ COMMANDS: dict[str, How] = {
         "tested in bench/tests",
         "bench/tests/test_report.py::test_console_prints_pass_and_miss",
     ),
+    "make test-fast": ExercisedBy(
+        "tests/test_directory_marks.py::test_the_unit_selection_leaves_out_every_integration_and_real_test",
+        "its recipe is pytest -m 'not integration and not real', a part of what make test runs; "
+        "the test holds that the selection leaves out tests/integration and tests/real",
+    ),
     "make test-real": ExercisedBy(
         "tests/real/test_llama_server.py::test_model_list_and_cors_of_the_real_engine",
         "its recipe is pytest on tests/real, which make test runs as part of the suite",
