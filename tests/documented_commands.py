@@ -266,7 +266,7 @@ COMMANDS: dict[str, How] = {
     "make test-engine-suite": NotHere(
         "minutes of llama.cpp's own server tests, twice, from a venv it installs; its comparison "
         "of the two runs and the fleet file it writes are tested",
-        "tests/test_engine_suite.py::test_a_test_whose_outcome_changed_is_listed_with_both_outcomes_and_why",
+        "tests/fleet/test_engine_suite.py::test_a_test_whose_outcome_changed_is_listed_with_both_outcomes_and_why",
     ),
     "make soak": NotHere(
         "ten minutes of mixed traffic with faults; its pure parts are tested",
