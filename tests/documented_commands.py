@@ -253,6 +253,11 @@ COMMANDS: dict[str, How] = {
         "tested in bench/tests",
         "bench/tests/test_report.py::test_console_prints_pass_and_miss",
     ),
+    "make test-fast": ExercisedBy(
+        "tests/test_directory_marks.py::test_the_unit_selection_leaves_out_every_integration_and_real_test",
+        "its recipe is pytest -m 'not integration and not real', a part of what make test runs; "
+        "the test holds that the selection leaves out tests/integration and tests/real",
+    ),
     "make test-real": ExercisedBy(
         "tests/real/test_llama_server.py::test_model_list_and_cors_of_the_real_engine",
         "its recipe is pytest on tests/real, which make test runs as part of the suite",
@@ -261,7 +266,7 @@ COMMANDS: dict[str, How] = {
     "make test-engine-suite": NotHere(
         "minutes of llama.cpp's own server tests, twice, from a venv it installs; its comparison "
         "of the two runs and the fleet file it writes are tested",
-        "tests/test_engine_suite.py::test_a_test_whose_outcome_changed_is_listed_with_both_outcomes_and_why",
+        "tests/fleet/test_engine_suite.py::test_a_test_whose_outcome_changed_is_listed_with_both_outcomes_and_why",
     ),
     "make soak": NotHere(
         "ten minutes of mixed traffic with faults; its pure parts are tested",

@@ -27,7 +27,7 @@ from bench.soak.probe import LogSummary, Sockets, classify_sockets, summarize_lo
 from nvpair.control.state import ControlState
 from nvpair.fleet.file import load_fleet
 from nvpair.observe.status import status_document
-from tests.test_status import OLLAMA, Fleetish, flight
+from tests.fleet.test_status import OLLAMA, Fleetish, flight
 
 
 def test_fleet_file_loads_with_the_proxys_own_parser(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_broker -*-
+# -*- test-case-name: tests.broker.test_broker -*-
 """Where a broker method goes: an engine's facade or the process
 (docs/broker-protocol.md#addressing), and the table of methods that serves it.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_broker -*-
+# -*- test-case-name: tests.broker.test_broker -*-
 """The JSON-RPC 2.0 envelope of the broker link: error codes, what an incoming message is,
 and the error an answer carries.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_broker -*-
+# -*- test-case-name: tests.broker.test_broker -*-
 """The broker link's wire form: one JSON value per line, both ways
 (docs/broker-protocol.md#framing).
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_deadlines -*-
+# -*- test-case-name: tests.common.test_deadlines -*-
 """Many timers of one duration on one reactor timer.
 
 Some bounds are armed and disarmed on every request with the same duration each time: an

@@ -32,7 +32,7 @@ class RetryBudget(NamedTuple):
     (docs/performance.md#per-dispatch-overheads). Made only by :meth:`start`, which sets
     :attr:`backoff` to the first one, and changed only through ``_replace``, which carries over
     every field it is not told to change: a field added here cannot be dropped on the way
-    (``tests/test_budget.py`` adds one and follows it through every method).
+    (``tests/dispatch/test_budget.py`` adds one and follows it through every method).
 
     :ivar max_attempts: dispatches allowed in all.
     :ivar deadline: the clock time after which no new dispatch starts.

@@ -7,8 +7,8 @@ never look like the requester leaving). :class:`Services` is the set of process-
 the servers in :mod:`nvpair.dispatch.failover`, :mod:`nvpair.dispatch.forwarding` and
 :mod:`nvpair.dispatch.fleetwide` share.
 
-Each of a job's fields has one owner, the only code that sets it (``tests/test_job.py`` holds
-them to it):
+Each of a job's fields has one owner, the only code that sets it
+(``tests/dispatch/test_job.py`` holds them to it):
 
 - ``admitted``, ``request``, ``created``: :mod:`nvpair.dispatch.requestpath`, when it makes the job;
 - ``deferred`` (:meth:`Job.run`), ``ending`` (:meth:`Job.cancel`), ``refused``

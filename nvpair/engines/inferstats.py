@@ -17,7 +17,7 @@ from typing import NamedTuple
 #: How much of the body's end is kept for reading the engine's report. Every engine's report
 #: (usage, timings, stats, Ollama's counts) begins within its last 700 bytes or so (LM Studio's
 #: pretty-printed answer, its ``usage`` followed by ``stats``, ``model_info`` and ``runtime``, is
-#: the longest; tests/test_inferstats.py holds the longest ones); the tail is held by every
+#: the longest; tests/engines/test_inferstats.py holds the longest ones); the tail is held by every
 #: stream in flight, so it is what thousands of held streams cost
 #: (docs/performance.md#held-streams).
 TAIL_BYTES = 1024

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim -*-
+# -*- test-case-name: tests.sim.test_sim -*-
 """Run simulated engines on loopback until SIGINT/SIGTERM (``make demo``).
 
 ``python -m nvpair.sim --serve ollama 21434 node-a llama3:latest,qwen2:7b --serve ...``

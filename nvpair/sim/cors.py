@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim -*-
+# -*- test-case-name: tests.sim.test_sim -*-
 """Each engine's CORS behaviour (docs/browser-policy.md#each-engines-own-policy), as pure policies.
 
 A policy looks at a call before routing and either answers it outright (a preflight, or Ollama's

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim -*-
+# -*- test-case-name: tests.sim.test_sim -*-
 """A simulated engine on a real socket: :class:`SimEngine` with its :class:`Faults` knobs, the
 record of what it received, and the machinery that delivers a dialect's reply over time.
 

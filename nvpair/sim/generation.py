@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim -*-
+# -*- test-case-name: tests.sim.test_sim -*-
 """What the simulated model "generates", and the deterministic figures derived from it.
 
 Every number here is exact so tests can assert it:

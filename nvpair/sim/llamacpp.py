@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim -*-
+# -*- test-case-name: tests.sim.test_sim -*-
 """The llama.cpp ``llama-server`` dialect in single-model mode: native
 ``/completion`` (SSE without ``[DONE]``, ``stop``/``stop_type``/``timings``), OpenAI-compatible
 routes carrying ``usage`` and ``timings``, the combined ``/models`` list, ``/health``, ``/props``,

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim -*-
+# -*- test-case-name: tests.sim.test_sim -*-
 """The LM Studio dialect: OpenAI-compatible ``/v1/*``, REST v0
 (``/api/v0/*``, answers carry ``stats``) and REST v1 (``/api/v1/models``, ``/api/v1/chat`` with
 named SSE events), Express's HTTP 200 "Unexpected endpoint" for anything unrouted, and LM Studio's

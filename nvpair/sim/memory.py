@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim_memory -*-
+# -*- test-case-name: tests.sim.test_sim_memory -*-
 """Which models a simulated engine holds in memory: the cold-start and capacity knobs, and the
 queue of Ollama's scheduler in front of them.
 

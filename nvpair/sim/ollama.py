@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim -*-
+# -*- test-case-name: tests.sim.test_sim -*-
 """The Ollama dialect: native ``/api/*`` routes streaming NDJSON by
 default, the OpenAI-compatible ``/v1/*`` routes, model lists, management routes, gin's plain-text
 404/405, and Ollama's model names (case-insensitive, ``:latest`` by default).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim -*-
+# -*- test-case-name: tests.sim.test_sim -*-
 """OpenAI-compatible response bodies and SSE streams; each engine's quirks are a :class:`Flavor`.
 
 All three engines serve ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings``; they

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim_promptcache -*-
+# -*- test-case-name: tests.sim.test_sim_promptcache -*-
 """llama-server's prompt cache, over the simulator's tokens (words): which slot a request is
 given, how much of its prompt it finds there, and the RAM prompt cache behind the slots
 (docs/fleet-scheduling.md#simulated-engines).

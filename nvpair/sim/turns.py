@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim_queue -*-
+# -*- test-case-name: tests.sim.test_sim_queue -*-
 """Which answers a simulated engine runs now and which wait their turn: llama-server's slots and
 deferred tasks, Ollama's ``OLLAMA_NUM_PARALLEL``, LM Studio's Max Concurrent Predictions
 (docs/fleet-scheduling.md#simulated-engines).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_sim -*-
+# -*- test-case-name: tests.sim.test_sim -*-
 """The values a simulated engine's dialect works with: an incoming call, the reply it describes,
 and the JSON, NDJSON and SSE framing those replies are written in.
 

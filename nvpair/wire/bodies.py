@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_bodies -*-
+# -*- test-case-name: tests.wire.test_bodies -*-
 """Reading an upstream response body within a bound of time and of bytes.
 
 Twisted's ``readBody`` waits as long as the upstream likes and keeps all it sends, so an engine

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_body_budget -*-
+# -*- test-case-name: tests.wire.test_body_budget -*-
 """The request bodies held at once, all facades together, against ``--max-body-memory``
 (docs/robustness.md#what-a-request-body-costs).
 

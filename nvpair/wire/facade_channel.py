@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_facade_server -*-
+# -*- test-case-name: tests.wire.test_facade_server -*-
 """One client connection to a facade: its phase, and the order in which its requests are read,
 answered, refused and closed on.
 

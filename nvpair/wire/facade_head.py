@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_facade_head -*-
+# -*- test-case-name: tests.wire.test_facade_head -*-
 """HTTP/1.1's own rules for a request head at a facade, and the refusals they give.
 
 What llhttp read of a head is judged here: the version, ``Host``, the transfer coding, the

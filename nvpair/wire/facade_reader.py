@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_facade_server -*-
+# -*- test-case-name: tests.wire.test_facade_server -*-
 """Reading requests off a facade connection with llhttp: one parser, its callbacks, and the
 request it is in the middle of.
 

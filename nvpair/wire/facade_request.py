@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_facade_server -*-
+# -*- test-case-name: tests.wire.test_facade_server -*-
 """One request on a facade connection, as the request path sees it: its head and body as read,
 and its answer, framed as it is written.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_facade_head -*-
+# -*- test-case-name: tests.wire.test_facade_head -*-
 """A facade's HTTP/1.1 server, on llhttp (``httptools``) inside Twisted's reactor: the factory
 every facade listener serves, and all a facade needs of the wire.
 

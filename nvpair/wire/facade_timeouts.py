@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_facade_head -*-
+# -*- test-case-name: tests.wire.test_facade_head -*-
 """A facade connection's time bounds: the request head's, the idle one, the linger after a
 refusal, and the abort of a close the client does not read (docs/request-path.md#the-facade).
 

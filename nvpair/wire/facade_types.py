@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_facade_server -*-
+# -*- test-case-name: tests.wire.test_facade_server -*-
 """What a facade connection says to the facade it serves and among its own modules: the
 :class:`Gate` a facade is to the wire (the one thing the wire knows of one), and where a
 connection is (:class:`Phase`). Names and protocols only.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_fields -*-
+# -*- test-case-name: tests.wire.test_fields -*-
 """Header fields on the hot path: a dictionary the wire reads and writes directly, which is
 also a Twisted ``Headers`` for everyone else.
 
@@ -60,7 +60,7 @@ class LeanHeaders(Headers):
     """A ``Headers`` whose storage is :attr:`fields`, a :data:`Fields` the wire may read and
     write directly.
 
-    Every public method of ``Headers`` is its own here (``tests/test_fields.py`` fails on one
+    Every public method of ``Headers`` is its own here (``tests/wire/test_fields.py`` fails on one
     that is not, and holds each to ``Headers``' answers): the base class's storage is never set.
     """
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_facade_server -*-
+# -*- test-case-name: tests.wire.test_facade_server -*-
 """A request body as a facade connection holds it: what it costs is what it is
 (docs/robustness.md#what-a-request-body-costs).
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_outlet -*-
+# -*- test-case-name: tests.wire.test_outlet -*-
 """A connection's way out: writes sent now when nothing is queued ahead, and the backpressure
 of what is queued (docs/performance.md#writes-go-out-at-once).
 

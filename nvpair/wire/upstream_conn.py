@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_upstream_conn -*-
+# -*- test-case-name: tests.wire.test_upstream_conn -*-
 """One upstream HTTP/1.1 connection: a request written whole, its response parsed by llhttp.
 
 One exchange at a time, with Agent's promises and none of its per-exchange objects

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_upstream_conn -*-
+# -*- test-case-name: tests.wire.test_upstream_conn -*-
 """The upstream client's framing rules, as pure functions: the bytes of a request head, and
 the headers a response exposes once its own framing has been read.
 

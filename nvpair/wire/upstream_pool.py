@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_upstream -*-
+# -*- test-case-name: tests.wire.test_upstream -*-
 """Idle upstream connections, kept per ``(scheme, host, port)`` between exchanges.
 
 A list per key, newest last: the newest is handed out first, the oldest is the first to go

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_upstream_conn -*-
+# -*- test-case-name: tests.wire.test_upstream_conn -*-
 """What llhttp's callbacks record of an upstream answer: its head as it arrives, the final
 answer built from it, body pieces, and anything that came after its end.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_upstream_conn -*-
+# -*- test-case-name: tests.wire.test_upstream_conn -*-
 """An upstream answer as the rest of the proxy sees it: an ``IResponse`` whose body is
 delivered to a protocol, and the push producer that protocol gets as its transport.
 

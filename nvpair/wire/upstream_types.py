@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_upstream_conn -*-
+# -*- test-case-name: tests.wire.test_upstream_conn -*-
 """What the upstream client's modules say to each other: where a connection leads (:data:`Key`),
 where it is (:class:`Phase`), and the seams between a connection, its transport, its pool and
 the body transport over it. Names and protocols only.

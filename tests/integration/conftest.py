@@ -11,9 +11,14 @@ import pytest
 from twisted.internet import reactor
 
 from nvpair.sim import SimEngine
+from tests.directory_marks import mark_below
 from tests.integration.harness import ProxyProcess, free_port, start_proxy
 
-pytestmark = pytest.mark.integration
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test below this directory is an integration test (``-m "not integration"``)."""
+    mark_below(Path(__file__).parent, pytest.mark.integration, items)
 
 
 @contextlib.asynccontextmanager

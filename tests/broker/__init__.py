@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.broker``: each file here imports it most."""

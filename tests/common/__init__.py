@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.common``: each file here imports it most."""

@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.control``: each file here imports it most."""

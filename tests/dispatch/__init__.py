@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.dispatch``: each file here imports it most."""

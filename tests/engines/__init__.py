@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.engines``: each file here imports it most."""

@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.facades``: each file here imports it most."""

@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.fleet``: each file here imports it most."""

@@ -1,0 +1,1 @@
+"""Tests that start the proxy and simulated engines as real processes on loopback."""

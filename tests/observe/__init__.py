@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.observe``: each file here imports it most."""

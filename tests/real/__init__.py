@@ -1,0 +1,1 @@
+"""Tests against a real llama.cpp llama-server, built once per machine."""

@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.sim``: each file here imports it most."""

@@ -1,0 +1,1 @@
+"""Unit tests of ``nvpair.wire``: each file here imports it most."""
