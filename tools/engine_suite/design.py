@@ -26,6 +26,12 @@ DOCUMENTED: dict[str, str] = {
         "design: a facade listens on one --bind address (docs/ports.md#per-engine-ports); "
         "the test asks one server on both 127.0.0.1 and ::1, the harness binds the first"
     ),
+    "unit/test_sleep.py::test_server_sleep_metrics_buckets": (
+        "design: fleet-mode polls read a --metrics server's busy slots from /metrics, the one "
+        "route that neither wakes it nor keeps it awake (docs/fleet-scheduling.md"
+        "#sleeping-servers); each read restarts llama-server's throughput window, so the "
+        "test's first scrape after a poll finds it empty"
+    ),
     "unit/test_security.py::test_access_public_endpoint[": (
         "design: where keys apply every facade caller presents one, on every route, /health "
         "included (docs/lan.md#a-shared-machine); llama-server --api-key leaves /health public. "
