@@ -113,17 +113,28 @@ async def test_an_awake_server_polled_faster_than_its_idle_time_falls_asleep(
 
         # A long generation straight to the server (not through the proxy, whose own requests
         # are taken off the engine's count) wakes it if it slept while the proxy started, and
-        # shows as one busy slot of two: busy slots are still read.
+        # shows as one busy slot of two: busy slots are still read. The tiny model generates
+        # fast, and a poll may land only after it ended on a busy machine: generations follow
+        # one another until a poll has seen one.
         body = json.dumps({"prompt": "hi", "n_predict": 2000, "ignore_eos": True}).encode()
-        generating = treq.post(metered + "/completion", body, timeout=60)
 
         async def one_busy() -> bool:
             now = await load()
             return bool(now.get("slots") == 2 and now.get("busySlots") == 1)
 
-        await until(one_busy, "/status did not show the generation's busy slot")
-        generating.cancel()
-        generating.addErrback(lambda _: None)
+        async def seen_generating() -> bool:
+            generating = treq.post(metered + "/completion", body, timeout=60)
+            generating.addErrback(lambda _: None)
+            try:
+                while not generating.called:
+                    if await one_busy():
+                        return True
+                    await sleep(0.05)
+                return False
+            finally:
+                generating.cancel()
+
+        await until(seen_generating, "/status did not show the generation's busy slot")
         # Awake now, and polled every 200 ms: it falls asleep all the same.
         await until(lambda: is_sleeping(metered), "the polled server did not fall asleep")
 
