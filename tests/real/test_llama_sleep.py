@@ -99,8 +99,8 @@ async def test_an_awake_server_polled_faster_than_its_idle_time_falls_asleep(
 ) -> None:
     """Started with ``--metrics``: its busy slots are read at ``/metrics``, which leaves its idle
     timer alone, so polls every 200 ms no longer keep it awake (each ``/slots`` did); it falls
-    asleep by its own word and ``/status`` shows it, and the busy count read while a
-    generation runs is that generation."""
+    asleep by its own word and ``/status`` shows it, and a generation running shows as a busy
+    slot."""
     admin = free_port()
     async with fleet_proxy(
         tmp_path, {"n": metered}, "--admin-port", str(admin), interval="200ms", settle=0
@@ -119,8 +119,10 @@ async def test_an_awake_server_polled_faster_than_its_idle_time_falls_asleep(
         body = json.dumps({"prompt": "hi", "n_predict": 2000, "ignore_eos": True}).encode()
 
         async def one_busy() -> bool:
+            # At least one: a generation cancelled a moment ago may still run on a busy
+            # machine beside the next (the server notices the closed connection late).
             now = await load()
-            return bool(now.get("slots") == 2 and now.get("busySlots") == 1)
+            return bool(now.get("slots") == 2 and (now.get("busySlots") or 0) >= 1)
 
         async def seen_generating() -> bool:
             generating = treq.post(metered + "/completion", body, timeout=60)
