@@ -232,7 +232,7 @@ def ranked_plan(
     best tier there is, and at most ``affine.slack`` busier than the least-loaded warm owner
     (docs/fleet-scheduling.md#affinity-order): the order of the others stays as it was.
     """
-    ready = [ranked for ranked in rest if not ranked[2].load.loading]
+    ready = [(node, key, standing) for node, key, standing in rest if not standing.load.loading]
     if ready or pinned:
         rest = ready
     ranks: list[tuple[Rank, Node]] = []
@@ -268,12 +268,12 @@ def _affine_first(
     engine, wanted, slack = affine
     for rank, node in ranks:
         if node.id == wanted and node.engine == engine:
-            held, its_tier, load = rank[:3]
+            held, its_tier, load, *_ = rank
             break
     else:
         # Left out of the round: its engine is loading while another owner is not.
         return None, TIER
-    best_held, best_tier = ranks[0][0][0], ranks[0][0][1]
+    (best_held, best_tier, *_), _best = ranks[0]
     if held or best_held:
         return None, HELD_BACK
     if its_tier != best_tier or its_tier is Tier.COLD:
