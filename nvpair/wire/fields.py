@@ -19,12 +19,13 @@ from typing import AnyStr, TypeVar, overload
 
 from twisted.web.http_headers import Headers
 
+from nvpair.wire.message import Fields as Fields
+
 _T = TypeVar("_T")
 
-#: A head's fields: each name as ``Headers`` spells it (:func:`canonical`), its values in order,
-#: no CR or LF in any (llhttp refuses them in a head; a value set through ``Headers``' API has
-#: them replaced, as ``Headers`` does); names in the order they first came.
-Fields = dict[bytes, list[bytes]]
+# A head's fields (nvpair.wire.message.Fields): each name as ``Headers`` spells it, values in
+# order; a value set through ``Headers``' API here has its line breaks replaced, as ``Headers``
+# does.
 
 #: Names seen before, as given, and their canonical form. Read directly where a name is looked up
 #: per field (a dictionary lookup, where a call would cost several).
@@ -67,7 +68,7 @@ class LeanHeaders(Headers):
     __slots__ = ("fields",)
 
     def __init__(self, rawHeaders: Mapping[AnyStr, Sequence[AnyStr]] | None = None) -> None:
-        self.fields: Fields = {}
+        self.fields: Fields = Fields()
         if rawHeaders is not None:
             for name, values in rawHeaders.items():
                 self.setRawHeaders(name, values)
@@ -91,7 +92,7 @@ class LeanHeaders(Headers):
         return (mine > theirs) - (mine < theirs)
 
     def copy(self) -> LeanHeaders:
-        return LeanHeaders.over({name: list(values) for name, values in self.fields.items()})
+        return LeanHeaders.over(self.fields.copy())
 
     def hasHeader(self, name: AnyStr) -> bool:
         key = CANONICAL.get(name)

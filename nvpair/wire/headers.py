@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from typing import TypeVar
 
 from twisted.web.http_headers import Headers
 
-from nvpair.wire.fields import LeanHeaders, canonical
+from nvpair.wire.fields import Fields, LeanHeaders, canonical
 
 
 class _Spent(Headers):
@@ -88,7 +89,10 @@ _HOP_NAMES = frozenset(canonical(name) for name in HOP_BY_HOP)
 _REQUEST_HOP_NAMES = _HOP_NAMES | {canonical(name) for name in _REQUEST_OWNED}
 
 
-def strip_hop_by_hop(headers: Headers, *, request: bool) -> Headers:
+_H = TypeVar("_H", Headers, Fields)
+
+
+def strip_hop_by_hop(headers: _H, *, request: bool) -> _H:
     """``headers`` less what :func:`end_to_end` drops, removed in place: one hop's headers
     handed on whole to the next, with no copy made.
 
@@ -96,8 +100,8 @@ def strip_hop_by_hop(headers: Headers, *, request: bool) -> Headers:
     case exactly when its canonical form is), a ``LeanHeaders``' in its own dictionary
     (docs/performance.md#headers).
     """
-    if isinstance(headers, LeanHeaders):
-        fields = headers.fields
+    if isinstance(headers, Fields | LeanHeaders):
+        fields = headers if isinstance(headers, Fields) else headers.fields
         for name in _hop_names(fields.items(), request):
             fields.pop(name, None)
         return headers
@@ -131,11 +135,15 @@ def framed_by_length(method: bytes, status: int) -> bool:
     return method != b"HEAD" and status >= 200 and status not in (204, 304)
 
 
-def is_event_stream(headers: Headers) -> bool:
+def is_event_stream(headers: Headers | Fields) -> bool:
     """Whether the answer's ``Content-Type`` is ``text/event-stream`` (parameters and case
     aside): an event feed, which may stay silent for minutes after its head
     (docs/request-path.md#event-feeds)."""
-    values = headers.getRawHeaders(b"Content-Type")
+    values = (
+        headers.get(b"Content-Type")
+        if isinstance(headers, Fields)
+        else headers.getRawHeaders(b"Content-Type")
+    )
     if not values:
         return False
     media = values[-1].split(b";", 1)[0].strip().lower()

@@ -53,7 +53,7 @@ def request_head(
     method: bytes,
     target: bytes,
     host: bytes,
-    headers: Headers,
+    headers: Headers | Fields,
     length: int | None,
     authorization: bytes | None = None,
 ) -> bytes:
@@ -80,7 +80,8 @@ def request_head(
         _remember(_TARGETS, target)
     fields: list[bytes] = []
     hosts = 0
-    for name, values in headers.getAllRawHeaders():
+    pairs = headers.items() if isinstance(headers, Fields) else headers.getAllRawHeaders()
+    for name, values in pairs:
         kind = _NAMES.get(name)
         if kind is None:
             kind = _name_kind(name)
@@ -187,7 +188,7 @@ def answer_head(
     """
     # The exposed fields are made here directly (docs/performance.md#headers): names canonical,
     # values as llhttp gave them (it refuses a CR or LF in one).
-    exposed: Fields = {}
+    exposed = Fields()
     tokens: set[bytes] = set()
     length: int | str = UNKNOWN_LENGTH
     codings: list[bytes] | None = None

@@ -15,6 +15,7 @@ from twisted.web.http_headers import Headers, InvalidHeaderName
 
 from nvpair.wire import fields
 from nvpair.wire.fields import LeanHeaders, canonical, set_field
+from nvpair.wire.message import Fields
 
 # Names in every case, with Twisted's special capitalizations among them, as bytes and as str.
 _WORDS = ["content-type", "te", "www-authenticate", "x-xss-protection", "etag", "host", "x-a-b"]
@@ -109,7 +110,7 @@ def test_a_name_is_learned_once_and_the_names_kept_are_bounded(
 
 
 def test_the_headers_over_fields_are_those_fields() -> None:
-    fields_: dict[bytes, list[bytes]] = {b"Content-Type": [b"a"]}
+    fields_ = Fields({b"Content-Type": [b"a"]})
     headers = LeanHeaders.over(fields_)
     headers.addRawHeader(b"x-one", b"1")
     assert fields_ == {b"Content-Type": [b"a"], b"X-One": [b"1"]}
