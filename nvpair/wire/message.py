@@ -251,8 +251,24 @@ class BodySink(Protocol):
         """The body ended; nothing follows."""
 
 
-class BodySource(Protocol):
-    """Where a body comes from (an engine's answer over its connection)."""
+class Flow(Protocol):
+    """What a reader that cannot keep up controls of what it reads: an engine's answer, as the
+    client's answer registers it (docs/request-path.md#streaming-with-backpressure)."""
+
+    def pause(self) -> None:
+        """Stop reading for now (the reader cannot take more)."""
+
+    def resume(self) -> None:
+        """Read again."""
+
+    def stop(self, abort: bool = False) -> None:
+        """Nobody wants the rest: close the connection it comes over (``abort``: at once, what
+        was unsent dropped). A no-op once it has ended."""
+
+
+class BodySource(Flow, Protocol):
+    """Where a body comes from (an engine's answer over its connection): a :class:`Flow` that
+    sends its body to one sink. Stopped, the sink is still told the end."""
 
     def connect(self, sink: BodySink) -> None:
         """Send the body to ``sink``: what has come already at once (and its end, if it has
@@ -261,16 +277,6 @@ class BodySource(Protocol):
 
         :raises RuntimeError: when a sink was connected already.
         """
-
-    def pause(self) -> None:
-        """Stop reading the body for now (the sink cannot take more)."""
-
-    def resume(self) -> None:
-        """Read the body again."""
-
-    def stop(self, abort: bool = False) -> None:
-        """Nobody wants the rest: close the connection it comes over (``abort``: at once, what
-        was unsent dropped). The sink is still told the end. A no-op once it has ended."""
 
 
 class Answer(NamedTuple):
