@@ -111,14 +111,33 @@ def verdict(known: Conversation, engine: str, node: str, elsewhere: str) -> Verd
     :data:`QUEUE`)."""
     if known.node is None:
         return Verdict(NEW)
-    if known.node == (engine, node):
+    known_engine, known_node = known.node
+    if known_engine == engine and known_node == node:
         return Verdict(FOLLOWED, None, node)
-    return Verdict(MOVED, known.passed_over or elsewhere, known.node[1])
+    return Verdict(MOVED, known.passed_over or elsewhere, known_node)
 
 
-#: A node as the table names it: (engine, node id). One tuple per node, shared by all its
-#: entries, so an entry costs what a node id alone would.
-Owner = tuple[str, str]
+class Owner(NamedTuple):
+    """A node as the table names it. One per node, shared by all its entries, so that an
+    entry costs what a node id alone would (a NamedTuple: no larger than a plain pair).
+
+    :ivar engine: the engine it runs.
+    :ivar node: its node id.
+    """
+
+    engine: str
+    node: str
+
+
+class Found(NamedTuple):
+    """What :meth:`PrefixTable.owner` found for a request's keys.
+
+    :ivar node: the node id recorded for the longest usable key.
+    :ivar covered: how many leading pieces of the request that key covers.
+    """
+
+    node: str
+    covered: int
 
 
 class PrefixTable:
@@ -139,23 +158,24 @@ class PrefixTable:
 
     def owner(
         self, within: int, keys: Sequence[int], usable: Callable[[str], bool]
-    ) -> tuple[str, int] | None:
+    ) -> Found | None:
         """The node recorded for the longest of ``keys`` (shortest first) whose node is
         ``usable``, with how many leading pieces that key covers; None when none is."""
         owners = self._owners
         for index in range(len(keys) - 1, -1, -1):
             key = keys[index] ^ within
-            found = owners.get(key)
-            if found is not None and usable(found[1]):
+            owner = owners.get(key)
+            if owner is not None and usable(owner.node):
                 owners.move_to_end(key)
-                return found[1], index + 1
+                return Found(owner.node, index + 1)
         return None
 
     def record(self, within: int, keys: Sequence[int], engine: str, node: str) -> None:
         """``engine``'s ``node`` served a request with ``keys``: each now names it, the oldest
         entries going when the table is full."""
         owners = self._owners
-        owner = self._shared.setdefault((engine, node), (engine, node))
+        named = Owner(engine, node)
+        owner = self._shared.setdefault(named, named)
         for piece in keys:
             key = piece ^ within
             owners[key] = owner
@@ -170,7 +190,7 @@ class PrefixTable:
 
         One pass over the table (a few milliseconds when full): a node leaves far more rarely
         than requests look up, and an index per node would cost memory on every entry."""
-        owner = self._shared.pop((engine, node), None)
+        owner = self._shared.pop(Owner(engine, node), None)
         if owner is None:
             return 0
         owners = self._owners

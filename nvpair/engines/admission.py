@@ -88,7 +88,7 @@ def this_machine() -> tuple[str, frozenset[str]]:
         infos = socket.getaddrinfo(name, None)
     except OSError:
         infos = []
-    return name, frozenset(str(info[4][0]) for info in infos)
+    return name, frozenset(str(host) for *_, (host, *_port) in infos)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -100,10 +100,11 @@ def _check_keys(path: Path, where: str, table: Mapping[str, object], allowed: se
 
 def _port_text(netloc: str) -> str:
     """The port as written in ``netloc`` (``""`` when none)."""
-    host = netloc.rpartition("@")[2]
+    _, _, host = netloc.rpartition("@")
     if host.startswith("["):
-        host = host.partition("]")[2]
-    return host.partition(":")[2]
+        _, _, host = host.partition("]")
+    _, _, port = host.partition(":")
+    return port
 
 
 def _url_problem(url: object) -> str | None:
@@ -149,7 +150,8 @@ def base_url_hint(url: str) -> str:
     parts = urlsplit(url)
     if parts.path in ("", "/") and not parts.query:
         return ""
-    base = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    _, _, host = parts.netloc.rpartition("@")
+    base = f"{parts.scheme}://{host}"
     extra = parts.path.rstrip("/") + (f"?{parts.query}" if parts.query else "")
     return f" (the URL should be the engine's base URL, {base}, without {extra})"
 

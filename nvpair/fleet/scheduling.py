@@ -32,6 +32,7 @@ from nvpair.control.affinity import (
     AffinityOptions,
     CacheLedger,
     Conversation,
+    Owner,
     PrefixTable,
     scope,
 )
@@ -298,11 +299,11 @@ class FleetScheduler:
         if known is None:
             return None, Conversation(None)
         now = self._clock.seconds()
-        if not self.caches.suspended(known[0], known[1], now):
-            return Affine(known[0], known[1], self.affinity.slack), None
+        if not self.caches.suspended(known.engine, known.node, now):
+            return Affine(known.engine, known.node, self.affinity.slack), None
         # Its node keeps too little: a shorter key's node, if any, may still go first.
         found = self._longest(keys, eligible, prefix, now)
-        affine = None if found is None else Affine(found[0], found[1], self.affinity.slack)
+        affine = None if found is None else Affine(found.engine, found.node, self.affinity.slack)
         return affine, Conversation(known, SUSPENDED)
 
     def _longest(
@@ -311,12 +312,13 @@ class FleetScheduler:
         eligible: Sequence[Node],
         prefix: Sequence[int],
         unsuspended_at: float | None,
-    ) -> tuple[str, str] | None:
-        """(engine, node) recorded for the longest of ``prefix`` among ``eligible`` nodes,
-        over every engine in ``keys``; with ``unsuspended_at``, only nodes whose affinity is
-        not suspended then."""
+    ) -> Owner | None:
+        """The node recorded for the longest of ``prefix`` among ``eligible`` nodes, over
+        every engine in ``keys``; with ``unsuspended_at``, only nodes whose affinity is not
+        suspended then."""
         suspended = self.caches.suspended
-        best: tuple[str, str, int] | None = None
+        best: Owner | None = None
+        best_covered = 0
         for engine, model_key in keys.items():
             # A handful of owners: a list is searched faster than a set is built.
             ids = [node.id for node in eligible if node.engine == engine]
@@ -327,9 +329,9 @@ class FleetScheduler:
                 return unsuspended_at is None or not suspended(engine, node, unsuspended_at)
 
             found = self.table.owner(scope(engine, model_key), prefix, usable)
-            if found is not None and (best is None or found[1] > best[2]):
-                best = (engine, *found)
-        return None if best is None else (best[0], best[1])
+            if found is not None and (best is None or found.covered > best_covered):
+                best, best_covered = Owner(engine, found.node), found.covered
+        return best
 
     def answered(
         self,

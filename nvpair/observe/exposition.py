@@ -40,12 +40,12 @@ def histogram_family(
     """A :class:`~nvpair.observe.metrics.Histogram` as a family: cumulative buckets, sum, count."""
     family = HistogramMetricFamily(name, documentation, labels=list(labels))
     edges = [*(repr(float(b)) for b in histogram.bounds), "+Inf"]
-    for key, (counts, total) in sorted(histogram.series.items()):
+    for key, (counts, [total]) in sorted(histogram.series.items()):
         cumulative, running = [], 0
         for edge, count in zip(edges, counts, strict=True):
             running += count
             cumulative.append((edge, running))
-        family.add_metric(list(key), cumulative, total[0])
+        family.add_metric(list(key), cumulative, total)
     return family
 
 

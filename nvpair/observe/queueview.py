@@ -11,8 +11,12 @@ def queue_document(queue: FleetQueue, now: float) -> dict[str, object]:
     each caller has waiting (a key's name, else the caller's address) — no content."""
     document: dict[str, dict[str, object]] = {}
     for group, waiting in queue.waiting().items():
-        facade = group[0] if isinstance(group, tuple) else ""
-        shown = waiting[0][0].shown
+        facade = ""
+        if isinstance(group, tuple):
+            facade, _ = group
+        # A group is one model of one engine: its first waiter's name for it stands for all.
+        first, _ = waiting[0]
+        shown = first.shown
         callers: dict[str, int] = {}
         for waiter, _since in waiting:
             callers[waiter.caller] = callers.get(waiter.caller, 0) + 1

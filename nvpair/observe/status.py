@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from attrs import frozen
 
@@ -93,7 +94,8 @@ def shown_url(url: str | None) -> str | None:
     authority = rest[:end]
     if not sep or "@" not in authority:
         return url
-    return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[end:]}"
+    _, _, host = authority.rpartition("@")
+    return f"{scheme}://***@{host}{rest[end:]}"
 
 
 def _counts(
@@ -150,13 +152,20 @@ def fleet_state(report: PairReport, held: bool, hung: bool = False) -> str:
 UP_STATES = frozenset({"up", "loading"})
 
 
-def _hung(fleet: FleetView, engine: str, node: str) -> tuple[str, float] | None:
+class Hung(NamedTuple):
+    """Why a node is hung (its liveness probe), and since when (clock time)."""
+
+    why: str
+    since: float
+
+
+def _hung(fleet: FleetView, engine: str, node: str) -> Hung | None:
     """Why the node is hung and since when; None while it is not."""
     probes = fleet.scheduler.liveness
     if probes is None:
         return None
     why, since = probes.why(engine, node), probes.of(engine, node).hung_since
-    return None if why is None or since is None else (why, since)
+    return None if why is None or since is None else Hung(why, since)
 
 
 def fleet_nodes_up(fleet: FleetView, now: float) -> dict[tuple[str, str], bool]:
@@ -192,7 +201,7 @@ def fleet_nodes(
         state = fleet_state(report, held, hung is not None)
         last_failure = passive.last_failure(engine, report.node)
         if hung is not None:
-            why: str | None = hung[0]
+            why: str | None = hung.why
         elif held:
             why = f"{health.failures} failed attempts in a row (last: {last_failure})"
         elif report.state in (PollState.DOWN, PollState.LOADING):
@@ -205,7 +214,7 @@ def fleet_nodes(
                 "url": shown_url(report.url),
                 "state": state,
                 "why": why,
-                "since": _when(hung[1] if hung is not None else report.since),
+                "since": _when(hung.since if hung is not None else report.since),
                 "lastPoll": _when(report.last_poll),
                 "lastError": report.last_error,
                 "models": list(report.models),

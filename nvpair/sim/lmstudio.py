@@ -133,7 +133,10 @@ class LMStudioDialect:
     def model_for(self, view: EngineView, call: Call) -> str | None:
         # JIT loading: a request for a model not in memory loads it.
         prepared = self._prepare(view, call)
-        return None if isinstance(prepared, Reply) else prepared[1]
+        if isinstance(prepared, Reply):
+            return None
+        _, model = prepared
+        return model
 
     # -- shared request handling ---------------------------------------------------------------
 
