@@ -36,7 +36,8 @@ from nvpair.dispatch.requestpath import RequestPath
 from nvpair.dispatch.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
 from nvpair.dispatch.workload import Workloads
 from nvpair.engines.admission import this_machine
-from nvpair.facades.access import AccessLog
+from nvpair.facades.access import NO_ACCESS_LOG, NO_REFUSALS, AccessLog
+from nvpair.facades.facade import LOOPBACK_ONLY, no_prefix
 from nvpair.facades.manager import FacadeManager
 from nvpair.fleet.health import HealthPolicy
 from nvpair.fleet.langate import LanGate
@@ -317,10 +318,10 @@ def build(
         idle_timeout=config.idle_timeout,
         backlog=config.listen_backlog,
         membership=lambda: cluster.membership,
-        access_log=access_log,
-        refusals=metrics,
-        lan=lan,
-        prefix_of=None if scheduler is None else scheduler.prefix_of,
+        access_log=NO_ACCESS_LOG if access_log is None else access_log,
+        refusals=NO_REFUSALS if metrics is None else metrics,
+        lan=LOOPBACK_ONLY if lan is None else lan,
+        prefix_of=no_prefix if scheduler is None else scheduler.prefix_of,
         bounds=bounds,
     )
 

@@ -8,7 +8,8 @@ query), status, outcome, node, attempts, time to first byte, duration, the fleet
 the source address. Never content: no query string, body or header reaches it.
 
 A refusal before admission is also counted in ``nvpair_requests_total`` under its reason
-(:class:`RefusalCounter`), as the request path counts every refusal after it.
+(:class:`RefusalCounter`), as the request path counts every refusal after it. Without the log or
+an admin listener a facade holds :data:`NO_ACCESS_LOG` and :data:`NO_REFUSALS`.
 """
 
 from __future__ import annotations
@@ -142,3 +143,23 @@ class AccessLog:
 
     def write(self, finished: Finished) -> None:
         self.log.info(finished.template(), **finished.fields())
+
+
+class _NoAccessLog(AccessLog):
+    """The access log off (no ``--access-log``)."""
+
+    def write(self, finished: Finished) -> None:
+        pass
+
+
+class _NoRefusals:
+    """No admin listener: no metric to count a refusal in."""
+
+    def request_refused(self, engine: str, route: str, outcome: str) -> None:
+        pass
+
+
+#: The access log of a process started without ``--access-log``.
+NO_ACCESS_LOG: AccessLog = _NoAccessLog()
+#: The refusal counter of a process without an admin listener.
+NO_REFUSALS: RefusalCounter = _NoRefusals()

@@ -18,8 +18,9 @@ from twisted.logger import Logger
 
 from nvpair.control.outbox import Outbox
 from nvpair.engines.table import FACADES, Dialect
-from nvpair.facades.access import AccessLog, RefusalCounter
-from nvpair.facades.facade import CallerGate, Facade, RequestHandler
+from nvpair.facades.access import NO_ACCESS_LOG, NO_REFUSALS, AccessLog, RefusalCounter
+from nvpair.facades.facade import LOOPBACK_ONLY, CallerGate, Facade, RequestHandler, no_prefix
+from nvpair.facades.peer import PeerFacade
 from nvpair.facades.ports import (
     PortCorrupt,
     PortFound,
@@ -30,7 +31,7 @@ from nvpair.facades.ports import (
 from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.cluster import Membership
 from nvpair.wire.connbounds import ConnectionCounts
-from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.facade_server import FacadeSite, Gate
 from nvpair.wire.sniffing import SniffingFactory
 
 
@@ -92,26 +93,26 @@ class FacadeManager:
         state_dir: Path,
         bind: str,
         max_request_body: int,
-        bodies: BodyBudget | None = None,
+        bodies: BodyBudget,
         head_timeout: float = 30.0,
         idle_timeout: float = 300.0,
         backlog: int = 4096,
         membership: Callable[[], Membership | None] = lambda: None,
-        access_log: AccessLog | None = None,
-        refusals: RefusalCounter | None = None,
-        lan: CallerGate | None = None,
-        prefix_of: Callable[[object], tuple[int, ...]] | None = None,
+        access_log: AccessLog = NO_ACCESS_LOG,
+        refusals: RefusalCounter = NO_REFUSALS,
+        lan: CallerGate = LOOPBACK_ONLY,
+        prefix_of: Callable[[object], tuple[int, ...]] = no_prefix,
         bounds: ConnectionCounts | None = None,
     ) -> None:
         """:param reactor: listens, and (as IReactorTime) times slow and idle clients.
         :param bodies: the request bodies held at once, every facade's together
             (``--max-body-memory``).
         :param membership: the live cluster membership (None: plaintext personality only).
-        :param access_log: where each facade writes the requests it refuses (None: off).
-        :param refusals: where each facade counts them (None: nowhere).
-        :param lan: fleet mode's ``[access]``, which lets LAN callers in (None: nobody).
-        :param prefix_of: fleet mode's affinity: an inference body's prefix keys (None: not
-            wanted).
+        :param access_log: where each facade writes the requests it refuses.
+        :param refusals: where each facade counts them.
+        :param lan: fleet mode's ``[access]``, which lets LAN callers in (:data:`LOOPBACK_ONLY`:
+            nobody).
+        :param prefix_of: fleet mode's affinity: an inference body's prefix keys.
         :param bounds: fleet mode's count of connections from every address but loopback,
             shared by every facade port (None: no bound;
             docs/robustness.md#connection-bounds)."""
@@ -123,7 +124,7 @@ class FacadeManager:
         self._state_dir = state_dir
         self._bind = bind
         self._max_request_body = max_request_body
-        self._bodies = bodies if bodies is not None else BodyBudget()
+        self._bodies = bodies
         self._head_timeout = head_timeout
         self._idle_timeout = idle_timeout
         self._backlog = backlog
@@ -181,25 +182,19 @@ class FacadeManager:
             return self._result(live)
         peers = not engine.spans_engines
         membership = self._membership if peers else _no_membership
-        lan = self._lan
-        plain = self._site(self._facade(engine, tls=False))
+        pinned = PeerFacade(
+            engine, self._handler, membership, access_log=self._access, refusals=self._refusals
+        )
         factory = SniffingFactory(
             self._clock,
-            plain,
-            self._site(
-                Facade(
-                    engine,
-                    self._handler,
-                    peer=membership,
-                    access_log=self._access,
-                    refusals=self._refusals,
-                )
-            ),
+            self._site(self._facade(engine, tls=False)),
+            self._site(pinned),
             membership,
             # LAN callers over TLS are served as over plaintext, under the same rules, but
-            # for their own facade's knowing the connection is TLS (docs/lan.md#tls).
-            lan=None if lan is None else self._site(self._facade(engine, tls=True)),
-            lan_tls=(lambda: None) if lan is None else (lambda: lan.tls),
+            # for their own facade's knowing the connection is TLS (docs/lan.md#tls). Without
+            # [access] the gate has no TLS context, and this site is never handed a connection.
+            lan=self._site(self._facade(engine, tls=True)),
+            lan_tls=lambda: self._lan.tls,
             bounds=self._bounds,
         )
         listener = self._listen(engine, wanted, factory)
@@ -222,7 +217,7 @@ class FacadeManager:
             tls=tls,
         )
 
-    def _site(self, facade: Facade) -> FacadeSite:
+    def _site(self, facade: Gate) -> FacadeSite:
         return FacadeSite(
             facade,
             self._max_request_body,

@@ -23,6 +23,7 @@ from nvpair.control.state import ControlState
 from nvpair.engines.table import LMSTUDIO, OLLAMA
 from nvpair.facades.facade import RequestHandler
 from nvpair.facades.manager import FacadeManager
+from nvpair.wire.body_budget import BodyBudget
 
 #: A port the stack's reactor refuses to bind, so bind failures (-32001) are reachable.
 TAKEN_PORT = 9999
@@ -98,6 +99,7 @@ def build_stack(state_dir: Path) -> Stack:
         state_dir=state_dir,
         bind="127.0.0.1",
         max_request_body=64,
+        bodies=BodyBudget(),
     )
     lost: list[None] = []
     failures: list[Failure] = []

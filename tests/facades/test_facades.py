@@ -15,6 +15,7 @@ from twisted.python.usage import UsageError
 from nvpair.facades.facade import RequestHandler
 from nvpair.facades.manager import FacadeError, FacadeManager
 from nvpair.facades.ports import parse_alias
+from nvpair.wire.body_budget import BodyBudget
 
 
 class Outbox:
@@ -45,10 +46,19 @@ def manager(
     tmp_path: Path, taken: set[int] | None = None
 ) -> tuple[FacadeManager, BusyReactor, Outbox]:
     reactor, outbox = BusyReactor(taken or set()), Outbox()
-    facades = FacadeManager(
-        reactor, RequestHandler(), outbox, state_dir=tmp_path, bind="::", max_request_body=10
+    return built(reactor, outbox, tmp_path), reactor, outbox
+
+
+def built(reactor: MemoryReactor, outbox: Outbox, state_dir: Path) -> FacadeManager:
+    return FacadeManager(
+        reactor,
+        RequestHandler(),
+        outbox,
+        state_dir=state_dir,
+        bind="::",
+        max_request_body=10,
+        bodies=BodyBudget(),
     )
-    return facades, reactor, outbox
 
 
 def ports(reactor: MemoryReactor) -> list[int]:
@@ -185,9 +195,7 @@ def test_a_move_that_cannot_be_persisted_does_not_happen(tmp_path: Path) -> None
     """set-port is one step: the facade stays where it was and the broker hears why."""
     state = tmp_path / "state"
     reactor, outbox = StoppablePorts(), Outbox()
-    facades = FacadeManager(
-        reactor, RequestHandler(), outbox, state_dir=state, bind="::", max_request_body=10
-    )
+    facades = built(reactor, outbox, state)
     facades.enable("lmstudio", 1234, [], False)
     state.rmdir() if state.exists() else None
     state.write_text("a file where the state directory should be")

@@ -49,6 +49,7 @@ from zope.interface import provider
 from nvpair.engines.table import ENGINES, OLLAMA, Engine
 from nvpair.facades.facade import Admitted, RequestHandler
 from nvpair.facades.manager import FacadeManager
+from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.facade_reader import LINGER_SECONDS
 from tests.httpwire import WireResponse, read_stream
 
@@ -247,6 +248,7 @@ def stack(
         state_dir=Path("/nonexistent"),
         bind="::",
         max_request_body=cap,
+        bodies=BodyBudget(),
         head_timeout=head_timeout,
         idle_timeout=idle_timeout,
     )

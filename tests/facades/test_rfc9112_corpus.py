@@ -30,6 +30,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThread
 
 from nvpair.facades.manager import FacadeManager
+from nvpair.wire.body_budget import BodyBudget
 from tests.httpwire import Malformed, WireResponse, read_stream
 from tests.integration.harness import free_port
 from tests.onenode import one_node_path
@@ -1018,6 +1019,7 @@ async def facade(tmp_path: Path, script: bytes | None, seen: list[bytes]) -> Asy
         state_dir=tmp_path,
         bind="127.0.0.1",
         max_request_body=MAX_BODY,
+        bodies=BodyBudget(),
     )
     port = free_port()
     manager.enable("llamacpp", port, [], True)

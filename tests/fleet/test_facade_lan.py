@@ -14,6 +14,7 @@ from nvpair.dispatch.budget import RetryBudget
 from nvpair.dispatch.job import Job
 from nvpair.engines.caller import KEYLESS, Caller
 from nvpair.engines.table import LLAMACPP, OLLAMA, Engine, RouteClass
+from nvpair.facades.access import NO_REFUSALS, RefusalCounter
 from nvpair.facades.facade import Admitted, Facade
 from nvpair.fleet.lanconfig import Access, Key, digest_of
 from nvpair.fleet.langate import LanGate
@@ -37,7 +38,7 @@ def exchange(
     lan: LanGate,
     peer: Any,
     handler: Broken,
-    refusals: Metrics | None = None,
+    refusals: RefusalCounter = NO_REFUSALS,
     tls: bool = False,
 ) -> bytes:
     site = FacadeSite(Facade(engine, handler, lan=lan, refusals=refusals, tls=tls), 1000)

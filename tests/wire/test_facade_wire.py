@@ -33,6 +33,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 
 from nvpair.engines.table import LLAMACPP, OLLAMA
 from nvpair.facades.facade import Admitted, Facade, RequestHandler
+from nvpair.facades.peer import PeerFacade
 from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.cluster import Membership, load_membership
 from nvpair.wire.facade_server import FacadeSite
@@ -146,7 +147,7 @@ async def cluster_port(tmp_path: Path, handler: RequestHandler) -> AsyncIterator
     factory = SniffingFactory(
         reactor,
         site(handler),
-        FacadeSite(Facade(LLAMACPP, handler, peer=member), CAP, clock=reactor),
+        FacadeSite(PeerFacade(LLAMACPP, handler, member), CAP, clock=reactor),
         member,
     )
     async with listening(factory) as port:
