@@ -2,8 +2,8 @@
 
 Agent, its pool and its parser were a fifth of a proxied request's CPU (issue 11's profile:
 ``_newclient`` 10 %, the pool 4 %, ``Headers`` 4 %, with the Deferreds between them). A
-reverse proxy needs little of what they offer, so this client keeps their promises (the same
-``IResponse``, the same failures, the same keep-alive rules) on a connection of its own
+reverse proxy needs little of what they offer, so this client keeps their keep-alive rules and
+speaks this proxy's own HTTP types (:mod:`nvpair.wire.message`) on a connection of its own
 (:mod:`nvpair.wire.upstream_conn`) and a pool that is a list per ``(scheme, host, port)``
 (:mod:`nvpair.wire.upstream_pool`).
 """
@@ -35,9 +35,10 @@ from twisted.python.failure import Failure
 from twisted.web.client import URI
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IPolicyForHTTPS, IResponse
+from twisted.web.iweb import IPolicyForHTTPS
 
 from nvpair.common.logs import debug_enabled
+from nvpair.wire.message import Answer, Fields
 from nvpair.wire.outlet import WINDOW
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_framing import request_head
@@ -185,7 +186,7 @@ class _Dial:
         head: bool,
         data: Payload,
         connected: Callable[[], None] | None,
-        result: Deferred[IResponse] | None = None,
+        result: Deferred[Answer] | None = None,
     ) -> None:
         """:param result: the Deferred to fire, when the request has one already (it is
         sent again, and that Deferred's canceller reaches :meth:`cancel`)."""
@@ -196,7 +197,7 @@ class _Dial:
         self._connected = connected
         self._dialling: Deferred[UpstreamConnection] | None = None
         self._connection: UpstreamConnection | None = None
-        self.result: Deferred[IResponse] = Deferred(self.cancel) if result is None else result
+        self.result: Deferred[Answer] = Deferred(self.cancel) if result is None else result
 
     def start(self, endpoint: IStreamClientEndpoint, factory: ConnectionFactory) -> None:
         dialling: Deferred[UpstreamConnection] = endpoint.connect(factory)  # type: ignore[assignment]
@@ -222,7 +223,7 @@ class _Dial:
         if not self.result.called:
             self.result.errback(failure)
 
-    def cancel(self, result: Deferred[IResponse]) -> None:
+    def cancel(self, result: Deferred[Answer]) -> None:
         if self._dialling is not None:
             self._dialling.cancel()
         elif self._connection is not None:
@@ -279,11 +280,11 @@ class Upstream:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Fields | Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
-    ) -> Deferred[IResponse]:
+    ) -> Deferred[Answer]:
         """Dispatch; fires with the response once its headers arrive.
 
         Cancelling the Deferred before then aborts the upstream connection. Anything that
@@ -329,7 +330,7 @@ class Upstream:
         except Exception:
             return defer.fail()
         if connection is not None:
-            sent: Deferred[IResponse] = Deferred(connection.cancel)
+            sent: Deferred[Answer] = Deferred(connection.cancel)
             connection.send(method == b"HEAD", data, sent, resend or method in _IDEMPOTENT)
             if connected is not None:
                 # No dial: the header budget starts now.
@@ -341,7 +342,7 @@ class Upstream:
         return dial.result
 
     def _redial(
-        self, pool: Pool, key: Key, head: bool, data: Payload, deferred: Deferred[IResponse]
+        self, pool: Pool, key: Key, head: bool, data: Payload, deferred: Deferred[Answer]
     ) -> Resent:
         """A pooled connection went before answering: the same request on a fresh one.
 

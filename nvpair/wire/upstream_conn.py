@@ -1,10 +1,11 @@
 # -*- test-case-name: tests.wire.test_upstream_conn -*-
 """One upstream HTTP/1.1 connection: a request written whole, its response parsed by llhttp.
 
-One exchange at a time, with Agent's promises and none of its per-exchange objects
+One exchange at a time, with Agent's keep-alive promises and none of its per-exchange objects
 (docs/performance.md#the-upstream-client-our-own-on-llhttp): the head and body go out in one
 write, and ``httptools`` (the llhttp binding uvicorn uses) frames the answer by the rules of
-:mod:`nvpair.wire.upstream_framing` into an :mod:`nvpair.wire.upstream_response`.
+:mod:`nvpair.wire.upstream_framing` into an :class:`~nvpair.wire.message.Answer` whose body is
+an :class:`~nvpair.wire.upstream_response.UpstreamBody`.
 
 Parser callbacks only record; everything that runs other code (firing the request's Deferred,
 delivering body bytes, ending the body, returning the connection to its pool) happens after
@@ -21,13 +22,12 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import ITCPTransport, ITransport
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseNeverReceived
-from twisted.web.iweb import IResponse
 
+from nvpair.wire.message import Answer, NoAnswer
 from nvpair.wire.outlet import GATHER, Outlet
 from nvpair.wire.upstream_framing import MAX_HEAD, BadResponse
 from nvpair.wire.upstream_reading import AnswerReader
-from nvpair.wire.upstream_response import ReadFlow, UpstreamResponse
+from nvpair.wire.upstream_response import ReadFlow, UpstreamBody
 from nvpair.wire.upstream_types import Key, Payload, Phase, Resent, Wire
 
 # A member looked up through its class costs 45 ns on 3.11, a module global 5: these are read
@@ -50,7 +50,7 @@ class Owner(TypingProtocol):
     def drop(self, connection: UpstreamConnection) -> None:
         """``connection``, kept idle, can no longer be used: forget it."""
 
-    def resend(self, key: Key, head: bool, data: Payload, deferred: Deferred[IResponse]) -> Resent:
+    def resend(self, key: Key, head: bool, data: Payload, deferred: Deferred[Answer]) -> Resent:
         """Send ``data`` again on a fresh connection to ``key``, firing ``deferred`` there;
         returns what cancels it."""
 
@@ -105,7 +105,7 @@ class UpstreamConnection(AnswerReader):
         self.idle_since = 0.0
         self.phase = _READY
         self._parser: HttpResponseParser | None = None
-        self._deferred: Deferred[IResponse] | None = None
+        self._deferred: Deferred[Answer] | None = None
         self._head = False
         self._head_bytes = 0
         self._stopped = False
@@ -129,7 +129,7 @@ class UpstreamConnection(AnswerReader):
         return False
 
     def send(
-        self, head: bool, data: Payload, deferred: Deferred[IResponse], resend: bool = False
+        self, head: bool, data: Payload, deferred: Deferred[Answer], resend: bool = False
     ) -> None:
         """Write ``data`` (a whole request; ``head``: to HEAD) on this READY connection and
         fire ``deferred`` (whose canceller is :meth:`cancel`) with its response's head.
@@ -154,7 +154,7 @@ class UpstreamConnection(AnswerReader):
         else:
             self._outlet.send_body(*data)
 
-    def cancel(self, deferred: Deferred[IResponse]) -> None:
+    def cancel(self, deferred: Deferred[Answer]) -> None:
         """Canceller of :meth:`send`'s Deferred: before the head, abort the connection (the
         Deferred then fails with ``CancelledError``)."""
         if self._deferred is not deferred:
@@ -206,7 +206,7 @@ class UpstreamConnection(AnswerReader):
                     self.owner.drop(self)
             return
         rest = b""
-        if self._response is None:
+        if self._body is None:
             self._resend = None
             # The head cap counts every byte up to the final head's end, interim answers
             # included: past it llhttp is given nothing until that end has been seen, so where
@@ -234,7 +234,7 @@ class UpstreamConnection(AnswerReader):
             finally:
                 flow.feeding = False
         if flow.want_pause:
-            flow.settle(self._response is not None)
+            flow.settle(self._body is not None)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         was = self.phase
@@ -242,15 +242,15 @@ class UpstreamConnection(AnswerReader):
         self._parser = None
         self._pending = None
         deferred, self._deferred = self._deferred, None
-        response, self._response = self._response, None
+        body, self._body = self._body, None
         again, self._resend = self._resend, None
         if deferred is not None:
             if again is not None and self.owner is not None:
                 self._resent = self.owner.resend(self.key, self._head, again, deferred)
             else:
-                deferred.errback(Failure(ResponseNeverReceived([reason])))
-        elif response is not None:
-            response.lost(reason)
+                deferred.errback(Failure(NoAnswer(reason.value)))
+        elif body is not None:
+            body.lost(reason)
         if was is _IDLE and self.owner is not None:
             self.owner.drop(self)
         waiters, self._waiters = self._waiters, []
@@ -260,36 +260,23 @@ class UpstreamConnection(AnswerReader):
     # -- after the parser returned ---------------------------------------------------------
 
     def _after_feed(self, problem: Exception | None) -> None:
-        pending = self._pending
-        if pending is not None:
+        """Act on what one read recorded: the body's pieces and end first, then, if this read
+        completed the answer's head, the answer handed on.
+
+        One order whatever the read held: an answer whose whole body came with its head is
+        handed on with its body ended and its connection reused or closed already, so whoever
+        waits for it reads it at once, with no second wake of the request path
+        (docs/performance.md#one-wake-per-answer).
+        """
+        answer = self._pending
+        deferred = None
+        if answer is not None:
             self._pending = None
-            self._response = pending
-            if self._chunks:
-                # The body bytes that came with the head are held in the answer before it is
-                # handed on, so a reader that connects at once has them in this same turn: the
-                # first-body gate is open before anyone waits on it (no timer, no second wake
-                # of the request path; docs/performance.md#one-wake-per-answer).
-                chunks, self._chunks = self._chunks, []
-                pending.data(b"".join(chunks))
+            # The reader's BodySource is this connection's own UpstreamBody.
+            self._body = cast(UpstreamBody, answer.body)
             deferred, self._deferred = self._deferred, None
-            if self.phase is _BODY_DONE:
-                # The whole answer came in this read: its body is ended (held in the answer)
-                # and the connection reused or closed before the answer is handed on, so whoever
-                # waits for it finds its body whole at once, with no second wake of the request
-                # path (docs/performance.md#one-wake-per-answer).
-                if problem is not None:
-                    # Bytes past the end that llhttp refused: a confused server.
-                    self._extra = True
-                self._finish(pending)
-                if deferred is not None:
-                    deferred.callback(pending)
-                return
-            if deferred is not None:
-                deferred.callback(pending)
-            if self.phase is _CLOSED:
-                return
-        response = self._response
-        if response is None:
+        body = self._body
+        if body is None:
             if problem is not None:
                 self._fail_head(problem)
             return
@@ -298,43 +285,45 @@ class UpstreamConnection(AnswerReader):
             # leave in one write (docs/performance.md#writes-go-out-at-once).
             chunks, self._chunks = self._chunks, []
             try:
-                response.data(b"".join(chunks))
-            except Exception:
-                # The reader broke: as Twisted, the exchange ends with its error.
-                self._fail_body(response, Failure())
-                return
-            if self._response is not response:
-                return  # the connection went while the reader had the bytes
-        if self.phase is _BODY_DONE:
+                body.data(b"".join(chunks))
+            except Exception as error:
+                # The reader broke: the exchange ends with its error.
+                self._fail_body(body, error)
+        if self._body is not body:
+            pass  # the reader broke, or the connection went while it had the bytes
+        elif self.phase is _BODY_DONE:
             if problem is not None:
                 # Bytes past the end that llhttp refused: a confused server.
                 self._extra = True
-            self._finish(response)
+            self._finish(body)
         elif problem is not None:
-            self._fail_body(response, Failure(problem))
-        elif not response.connected():
+            self._fail_body(body, problem)
+        elif not body.connected():
             self._flow.hold()
+        if deferred is not None:
+            assert answer is not None
+            deferred.callback(answer)
 
     def _fail_head(self, problem: Exception) -> None:
         deferred, self._deferred = self._deferred, None
         self._parser = None
         self._abort()
         if deferred is not None:
-            deferred.errback(Failure(ResponseNeverReceived([Failure(problem)])))
+            deferred.errback(Failure(NoAnswer(problem)))
 
-    def _fail_body(self, response: UpstreamResponse, reason: Failure) -> None:
-        self._response = None
+    def _fail_body(self, body: UpstreamBody, error: BaseException) -> None:
+        self._body = None
         self._parser = None
         self._abort()
-        response.failed(reason)
+        body.failed(error)
 
-    def _finish(self, response: UpstreamResponse) -> None:
+    def _finish(self, body: UpstreamBody) -> None:
         """The body ended by its framing: reuse or close, then tell the reader (last: it may
         send the next request on this very connection)."""
-        self._response = None
+        self._body = None
         self._parser = None
         owner = self.owner
-        if owner is not None and response.keep_alive and not (self._extra or self._stopped):
+        if owner is not None and body.keep_alive and not (self._extra or self._stopped):
             if self._flow.paused:
                 # An idle connection must read, or a server's close would go unnoticed.
                 self._flow.resume()
@@ -342,7 +331,7 @@ class UpstreamConnection(AnswerReader):
             owner.put(self)
         else:
             self._lose()
-        response.done()
+        body.end()
 
     # -- the body transport's side ---------------------------------------------------------
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.web.iweb import IResponse
 
+from nvpair.wire.message import Answer
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_types import Key, Payload, Resent
 
@@ -28,7 +28,7 @@ IDLE_TIMEOUT = 240.0
 
 #: How a pool has a request sent again on a fresh connection: ``(pool, key, head, data,
 #: deferred)``, as :meth:`~nvpair.wire.upstream_conn.Owner.resend`.
-Redial = Callable[["Pool", Key, bool, Payload, Deferred[IResponse]], Resent]
+Redial = Callable[["Pool", Key, bool, Payload, Deferred[Answer]], Resent]
 
 
 class Pool:
@@ -79,7 +79,7 @@ class Pool:
         if self._timer is None:
             self._timer = self._clock.callLater(self._timeout, self._sweep)
 
-    def resend(self, key: Key, head: bool, data: Payload, deferred: Deferred[IResponse]) -> Resent:
+    def resend(self, key: Key, head: bool, data: Payload, deferred: Deferred[Answer]) -> Resent:
         """A connection it handed out went before answering: dial again, into this pool."""
         return self._redial(self, key, head, data, deferred)
 
