@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from attrs import frozen
 from twisted.internet import defer
@@ -29,7 +30,6 @@ from twisted.internet.interfaces import (
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import URI
@@ -162,16 +162,6 @@ class _Endpoints:
         return TCP6ClientEndpoint(self._reactor, text, port, self._timeout)
 
 
-class ConnectionFactory(Factory):
-    """Builds :class:`~nvpair.wire.upstream_conn.UpstreamConnection`s for the endpoints."""
-
-    # One dial per connection: at Twisted's default every one would log "Starting factory".
-    noisy = False
-
-    def buildProtocol(self, addr: object) -> UpstreamConnection:
-        return UpstreamConnection()
-
-
 class _Dial:
     """One request that needs a new connection: dial, report it up, then send.
 
@@ -199,7 +189,8 @@ class _Dial:
         self._connection: UpstreamConnection | None = None
         self.result: Deferred[Answer] = Deferred(self.cancel) if result is None else result
 
-    def start(self, endpoint: IStreamClientEndpoint, factory: ConnectionFactory) -> None:
+    def start(self, endpoint: IStreamClientEndpoint) -> None:
+        factory = self._pool.factory(self._key)
         dialling: Deferred[UpstreamConnection] = endpoint.connect(factory)  # type: ignore[assignment]
         self._dialling = dialling
         dialling.addCallbacks(self._up, self._failed)
@@ -207,7 +198,6 @@ class _Dial:
     def _up(self, connection: UpstreamConnection) -> None:
         self._dialling = None
         self._connection = connection
-        self._pool.adopt(connection, self._key)
         try:
             if self._connected is not None:
                 # The dial budget ends, the header budget starts (docs/retry-budget.md).
@@ -249,14 +239,13 @@ class Upstream:
         """:param tls: how ``https://`` peers are dialled (pinned mutual TLS)."""
         self._clock = IReactorTime(reactor)
         self._endpoints = _Endpoints(reactor, dial_timeout, tls)
-        self._factory = ConnectionFactory()
         self._targets: dict[str, Target] = {}
         self._credentials: Mapping[str, bytes] = {}
         self._pool = self._new_pool()
         self._peer_pool = self._new_pool()
 
     def _new_pool(self) -> Pool:
-        return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT, self._redial)
+        return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT)
 
     def set_credentials(self, by_url: Mapping[str, bytes]) -> None:
         """From now on, every request to a base URL of ``by_url`` carries its ``Authorization``
@@ -331,14 +320,18 @@ class Upstream:
             return defer.fail()
         if connection is not None:
             sent: Deferred[Answer] = Deferred(connection.cancel)
-            connection.send(method == b"HEAD", data, sent, resend or method in _IDEMPOTENT)
+            to_head = method == b"HEAD"
+            again = None
+            if resend or method in _IDEMPOTENT:
+                again = partial(self._redial, pool, target.key, to_head, data)
+            connection.send(to_head, data, sent, again)
             if connected is not None:
                 # No dial: the header budget starts now.
                 connected()
             return sent
         assert endpoint is not None
         dial = _Dial(pool, target.key, method == b"HEAD", data, connected)
-        dial.start(endpoint, self._factory)
+        dial.start(endpoint)
         return dial.result
 
     def _redial(
@@ -359,7 +352,7 @@ class Upstream:
         dial = _Dial(pool, key, head, data, None, deferred)
         try:
             # Trust may have been withdrawn since (a peer): failing here fails the request.
-            dial.start(self._endpoints.endpoint(key), self._factory)
+            dial.start(self._endpoints.endpoint(key))
         except Exception:
             if not deferred.called:
                 deferred.errback()

@@ -14,7 +14,7 @@ llhttp has returned, so nothing re-enters the parser.
 
 from __future__ import annotations
 
-from typing import Protocol as TypingProtocol
+from collections.abc import Callable
 from typing import cast
 
 from httptools.parser.parser import HttpResponseParser
@@ -28,12 +28,11 @@ from nvpair.wire.outlet import GATHER, Outlet
 from nvpair.wire.upstream_framing import MAX_HEAD, BadResponse
 from nvpair.wire.upstream_reading import AnswerReader
 from nvpair.wire.upstream_response import ReadFlow, UpstreamBody
-from nvpair.wire.upstream_types import Key, Payload, Phase, Resent, Wire
+from nvpair.wire.upstream_types import Payload, Phase, Resent, Wire
 
 # A member looked up through its class costs 45 ns on 3.11, a module global 5: these are read
 # several times per exchange. Each by its name: reorder the enum and they still mean themselves.
 _READY = Phase.READY
-_IDLE = Phase.IDLE
 _WAITING_HEAD = Phase.WAITING_HEAD
 _READING_BODY = Phase.READING_BODY
 _BODY_DONE = Phase.BODY_DONE
@@ -41,32 +40,31 @@ _CLOSING = Phase.CLOSING
 _CLOSED = Phase.CLOSED
 
 
-class Owner(TypingProtocol):
-    """Where a connection goes between exchanges (the pool), and who dials again for it."""
+#: Told that a connection can carry another exchange (its last ended cleanly): whoever made it
+#: (a pool) decides whether it does. The connection knows nothing more of where it goes.
+Quiescent = Callable[["UpstreamConnection"], None]
 
-    def put(self, connection: UpstreamConnection) -> None:
-        """The exchange ended cleanly: keep ``connection`` for another, or close it."""
+#: Told, in place of failing the request, that the connection went before any byte of its
+#: answer came (a kept-alive connection the engine closed just then): sends the request again
+#: on a fresh connection, firing the same Deferred, and returns what cancels that.
+Unanswered = Callable[[Deferred[Answer]], Resent]
 
-    def drop(self, connection: UpstreamConnection) -> None:
-        """``connection``, kept idle, can no longer be used: forget it."""
 
-    def resend(self, key: Key, head: bool, data: Payload, deferred: Deferred[Answer]) -> Resent:
-        """Send ``data`` again on a fresh connection to ``key``, firing ``deferred`` there;
-        returns what cancels it."""
+def _kept(connection: UpstreamConnection) -> None:
+    """A connection nobody keeps: closed once its exchange ends."""
+    connection.close()
 
 
 class UpstreamConnection(AnswerReader):
     """One connection to an engine, carrying one exchange at a time.
 
-    :meth:`send` writes a whole request and fires its Deferred with the response once the head
-    has arrived (1xx interim answers are skipped). The connection goes back to its
-    :class:`Owner` only when the response ended cleanly by its own framing, allows keep-alive,
-    nothing followed it, and no reader stopped it; anything else closes it.
+    :meth:`send` writes a whole request and fires its Deferred with the answer once the head
+    has arrived (1xx interim answers are skipped). ``quiescent`` is told only when the answer
+    ended cleanly by its own framing, allows keep-alive, nothing followed it, and no reader
+    stopped it; anything else closes it. It knows nothing of a pool: its maker's ``quiescent``
+    decides where it goes between exchanges (docs/architecture.md#the-wire).
 
     :ivar phase: where it is now.
-    :ivar owner: the pool it belongs to (set when it is adopted).
-    :ivar key: where it leads.
-    :ivar idle_since: when it last went idle.
     """
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
@@ -77,6 +75,7 @@ class UpstreamConnection(AnswerReader):
         "_head_bytes",
         "_outlet",
         "_parser",
+        "_quiescent",
         "_resend",
         "_resent",
         "_stopped",
@@ -84,14 +83,11 @@ class UpstreamConnection(AnswerReader):
         "_wire",
         "connected",
         "factory",
-        "idle_since",
-        "key",
-        "owner",
         "phase",
         "transport",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, quiescent: Quiescent = _kept) -> None:
         super().__init__()
         # Slots, where the Protocol base has class defaults.
         self.transport: ITransport | None = None
@@ -100,9 +96,7 @@ class UpstreamConnection(AnswerReader):
         self._wire: Wire
         self._flow: ReadFlow
         self._outlet: Outlet
-        self.owner: Owner | None = None
-        self.key: Key = (b"", b"", 0)
-        self.idle_since = 0.0
+        self._quiescent = quiescent
         self.phase = _READY
         self._parser: HttpResponseParser | None = None
         self._deferred: Deferred[Answer] | None = None
@@ -110,32 +104,27 @@ class UpstreamConnection(AnswerReader):
         self._head_bytes = 0
         self._stopped = False
         self._waiters: list[Deferred[None]] = []
-        # What a stale kept-alive connection sends again (docs/robustness.md#engine-answers).
-        self._resend: Payload | None = None
+        # Who sends again should a kept-alive connection go before answering
+        # (docs/robustness.md#engine-answers), and what cancels that.
+        self._resend: Unanswered | None = None
         self._resent: Resent | None = None
 
-    # -- the pool's side -------------------------------------------------------------------
-
-    def park(self, now: float) -> None:
-        """Its pool keeps it, idle since ``now``."""
-        self.phase = _IDLE
-        self.idle_since = now
-
-    def unpark(self) -> bool:
-        """Its pool hands it out: whether it can carry a request (it is still idle)."""
-        if self.phase is _IDLE:
-            self.phase = _READY
-            return True
-        return False
+    def ready(self) -> bool:
+        """Whether it can carry a request now: connected, and no exchange on it."""
+        return self.phase is _READY
 
     def send(
-        self, head: bool, data: Payload, deferred: Deferred[Answer], resend: bool = False
+        self,
+        head: bool,
+        data: Payload,
+        deferred: Deferred[Answer],
+        unanswered: Unanswered | None = None,
     ) -> None:
         """Write ``data`` (a whole request; ``head``: to HEAD) on this READY connection and
         fire ``deferred`` (whose canceller is :meth:`cancel`) with its response's head.
 
-        :param resend: should the connection go before any byte of the answer, its owner
-            sends ``data`` again on a fresh one (a kept-alive connection the engine closed).
+        :param unanswered: should the connection go before any byte of the answer, told in
+            place of failing ``deferred`` (a kept-alive connection the engine closed).
         """
         self.phase = _WAITING_HEAD
         self._parser = HttpResponseParser(self)
@@ -145,7 +134,7 @@ class UpstreamConnection(AnswerReader):
         self._extra = False
         self._failure = None
         self._stopped = False
-        self._resend = data if resend else None
+        self._resend = unanswered
         # Head and body in one write, now: once written the request is whole and in order on
         # the wire, so an answer that comes before the kernel sent all of it answers all of it.
         # A large body goes behind its head from where it is, as the connection takes it.
@@ -200,10 +189,8 @@ class UpstreamConnection(AnswerReader):
         if parser is None:
             # Nothing was asked: bytes now mean the server's framing and ours disagree.
             phase = self.phase
-            if phase is _IDLE or phase is _READY:
+            if phase is _READY:
                 self._lose()
-                if phase is _IDLE and self.owner is not None:
-                    self.owner.drop(self)
             return
         rest = b""
         if self._body is None:
@@ -237,7 +224,6 @@ class UpstreamConnection(AnswerReader):
             flow.settle(self._body is not None)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        was = self.phase
         self.phase = _CLOSED
         self._parser = None
         self._pending = None
@@ -245,14 +231,12 @@ class UpstreamConnection(AnswerReader):
         body, self._body = self._body, None
         again, self._resend = self._resend, None
         if deferred is not None:
-            if again is not None and self.owner is not None:
-                self._resent = self.owner.resend(self.key, self._head, again, deferred)
+            if again is not None:
+                self._resent = again(deferred)
             else:
                 deferred.errback(Failure(NoAnswer(reason.value)))
         elif body is not None:
             body.lost(reason)
-        if was is _IDLE and self.owner is not None:
-            self.owner.drop(self)
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             waiter.callback(None)
@@ -322,13 +306,12 @@ class UpstreamConnection(AnswerReader):
         send the next request on this very connection)."""
         self._body = None
         self._parser = None
-        owner = self.owner
-        if owner is not None and body.keep_alive and not (self._extra or self._stopped):
+        if body.keep_alive and not (self._extra or self._stopped):
             if self._flow.paused:
                 # An idle connection must read, or a server's close would go unnoticed.
                 self._flow.resume()
             self.phase = _READY
-            owner.put(self)
+            self._quiescent(self)
         else:
             self._lose()
         body.end()

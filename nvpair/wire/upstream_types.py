@@ -20,10 +20,9 @@ Key = tuple[bytes, bytes, int]
 
 class Phase(enum.Enum):
     """Where a connection is. Each exchange goes READY → WAITING_HEAD → READING_BODY →
-    BODY_DONE, then READY (IDLE in its pool) for the next, or CLOSING → CLOSED."""
+    BODY_DONE, then READY for the next (kept by whoever keeps it), or CLOSING → CLOSED."""
 
-    READY = "ready"  # connected, nothing asked, in no pool: just dialled or just taken
-    IDLE = "idle"  # nothing asked, kept by its pool
+    READY = "ready"  # connected, nothing asked
     WAITING_HEAD = "waiting-head"  # a request written; 1xx answers pass, the final head not yet
     READING_BODY = "reading-body"  # the final head parsed; its body being read
     BODY_DONE = "body-done"  # the body ended by its framing in this read, not yet settled

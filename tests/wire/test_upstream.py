@@ -361,30 +361,29 @@ def test_close_closes_the_idle_connections_and_waits_for_them() -> None:
     assert not clock.getDelayedCalls()  # the idle sweep is gone too
 
 
-def never_redialled(*args: object) -> Any:
-    raise AssertionError("nothing here is sent again")
+PEER = (b"https", b"peer", 1)
 
 
 def connection(owner: Pool) -> tuple[UpstreamConnection, StringTransport]:
-    connection = UpstreamConnection()
+    built = owner.factory(PEER).buildProtocol(None)
+    assert isinstance(built, UpstreamConnection)
     transport = StringTransport()
-    connection.makeConnection(transport)
-    owner.adopt(connection, (b"https", b"peer", 1))
-    return connection, transport
+    built.makeConnection(transport)
+    return built, transport
 
 
 def test_a_retired_pool_closes_idle_connections_now_and_busy_ones_when_done() -> None:
     """``trust_changed`` retires the peer pool: nothing verified under the old trust is used
     again."""
-    pool = Pool(Clock(), 4, IDLE_TIMEOUT, never_redialled)
+    pool = Pool(Clock(), 4, IDLE_TIMEOUT)
     idle, idle_transport = connection(pool)
     busy, busy_transport = connection(pool)
-    pool.put(idle)
+    pool.keep(PEER, idle)
     pool.retire()
     assert closing(idle_transport) and not closing(busy_transport)
-    pool.put(busy)
+    pool.keep(PEER, busy)
     assert closing(busy_transport)
-    assert pool.take((b"https", b"peer", 1)) is None
+    assert pool.take(PEER) is None
 
 
 # -- a scripted engine on loopback -------------------------------------------------------------
@@ -686,3 +685,32 @@ async def test_a_resend_whose_fresh_connection_closes_too_fails(
     with pytest.raises(NoAnswer):
         await fetch(upstream, engine)
     assert [peer.count for peer in engine.peers] == [2, 1]
+
+
+def test_a_kept_connection_lost_while_idle_is_never_handed_out() -> None:
+    """The pool is not told of a close (a connection knows nothing of its pool): it finds out
+    when it would hand the connection out."""
+    pool = Pool(Clock(), 4, IDLE_TIMEOUT)
+    gone, _ = connection(pool)
+    kept, _ = connection(pool)
+    pool.keep(PEER, kept)
+    pool.keep(PEER, gone)
+    gone.connectionLost(Failure(ConnectionDone()))
+    assert pool.take(PEER) is kept
+    assert pool.take(PEER) is None
+
+
+def test_the_sweep_closes_what_went_idle_too_long_and_forgets_what_was_lost() -> None:
+    clock = Clock()
+    pool = Pool(clock, 4, IDLE_TIMEOUT)
+    old, old_transport = connection(pool)
+    pool.keep(PEER, old)
+    clock.advance(IDLE_TIMEOUT / 2)
+    young, young_transport = connection(pool)
+    lost, _ = connection(pool)
+    pool.keep(PEER, young)
+    pool.keep(PEER, lost)
+    lost.connectionLost(Failure(ConnectionDone()))
+    clock.advance(IDLE_TIMEOUT / 2)
+    assert closing(old_transport) and not closing(young_transport)
+    assert pool.take(PEER) is young and pool.take(PEER) is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -185,6 +186,10 @@ def test_repeated_response_headers_keep_their_order() -> None:
 # -- one connection, in memory ------------------------------------------------------------------
 
 
+#: Where the rig's connection leads, as the hook that sends again names it.
+KEY: Key = (b"http", b"h", 80)
+
+
 class Resend:
     """A request the owner was asked to send again."""
 
@@ -197,11 +202,11 @@ class Resend:
 
 
 class Owner:
-    """The pool, as a connection sees it."""
+    """Whoever made the connection, as it is told: that it can carry another exchange
+    (``quiescent``), and that a request went unanswered (the ``unanswered`` hook of a send)."""
 
     def __init__(self) -> None:
         self.put_back: list[UpstreamConnection] = []
-        self.dropped: list[UpstreamConnection] = []
         self.resent: list[Resend] = []
 
     def resend(
@@ -210,12 +215,8 @@ class Owner:
         self.resent.append(again := Resend(key, head, data, deferred))
         return again.cancel
 
-    def put(self, connection: UpstreamConnection) -> None:
+    def quiescent(self, connection: UpstreamConnection) -> None:
         self.put_back.append(connection)
-        connection.park(0.0)
-
-    def drop(self, connection: UpstreamConnection) -> None:
-        self.dropped.append(connection)
 
 
 class Writes(StringTransport):
@@ -273,8 +274,7 @@ class Rig:
     def __init__(self) -> None:
         self.owner = Owner()
         self.transport = Writes()
-        self.connection = UpstreamConnection()
-        self.connection.owner = self.owner  # type: ignore[assignment]
+        self.connection = UpstreamConnection(self.owner.quiescent)
         self.connection.makeConnection(self.transport)
 
     def send(
@@ -282,7 +282,9 @@ class Rig:
     ) -> Deferred[Answer]:
         d: Deferred[Answer] = Deferred(self.connection.cancel)
         data = data or method + b" / HTTP/1.1\r\nHost: h\r\n\r\n"
-        self.connection.send(method == b"HEAD", data, d, resend)
+        head = method == b"HEAD"
+        again = partial(self.owner.resend, KEY, head, data) if resend else None
+        self.connection.send(head, data, d, again)
         return d
 
     def feed(self, *segments: bytes) -> None:
@@ -810,8 +812,8 @@ def test_bytes_on_an_idle_connection_close_it() -> None:
     read(result_of(d))
     assert rig.reused
     rig.feed(b"HTTP/1.1 200 OK\r\n")
-    assert rig.closing and rig.connection in rig.owner.dropped
-    assert rig.connection.phase is Phase.CLOSING and not rig.connection.unpark()
+    assert rig.closing
+    assert rig.connection.phase is Phase.CLOSING and not rig.connection.ready()
 
 
 def test_an_idle_connection_the_server_closes_is_dropped() -> None:
@@ -820,8 +822,7 @@ def test_an_idle_connection_the_server_closes_is_dropped() -> None:
     rig.feed(OK_20 + BODY_20)
     read(result_of(d))
     rig.lose()
-    assert rig.connection in rig.owner.dropped and rig.connection.phase is Phase.CLOSED
-    assert not rig.connection.unpark()
+    assert rig.connection.phase is Phase.CLOSED and not rig.connection.ready()
 
 
 def test_a_dead_pooled_connection_fails_the_next_request_as_never_received() -> None:
@@ -926,7 +927,7 @@ def test_the_phase_follows_each_exchange() -> None:
     reader = read(result_of(d))
     rig.feed(BODY_20)
     seen.append(connection.phase)
-    assert connection.unpark()
+    assert connection.ready()
     seen.append(connection.phase)
     rig.send()
     rig.lose()
@@ -937,7 +938,7 @@ def test_the_phase_follows_each_exchange() -> None:
         Phase.WAITING_HEAD,
         Phase.WAITING_HEAD,
         Phase.READING_BODY,
-        Phase.IDLE,
+        Phase.READY,
         Phase.READY,
         Phase.CLOSED,
     ]
@@ -949,7 +950,7 @@ def test_a_stopped_reader_leaves_the_connection_closing() -> None:
     rig.feed(OK_20)
     read(result_of(d)).source.stop()
     assert rig.connection.phase is Phase.CLOSING and rig.closing
-    assert not rig.connection.unpark()
+    assert not rig.connection.ready()
 
 
 def test_close_waits_for_the_connection_to_go() -> None:

@@ -48,7 +48,7 @@ from nvpair.wire.facade_types import Phase
 from nvpair.wire.headers import HOP_BY_HOP, end_to_end
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_pool import IDLE_TIMEOUT, Pool
-from nvpair.wire.upstream_types import Key, Resent
+from nvpair.wire.upstream_types import Key
 from nvpair.wire.web import ProxiedRequest
 from tests.httpwire import read_stream
 
@@ -324,12 +324,6 @@ def _h11_answer(conn: h11.Connection, request: h11.Request) -> bool:
 ENGINE: Key = (b"http", b"engine", 80)
 
 
-def _no_redial(
-    pool: Pool, key: Key, head: bool, data: bytes, sent: Deferred[wire.Answer]
-) -> Resent:
-    raise AssertionError("no request here is sent with resend=True")
-
-
 class BodyReader:
     """A body sink that keeps what it gets and how the body ended."""
 
@@ -347,8 +341,8 @@ class BodyReader:
 
 def upstream_connection(pool: Pool) -> tuple[UpstreamConnection, StringTransport]:
     """The upstream connection under test on an in-memory transport: the one place it is built."""
-    connection = UpstreamConnection()
-    pool.adopt(connection, ENGINE)
+    connection = pool.factory(ENGINE).buildProtocol(None)
+    assert isinstance(connection, UpstreamConnection)
     transport = StringTransport()
     connection.makeConnection(transport)
     return connection, transport
@@ -358,10 +352,10 @@ def proxy_reads_response(method: bytes, segments: Sequence[bytes]) -> Answer | N
     """Send one request, deliver ``segments`` as the engine's answer, then the engine closes.
 
     The connection's owner is the proxy's own pool, not a stand-in: whether the connection is
-    reused is whether the pool would hand it out again, which takes the pool parking it (bytes
-    that come while it is idle have it dropped).
+    reused is whether the pool would hand it out again, which takes the pool keeping it (bytes
+    that come while it is idle have it closed, and the pool then hands it out no more).
     """
-    pool = Pool(Clock(), 1, IDLE_TIMEOUT, _no_redial)  # type: ignore[arg-type]
+    pool = Pool(Clock(), 1, IDLE_TIMEOUT)
     connection, transport = upstream_connection(pool)
     heads: list[wire.ResponseHead] = []
     reader = BodyReader()
