@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from attrs import define, field
-from twisted.internet.address import IPv4Address
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
-from twisted.internet.interfaces import IAddress, IPushProducer, ITransport
-from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
-from zope.interface import implementer
 
 from nvpair.config import Config
 from nvpair.control.reservations import Reservations
@@ -34,6 +28,16 @@ from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.observe.metrics import Metrics
 from nvpair.observe.recent import RecentWorkloads
 from nvpair.service import request_bounds
+from nvpair.wire.message import (
+    COMPLETE,
+    Answer,
+    BodySink,
+    End,
+    Ended,
+    Fields,
+    NoAnswer,
+    ResponseHead,
+)
 
 
 class ClientTransport:
@@ -138,78 +142,81 @@ class ClientRequest:
         return values[0].decode() if values else None
 
 
-@implementer(IPushProducer, ITransport)
 class UpstreamConnection:
-    """The transport a response body is delivered over: a push producer, as Agent's is."""
+    """What a scripted answer's body is read over: its state, as the body's flow sets it."""
 
     def __init__(self) -> None:
         self.state = "producing"
 
-    def write(self, data: bytes) -> None:
-        raise AssertionError("a response body's transport is never written to")
 
-    def writeSequence(self, data: Iterable[bytes]) -> None:
-        raise AssertionError("a response body's transport is never written to")
-
-    def loseConnection(self) -> None:
-        self.state = "stopped"
-
-    def getPeer(self) -> IAddress:
-        return IPv4Address("TCP", "10.0.0.1", 11434)
-
-    def getHost(self) -> IAddress:
-        return IPv4Address("TCP", "10.0.0.2", 50000)
-
-    def pauseProducing(self) -> None:
-        self.state = "paused"
-
-    def resumeProducing(self) -> None:
-        self.state = "producing"
-
-    def stopProducing(self) -> None:
-        self.state = "stopped"
-
-
-@implementer(IResponse)
 class Response:
-    """A scripted upstream response: headers now, body when the test says."""
+    """A scripted engine answer: its head now, its body when the test says. It is its body's
+    source (``connect``, ``pause``, ``resume``, ``stop``), as an upstream connection's is."""
 
-    version = (b"HTTP", 1, 1)
-    request = None
-    previousResponse = None
-
-    def __init__(self, code: int, body: bytes | None = None, headers: Headers | None = None):
-        self.code = code
-        self.phrase = b"Status"
-        self.headers = headers or Headers({b"content-type": [b"application/json"]})
-        self.length: int | None = None
+    def __init__(
+        self, code: int, body: bytes | None = None, headers: Headers | Fields | None = None
+    ):
+        if headers is None:
+            fields = Fields.of([(b"content-type", b"application/json")])
+        elif isinstance(headers, Fields):
+            fields = headers
+        else:
+            fields = Fields.of(headers.getAllRawHeaders())
+        self.head = ResponseHead(code, b"Status", fields)
         self.connection = UpstreamConnection()
-        self._protocol: Protocol | None = None
+        self._sink: BodySink | None = None
         self._pending = body
 
-    def deliverBody(self, protocol: Protocol) -> None:
-        self._protocol = protocol
-        protocol.makeConnection(self.connection)
+    @property
+    def code(self) -> int:
+        return self.head.status
+
+    @property
+    def headers(self) -> Fields:
+        return self.head.fields
+
+    @property
+    def length(self) -> int | None:
+        return self.head.length
+
+    @length.setter
+    def length(self, length: int | None) -> None:
+        self.head.length = length
+
+    @property
+    def answer(self) -> Answer:
+        return Answer(self.head, self)
+
+    def connect(self, sink: BodySink) -> None:
+        if self._sink is not None:
+            raise RuntimeError("the body has a sink already")
+        self._sink = sink
         if self._pending is not None:
             body, self._pending = self._pending, None
             if body:
-                protocol.dataReceived(body)
-            protocol.connectionLost(Failure(ResponseDone()))
+                sink.data(body)
+            sink.end(COMPLETE)
+
+    def pause(self) -> None:
+        self.connection.state = "paused"
+
+    def resume(self) -> None:
+        self.connection.state = "producing"
+
+    def stop(self, abort: bool = False) -> None:
+        self.connection.state = "stopped"
 
     def send(self, data: bytes) -> None:
-        assert self._protocol is not None
-        self._protocol.dataReceived(data)
+        assert self._sink is not None
+        self._sink.data(data)
 
     def end(self) -> None:
-        assert self._protocol is not None
-        self._protocol.connectionLost(Failure(ResponseDone()))
-
-    def setPreviousResponse(self, response: IResponse) -> None:
-        raise AssertionError("no redirects on the proxy's hop")
+        assert self._sink is not None
+        self._sink.end(COMPLETE)
 
     def die(self) -> None:
-        assert self._protocol is not None
-        self._protocol.connectionLost(Failure(ConnectionLost()))
+        assert self._sink is not None
+        self._sink.end(Ended(End.CUT, ConnectionLost()))
 
 
 @define(eq=False)
@@ -219,9 +226,9 @@ class Call:
     base: str
     method: bytes
     uri: bytes
-    headers: Headers
+    headers: Headers | Fields
     body: bytes | None
-    deferred: Deferred[IResponse]
+    deferred: Deferred[Answer]
     cancelled: bool = False
     #: Reports the connection up (when the upstream was told to hold dials).
     connected: Callable[[], None] = lambda: None
@@ -229,7 +236,7 @@ class Call:
     resend: bool = False
 
     def answer(self, response: Response) -> Response:
-        self.deferred.callback(response)
+        self.deferred.callback(response.answer)
         return response
 
     def refuse(self) -> None:
@@ -241,11 +248,11 @@ class ScriptedUpstream:
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
-        #: What a cancelled request fails with. Agent used ResponseNeverReceived once
-        #: connected and ConnectingCancelledError while connecting; nvpair.wire.upstream gives
-        #: ConnectingCancelledError, then plain CancelledError. The request path must judge a
-        #: cancel by who cancelled, never by this (test_dispatch.py covers each).
-        self.cancel_error: Exception = ResponseNeverReceived([Failure(CancelledError())])
+        #: What a cancelled request fails with: nvpair.wire.upstream gives
+        #: ConnectingCancelledError while dialling, then plain CancelledError, and a connection
+        #: that went NoAnswer. The request path must judge a cancel by who cancelled, never by
+        #: this (test_dispatch.py covers each).
+        self.cancel_error: Exception = NoAnswer(CancelledError())
         #: False: every dial stays pending until the test calls ``call.connected()``;
         #: True: connections are up at once, as a pooled one is.
         self.connect_at_once = True
@@ -255,17 +262,17 @@ class ScriptedUpstream:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Headers | Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
-    ) -> Deferred[IResponse]:
-        def cancel(d: Deferred[IResponse]) -> None:
-            # By default as Agent did: a cancelled request fails with ResponseNeverReceived.
+    ) -> Deferred[Answer]:
+        def cancel(d: Deferred[Answer]) -> None:
+            # By default a cancelled request fails with NoAnswer.
             call.cancelled = True
             d.errback(self.cancel_error)
 
-        d: Deferred[IResponse] = Deferred(cancel)
+        d: Deferred[Answer] = Deferred(cancel)
         call = Call(
             base_url,
             method,

@@ -18,7 +18,6 @@ from attrs import define
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 
 from nvpair.common.deadlines import Deadline, Deadlines
 from nvpair.control.state import ControlState, Discovery, Node
@@ -27,6 +26,7 @@ from nvpair.dispatch.relay import BodyRelay, First
 from nvpair.engines.table import ENGINES, RouteClass
 from nvpair.wire.bodies import discard_body
 from nvpair.wire.headers import is_event_stream
+from nvpair.wire.message import Answer, ResponseHead
 from nvpair.wire.web import UpstreamClient
 
 
@@ -52,7 +52,7 @@ class AttemptState:
     claim: Claim = Claim.RUNNING
     #: What the attempt awaits now (the response head, then the first body byte): what the
     #: watcher or the header timer cancels.
-    waiting: Deferred[IResponse] | Deferred[First] | None = None
+    waiting: Deferred[Answer] | Deferred[First] | None = None
     #: The header budget ran out (a cancelled request fails with whatever the client makes of
     #: a cancel, so the reason is recorded here rather than read off the error).
     expired: bool = False
@@ -123,9 +123,9 @@ TRUNCATED = "truncated"
 
 
 class Served(NamedTuple):
-    """The response is the client's answer; ``relay`` holds its body, not yet attached."""
+    """The engine's answer is the client's; ``relay`` holds its body, not yet attached."""
 
-    response: IResponse
+    head: ResponseHead
     relay: BodyRelay
 
 
@@ -185,9 +185,9 @@ class Attempts:
         self._deadlines = Deadlines(clock, header_timeout) if header_timeout else None
         self._address = address
 
-    def _discard(self, response: IResponse) -> None:
-        """A response that is not the client's answer: drained in the background, bounded."""
-        discard_body(response, self._clock, DISCARD_SECONDS, DISCARD_BYTES)
+    def _discard(self, answer: Answer) -> None:
+        """An answer that is not the client's: drained in the background, bounded."""
+        discard_body(answer, self._clock, DISCARD_SECONDS, DISCARD_BYTES)
 
     async def run(
         self, outgoing: Outgoing, node: Node, final: bool, cancelled: Callable[[], bool]
@@ -212,7 +212,7 @@ class Attempts:
             if isinstance(sent, Failed):
                 return sent
             try:
-                response: IResponse = await sent
+                answer: Answer = await sent
             except Exception as error:
                 if cancelled():
                     raise CancelledError() from error
@@ -225,28 +225,25 @@ class Attempts:
                 state.stop_timers()
             if state.abandoned():
                 # The watcher fired while the headers were being delivered.
-                self._discard(response)
+                self._discard(answer)
                 return Failed(Fault.NODE_LEFT)
 
-            verdict = classify(response.code, outgoing.route)
+            head = answer.head
+            verdict = classify(head.status, outgoing.route)
             if verdict is Verdict.RETRY and not final:
-                self._discard(response)
-                return Failed(Fault.STATUS, status=response.code)
+                self._discard(answer)
+                return Failed(Fault.STATUS, status=head.status)
 
-            relay = BodyRelay()
-            response.deliverBody(relay)
+            relay = BodyRelay(answer.body)
+            answer.body.connect(relay)
             # Every answer commits at its first body byte (or its empty body's end): one whose
             # engine died before it has relayed nothing, and fails as transport. Only an
             # inference 2xx waits under the first-body cap (docs/request-path.md#the-commit-point).
             # An event feed commits at its head: it may stay silent for minutes, and its
             # client waits for the stream to open (docs/request-path.md#event-feeds).
-            if not isinstance(relay.first, First) and not relayed_at_head(outgoing, node, response):
-                # Not when the first byte (or a clean end) came with the headers — a whole answer
-                # in one read, as most non-streamed ones are: nothing to wait for, no Deferred
-                # made and no timer armed and disarmed for it. A failure goes the long way, to
-                # be classified.
+            if not relayed_at_head(outgoing, node, head):
                 timed = verdict is Verdict.COMMIT and outgoing.route is RouteClass.INFERENCE
-                failed = await self._first_byte(response, relay, state, cancelled, timed)
+                failed = await self._first_byte(head, relay, state, cancelled, timed)
                 if failed is not None:
                     return failed
             if not state.claim_commit():
@@ -254,7 +251,7 @@ class Attempts:
                 # before any byte: retry rather than serve a stream the proxy would truncate.
                 relay.abandon()
                 return Failed(Fault.NODE_LEFT)
-            return Served(response, relay)
+            return Served(head, relay)
         finally:
             state.stop_timers()
             if unsubscribe is not None:
@@ -262,7 +259,7 @@ class Attempts:
 
     def _send(
         self, outgoing: Outgoing, node: Node, state: AttemptState
-    ) -> Deferred[IResponse] | Failed:
+    ) -> Deferred[Answer] | Failed:
         """Start the exchange, with the header budget armed once the connection is up.
 
         Dial, headers and first content are budgets run in sequence
@@ -294,7 +291,7 @@ class Attempts:
 
     async def _first_byte(
         self,
-        response: IResponse,
+        head: ResponseHead,
         relay: BodyRelay,
         state: AttemptState,
         cancelled: Callable[[], bool],
@@ -304,16 +301,20 @@ class Attempts:
 
         :param timed: under the first-body cap (an inference 2xx); else without a bound of
             its own, as the body after it would be.
+
+        One path whether or not the byte has come: most answers bring it with their head (a
+        whole answer in one read), and awaiting a gate already open goes on at once, with no
+        timer armed for it.
         """
         gate = relay.gate()
-        if timed and self._timeout:
+        if timed and self._timeout and not gate.called:
             gate.addTimeout(self._timeout, self._clock)
         state.waiting = gate
         try:
             await gate
         except TimeoutError:
             # Never a commit, not even on the final attempt: the caller answers 504.
-            return Failed(Fault.FIRST_BODY_TIMEOUT, status=response.code)
+            return Failed(Fault.FIRST_BODY_TIMEOUT, status=head.status)
         except CancelledError:
             relay.abandon()
             if state.abandoned() and not cancelled():
@@ -326,11 +327,11 @@ class Attempts:
         return None
 
 
-def relayed_at_head(outgoing: Outgoing, node: Node, response: IResponse) -> bool:
-    """Whether ``response`` is an event feed relayed at its head: a 2xx ``text/event-stream``
+def relayed_at_head(outgoing: Outgoing, node: Node, head: ResponseHead) -> bool:
+    """Whether ``head`` is an event feed's, relayed at its head: a 2xx ``text/event-stream``
     answer that is not an inference answer (docs/request-path.md#event-feeds). A peer's request
     is classed by its path, as the node that sent it classed it."""
-    if not 200 <= response.code < 300 or not is_event_stream(response.headers):
+    if not 200 <= head.status < 300 or not is_event_stream(head.fields):
         return False
     route = outgoing.route
     if route is RouteClass.PEER:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 
 from twisted.internet.defer import CancelledError
-from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 
 from nvpair.common.logs import debug_enabled
@@ -24,8 +23,9 @@ from nvpair.dispatch.job import Ending, Job, Services
 from nvpair.dispatch.relay import BodyEnd, WriteDeadline
 from nvpair.engines.inferstats import StatsReader
 from nvpair.engines.table import RouteClass
-from nvpair.wire.fields import set_field
-from nvpair.wire.headers import SPENT, framed_by_length, strip_hop_by_hop
+from nvpair.wire.fields import LeanHeaders
+from nvpair.wire.headers import framed_by_length, strip_hop_by_hop
+from nvpair.wire.message import Flow
 
 log = Logger(namespace="nvpair.dispatch.delivery")
 
@@ -93,27 +93,28 @@ def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bo
 
 async def deliver(services: Services, job: Job, node: Node, served: Served) -> BodyEnd:
     """Write the served response's status and headers, then relay its body; how it ended."""
-    request, response, relay = job.request, served.response, served.relay
-    request.setResponseCode(response.code, response.phrase)
-    # The engine's headers become the answer's (nothing sets the answer's own before its
-    # commit): stripped of its hop's headers in place rather than copied value by value
+    request, head, relay = job.request, served.head, served.relay
+    status = head.status
+    request.setResponseCode(status, head.phrase)
+    # The engine's fields become the answer's (nothing sets the answer's own before its
+    # commit): stripped of its hop's fields in place rather than copied value by value
     # (docs/performance.md#headers).
-    headers = request.responseHeaders = strip_hop_by_hop(response.headers, request=False)
-    if framed_by_length(job.admitted.method, response.code) and isinstance(response.length, int):
-        # Twisted's client moves Content-Length out of the headers into ``length``; putting
-        # it back keeps the engine's framing (else the client would get chunked encoding).
-        set_field(headers, b"Content-Length", b"%d" % response.length)
-    set_field(headers, b"X-Nvpair-Node", _answering_node(services, node).encode())
+    fields = strip_hop_by_hop(head.fields, request=False)
+    if framed_by_length(job.admitted.method, status) and head.length is not None:
+        # The client read Content-Length as the body's framing (``length``); putting it back
+        # keeps the engine's framing (else the client would get chunked encoding).
+        fields[b"Content-Length"] = [b"%d" % head.length]
+    fields[b"X-Nvpair-Node"] = [_answering_node(services, node).encode()]
     for name, value in job.queued_field():
-        set_field(headers, name, value)
-    response.headers = SPENT
+        fields[name] = [value]
+    request.responseHeaders = LeanHeaders.over(fields)
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
     clock = services.clock
-    job.served(response.code, clock.seconds())
+    job.served(status, clock.seconds())
     reader: StatsReader | None = None
     if job.workload is not None:
         job.workload.started(node.id)
-        if response.code < 400:
+        if status < 400:
             # Only a committed answer below 400 is measured: never an error body.
             reader = StatsReader(job.created)
             feed = reader.feed
@@ -133,7 +134,7 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
             engine=job.admitted.engine.id,
             path=job.admitted.path,
             node=node.id,
-            status=response.code,
+            status=status,
             complete=end.complete,
         )
     return end
@@ -148,7 +149,7 @@ def _answering_node(services: Services, node: Node) -> str:
     return node.id
 
 
-def _write_deadline(services: Services, job: Job, upstream: IPushProducer) -> WriteDeadline:
+def _write_deadline(services: Services, job: Job, upstream: Flow) -> WriteDeadline:
     timeout = services.bounds.client_write_timeout
 
     def expired() -> None:

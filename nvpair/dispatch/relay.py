@@ -1,11 +1,11 @@
 """The response body relay: the first-body gate, then streaming with backpressure.
 
-An upstream body is delivered into a :class:`BodyRelay`. Until the attempt commits, the relay holds
-the first chunk and pauses the upstream (docs/request-path.md#the-commit-point: the first body byte,
-never the headers, is evidence that generation has begun). After :meth:`BodyRelay.attach` it splices
-that chunk back onto the front and streams the rest to the client with the upstream transport
-registered as the client's producer, so a slow client slows the engine instead of growing this
-process's memory.
+An engine's answer's body goes to a :class:`BodyRelay`, a body sink. Until the attempt commits,
+the relay holds the first chunk and pauses the upstream (docs/request-path.md#the-commit-point:
+the first body byte, never the headers, is evidence that generation has begun). After
+:meth:`BodyRelay.attach` it splices that chunk back onto the front and streams the rest to the
+client with the upstream body's flow registered as the client's producer, so a slow client slows
+the engine instead of growing this process's memory.
 """
 
 from __future__ import annotations
@@ -13,17 +13,15 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime, ITransport
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
-from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
+from nvpair.wire.message import Ended, Flow
 from nvpair.wire.web import ProxiedRequest
 
 
@@ -42,14 +40,14 @@ class BodyEnd(NamedTuple):
     fraction of a frozen attrs class's cost; docs/performance.md#per-dispatch-overheads).
 
     :ivar complete: the upstream finished the body cleanly.
-    :ivar reason: the failure when it did not (upstream died, client left).
+    :ivar reason: how it ended when it did not (upstream died, client left).
     :ivar cut: the engine's connection ended before the body's end (no final chunk, a reset,
         fewer bytes than ``Content-Length``) while the client was still there: the answer
         was truncated by its node, not by its reader.
     """
 
     complete: bool
-    reason: Failure | None = None
+    reason: Ended | None = None
     cut: bool = False
 
 
@@ -60,22 +58,15 @@ class _State(enum.Enum):
     ABANDONED = "abandoned"
 
 
-def _clean_end(reason: Failure) -> bool:
-    # PotentialDataLoss: a body delimited by connection close, which HTTP/1.0-style upstreams
-    # legitimately use; the body is as complete as the upstream meant it. (isinstance, not
-    # Failure.check, which compares qualified class names as strings: once per body.)
-    return isinstance(reason.value, ResponseDone | PotentialDataLoss)
-
-
 def _ignored(_: Failure) -> None:
     return None
 
 
-@implementer(IPushProducer)
 class WriteDeadline:
-    """The upstream as the client's producer, with a deadline on how long the client may stall.
+    """The upstream body's flow as the client's producer, with a deadline on how long the
+    client may stall (a :class:`~nvpair.wire.message.Flow` itself).
 
-    The client's channel pauses its producer when the client stops reading; a client that
+    The client's connection pauses its producer when the client stops reading; a client that
     accepts nothing for ``timeout`` seconds is dropped (``--client-write-timeout``), so a dead
     reader cannot hold an engine's stream, and the request ends as cancelled.
     """
@@ -91,7 +82,7 @@ class WriteDeadline:
 
     def __init__(
         self,
-        upstream: IPushProducer,
+        upstream: Flow,
         clock: IReactorTime,
         timeout: float,
         expired: Callable[[], None],
@@ -102,18 +93,18 @@ class WriteDeadline:
         self._expired = expired
         self._timer: IDelayedCall | None = None
 
-    def pauseProducing(self) -> None:
-        self._upstream.pauseProducing()
+    def pause(self) -> None:
+        self._upstream.pause()
         if self._timer is None and self._timeout > 0:
             self._timer = self._clock.callLater(self._timeout, self._expire)
 
-    def resumeProducing(self) -> None:
+    def resume(self) -> None:
         self._disarm()
-        self._upstream.resumeProducing()
+        self._upstream.resume()
 
-    def stopProducing(self) -> None:
+    def stop(self, abort: bool = False) -> None:
         self._disarm()
-        self._upstream.stopProducing()
+        self._upstream.stop(abort)
 
     def disarm(self) -> None:
         """The body ended: a client that stopped reading can no longer hold anything."""
@@ -130,8 +121,28 @@ class WriteDeadline:
         self._expired()
 
 
-class BodyRelay(Protocol):
-    """Receives one upstream body (``response.deliverBody(relay)``).
+@implementer(IPushProducer)
+class _Producing:
+    """A flow as the client request's push producer."""
+
+    __slots__ = ("_flow",)
+
+    def __init__(self, flow: Flow) -> None:
+        self._flow = flow
+
+    def pauseProducing(self) -> None:
+        self._flow.pause()
+
+    def resumeProducing(self) -> None:
+        self._flow.resume()
+
+    def stopProducing(self) -> None:
+        self._flow.stop()
+
+
+class BodyRelay:
+    """Receives one engine's answer's body (a :class:`~nvpair.wire.message.BodySink`:
+    ``answer.body.connect(relay)``), ``source`` being that body.
 
     :ivar first: what opened the gate (:class:`First`), or the transport error that ended the
         body before any byte; None until one of them came. :meth:`gate` waits for it.
@@ -147,23 +158,19 @@ class BodyRelay(Protocol):
         "_gate",
         "_guard",
         "_held",
-        "_producer",
         "_request",
+        "_source",
         "_state",
         "_tap",
-        "connected",
         "done",
         "first",
-        "transport",
     )
 
     log = Logger()
 
-    def __init__(self) -> None:
-        # Slots, where the Protocol base has class defaults.
-        self.transport: ITransport | None = None
-        self.connected = 0
-        self._deadline: Callable[[IPushProducer], WriteDeadline] | None = None
+    def __init__(self, source: Flow) -> None:
+        self._source = source
+        self._deadline: Callable[[Flow], WriteDeadline] | None = None
         self._guard: WriteDeadline | None = None
         self._tap: Callable[[bytes], None] | None = None
         self.first: First | Failure | None = None
@@ -173,25 +180,13 @@ class BodyRelay(Protocol):
         self.done: Deferred[BodyEnd] = Deferred()
         self._state = _State.WAITING
         self._held = b""
-        self._ended: Failure | None = None
+        self._ended: Ended | None = None
         self._request: ProxiedRequest | None = None
         self._client_gone = False
-        self._producer: IPushProducer | None = None
 
-    # -- IProtocol -------------------------------------------------------------------------
+    # -- the body's sink -------------------------------------------------------------------
 
-    def makeConnection(self, transport: ITransport) -> None:
-        # deliverBody hands us a transport that is a push producer over the upstream
-        # connection (nvpair.wire.upstream_response.BodyTransport); looked at once here rather than
-        # on every pause, resume and stop. Asked with providedBy, not adapted: an adapter
-        # lookup costs several times more, once per answer
-        # (docs/performance.md#per-dispatch-overheads).
-        self._producer = (
-            cast(IPushProducer, transport) if IPushProducer.providedBy(transport) else None
-        )
-        super().makeConnection(transport)  # type: ignore[no-untyped-call]
-
-    def dataReceived(self, data: bytes) -> None:
+    def data(self, data: bytes) -> None:
         if self._state is _State.RELAYING:
             request = self._request
             if not self._client_gone and request is not None:
@@ -205,21 +200,21 @@ class BodyRelay(Protocol):
             self._held = data
             self._state = _State.HELD
             # Hold the engine where it is until the attempt decides: commit or abandon.
-            self._pause()
+            self._source.pause()
             self._open(First.BYTE)
         elif self._state is _State.HELD:
-            # A transport may deliver what it already had buffered despite the pause.
+            # A read being handled may deliver the rest of its bytes despite the pause.
             self._held += data
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
+    def end(self, ended: Ended) -> None:
         if self._state is _State.WAITING:
             self._state = _State.HELD
-            self._ended = reason
-            self._open(First.EMPTY if _clean_end(reason) else reason)
+            self._ended = ended
+            self._open(First.EMPTY if ended.complete else _failure(ended))
         elif self._state is _State.HELD:
-            self._ended = reason
+            self._ended = ended
         elif self._state is _State.RELAYING:
-            self._finish(reason)
+            self._finish(ended)
 
     # -- the attempt's side ----------------------------------------------------------------
 
@@ -233,7 +228,7 @@ class BodyRelay(Protocol):
                 self._fire(gate, self.first)
         return gate
 
-    def set_deadline(self, wrap: Callable[[IPushProducer], WriteDeadline]) -> None:
+    def set_deadline(self, wrap: Callable[[Flow], WriteDeadline]) -> None:
         """Wrap the upstream before it is registered as the client's producer (for a
         :class:`WriteDeadline`)."""
         self._deadline = wrap
@@ -267,13 +262,11 @@ class BodyRelay(Protocol):
         if self._ended is not None:
             self._finish(self._ended)
             return
-        upstream = self._upstream()
-        if upstream is not None:
-            producer: IPushProducer = upstream
-            if self._deadline is not None:
-                producer = self._guard = self._deadline(upstream)
-            request.registerProducer(producer, True)
-            upstream.resumeProducing()
+        flow: Flow = self._source
+        if self._deadline is not None:
+            flow = self._guard = self._deadline(flow)
+        request.registerProducer(_Producing(flow), True)
+        self._source.resume()
 
     def abandon(self) -> None:
         """Drop this body without relaying it: close the upstream connection.
@@ -285,18 +278,14 @@ class BodyRelay(Protocol):
             self.client_gone()
             return
         self._state = _State.ABANDONED
-        upstream = self._upstream()
-        if upstream is not None:
-            upstream.stopProducing()
+        self._source.stop()
 
     def client_gone(self) -> None:
         """The client disconnected: stop writing, and stop the upstream (it has no reader)."""
         if self._client_gone:
             return
         self._client_gone = True
-        upstream = self._upstream()
-        if upstream is not None:
-            upstream.stopProducing()
+        self._source.stop()
 
     # -- internals -------------------------------------------------------------------------
 
@@ -332,22 +321,14 @@ class BodyRelay(Protocol):
             request.unregisterProducer()
         request.loseConnection()
 
-    def _upstream(self) -> IPushProducer | None:
-        return self._producer
-
-    def _pause(self) -> None:
-        upstream = self._upstream()
-        if upstream is not None:
-            upstream.pauseProducing()
-
-    def _finish(self, reason: Failure) -> None:
+    def _finish(self, ended: Ended) -> None:
         if self.done.called:
             return
         if self._guard is not None:
             # Paused by the client when the body ended, the deadline would otherwise fire
             # on a finished request.
             self._guard.disarm()
-        clean = _clean_end(reason)
+        clean = ended.complete
         complete = clean and not self._client_gone
         request = self._request
         if not self._client_gone and request is not None:
@@ -364,4 +345,10 @@ class BodyRelay(Protocol):
             except (AttributeError, RuntimeError):
                 pass
         cut = not clean and not self._client_gone
-        self.done.callback(BodyEnd(complete, None if complete else reason, cut))
+        self.done.callback(BodyEnd(complete, None if complete else ended, cut))
+
+
+def _failure(ended: Ended) -> Failure:
+    """What a body that ended before its first byte, not whole, fails the gate with."""
+    error = ended.error
+    return Failure(error if error is not None else ConnectionError(f"body {ended.how.value}"))

@@ -20,12 +20,11 @@ from attrs import frozen
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 
 from nvpair.common.durations import format_duration
 from nvpair.engines.table import ENGINES
 from nvpair.wire.bodies import discard_body
+from nvpair.wire.message import Answer, Fields
 from nvpair.wire.web import UpstreamClient
 
 #: Seconds from one probe's start to the next one's.
@@ -105,7 +104,7 @@ class _Watched:
         self.url = url
         self.liveness = ALIVE
         #: The probe out now, if any.
-        self.sent: Deferred[IResponse] | None = None
+        self.sent: Deferred[Answer] | None = None
         #: The probe's bound while it is out, else the next probe.
         self.timer: IDelayedCall | None = None
 
@@ -190,7 +189,7 @@ class LivenessProbes:
         path = ENGINES[watched.engine].liveness_path.encode()
         # A GET: asked again on a fresh connection when a kept-alive one turns out closed.
         try:
-            sent = self._upstream.request(watched.url, b"GET", path, Headers(), None, resend=True)
+            sent = self._upstream.request(watched.url, b"GET", path, Fields(), None, resend=True)
         except Exception:
             # Not even sent (an address the client cannot use): no answer, and no silence.
             sent = fail()
@@ -203,8 +202,8 @@ class LivenessProbes:
 
         watched.timer = self._clock.callLater(self._bound, expire)
 
-        def answered(response: IResponse) -> Probe:
-            discard_body(response, self._clock, DRAIN_SECONDS, DRAIN_BYTES)
+        def answered(answer: Answer) -> Probe:
+            discard_body(answer, self._clock, DRAIN_SECONDS, DRAIN_BYTES)
             return Probe.ANSWERED
 
         def failed(_: object) -> Probe:

@@ -8,13 +8,13 @@ import json
 
 from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
-from twisted.web.http_headers import Headers
 
 from nvpair.engines.loadstate import Answer, LoadState
 from nvpair.engines.table import ENGINES
 from nvpair.fleet.file import base_url_hint
 from nvpair.fleet.loadpoll import read_load
 from nvpair.wire.fanout import ask
+from nvpair.wire.message import Fields
 from nvpair.wire.web import UpstreamClient
 
 #: Bound on one inventory poll beyond the dial timeout (docs/inventories.md#polled-inventories).
@@ -45,7 +45,7 @@ class NodePoll:
             url,
             b"GET",
             path.encode(),
-            Headers(),
+            Fields(),
             MAX_INVENTORY_BODY,
         )
         return Answer(reply.status, reply.body)

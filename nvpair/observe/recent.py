@@ -60,11 +60,9 @@ class Trail:
 
     def attempt_ended(self, node: str, outcome: Outcome) -> None:
         """A dispatch to ``node`` ended: served (its answer is now the client's) or failed."""
-        # Not the Served value itself: it holds the response and its relay, which must not
-        # outlive the request for the sake of a status page.
-        self._ended.append(
-            (node, outcome.response.code if isinstance(outcome, Served) else outcome)
-        )
+        # Not the Served value itself: it holds the answer's head and its relay, which must
+        # not outlive the request for the sake of a status page.
+        self._ended.append((node, outcome.head.status if isinstance(outcome, Served) else outcome))
 
     def truncated(self) -> None:
         """The served attempt's answer was cut by its engine before the body's end."""

@@ -1,14 +1,11 @@
 # -*- test-case-name: tests.wire.test_bodies -*-
-"""Reading an upstream response body within a bound of time and of bytes.
+"""Reading an engine's answer's body within a bound of time and of bytes.
 
-Twisted's ``readBody`` waits as long as the upstream likes and keeps all it sends, so an engine
-that stalls after its headers, or sends without end, holds the reader and its connection for
-ever. Every read here ends: with the body, with a failure once a bound is passed, or on
-cancellation. In the last two cases the upstream connection is closed, never left open: the
-transport ``deliverBody`` hands a body protocol is a push producer over the connection
-(:class:`nvpair.wire.upstream_response.BodyTransport`, as Twisted's ``TransportProxyProducer``), and
-stopping it closes the connection. Before ``deliverBody``, cancelling the request's Deferred is
-what closes it; :func:`fetch` bounds both phases as one.
+An engine that stalls after its head, or sends without end, must not hold a reader and its
+connection for ever. Every read here ends: with the body, with a failure once a bound is
+passed, or on cancellation. In the last two cases the upstream connection is closed, never left
+open: stopping the body's source closes it. Before the answer's head, cancelling the request's
+Deferred is what closes it; :func:`fetch` bounds both phases as one.
 """
 
 from __future__ import annotations
@@ -18,12 +15,10 @@ import math
 from attrs import frozen
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
-from twisted.web.http import PotentialDataLoss
-from twisted.web.iweb import IResponse
+
+from nvpair.wire.message import Answer, BodySource, Ended, ResponseHead
 
 
 class BodyTooLarge(ValueError):
@@ -40,9 +35,9 @@ class HeadersTimeout(defer.TimeoutError):
 
 @frozen
 class Whole:
-    """A response read to its end: the headers' side and the body."""
+    """An answer read to its end: its head and its body."""
 
-    response: IResponse
+    head: ResponseHead
     body: bytes
 
 
@@ -59,31 +54,38 @@ def _delay(timeout: float | None) -> float | None:
     return max(timeout, 0.0)
 
 
-class _BoundedReader(Protocol):
-    """Collects (or only counts) one body, giving up past ``max_bytes`` or ``timeout``."""
+class _BoundedReader:
+    """Collects (or only counts) one body, giving up past ``max_bytes`` or ``timeout``: a
+    :class:`~nvpair.wire.message.BodySink`."""
 
     def __init__(
-        self, clock: IReactorTime, timeout: float | None, max_bytes: int, keep: bool
+        self,
+        source: BodySource,
+        clock: IReactorTime,
+        timeout: float | None,
+        max_bytes: int,
+        keep: bool,
     ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must not be negative: {max_bytes}")
         delay = _delay(timeout)
         self.done: Deferred[bytes] = Deferred(self._cancelled)
+        self._source = source
         self._max = max_bytes
         self._keep = keep
         self._parts: list[bytes] = []
         self._size = 0
-        # Set before anything that can re-enter connectionLost (closing the transport), so
-        # the close's own end of body is never mistaken for a complete one: with a body that
-        # ends at connection close that end would say PotentialDataLoss, i.e. "complete".
+        # Set before anything that can re-enter end (stopping the source), so the close's own
+        # end of the body is never mistaken for a complete one: a body that runs to the close
+        # would end "at the close", i.e. complete.
         self._settled = False
         self._timer: IDelayedCall | None = (
             clock.callLater(delay, self._expire) if delay is not None else None
         )
 
-    # -- IProtocol -------------------------------------------------------------------------
+    # -- the body's sink -------------------------------------------------------------------
 
-    def dataReceived(self, data: bytes) -> None:
+    def data(self, data: bytes) -> None:
         if self._settled:
             return
         self._size += len(data)
@@ -92,20 +94,21 @@ class _BoundedReader(Protocol):
         elif self._keep:
             self._parts.append(data)
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
+    def end(self, ended: Ended) -> None:
         if self._settled:
             return
         body = b"".join(self._parts)
         self._settle()
-        if reason.check(ResponseDone, PotentialDataLoss):
+        if ended.complete:
             self.done.callback(body)
         else:
-            self.done.errback(reason)
+            error = ended.error
+            self.done.errback(Failure(error if error is not None else ConnectionError(ended.how)))
 
     # -- ending early ----------------------------------------------------------------------
 
     def abort(self) -> None:
-        """Close the connection without firing :attr:`done` (deliverBody failed)."""
+        """Close the connection without firing :attr:`done` (connecting to the body failed)."""
         self._settle()
         self._close()
 
@@ -133,50 +136,48 @@ class _BoundedReader(Protocol):
             self._timer = None
 
     def _close(self) -> None:
-        producer = IPushProducer(self.transport, None)
-        if producer is not None:
-            # A no-op once the body has ended: Twisted stops proxying to the connection then,
-            # so a connection already back in the pool is never closed by a late call.
-            producer.stopProducing()
+        # A no-op once the body has ended: a connection already back in its pool is never
+        # closed by a late stop.
+        self._source.stop()
 
 
-def _deliver(response: IResponse, reader: _BoundedReader) -> Deferred[bytes]:
+def _deliver(answer: Answer, reader: _BoundedReader) -> Deferred[bytes]:
     try:
-        response.deliverBody(reader)
+        answer.body.connect(reader)
     except Exception:
-        # Delivered twice (a caller bug): nothing of this body will come to this reader.
+        # Connected twice (a caller bug): nothing of this body will come to this reader.
         reader.abort()
         return defer.fail()
     return reader.done
 
 
 def read_body(
-    response: IResponse, clock: IReactorTime, timeout: float | None, max_bytes: int
+    answer: Answer, clock: IReactorTime, timeout: float | None, max_bytes: int
 ) -> Deferred[bytes]:
-    """The whole body of ``response``, bounded in time and size.
+    """The whole body of ``answer``, bounded in time and size.
 
     Fails with :class:`BodyTooLarge` past ``max_bytes``, :class:`BodyTimeout` after ``timeout``
-    seconds (None: no time bound), or with the transport's error; a body delimited by the
-    connection's close (``PotentialDataLoss``) counts as complete. Cancelling the Deferred, like
-    either bound, closes the upstream connection.
+    seconds (None: no time bound), or with the error that ended it; a body delimited by the
+    connection's close counts as complete. Cancelling the Deferred, like either bound, closes
+    the upstream connection.
     """
-    return _deliver(response, _BoundedReader(clock, timeout, max_bytes, keep=True))
+    return _deliver(answer, _BoundedReader(answer.body, clock, timeout, max_bytes, keep=True))
 
 
 def discard_body(
-    response: IResponse, clock: IReactorTime, timeout: float | None, max_bytes: int
+    answer: Answer, clock: IReactorTime, timeout: float | None, max_bytes: int
 ) -> Deferred[None]:
-    """Read ``response``'s body to its end and drop it, so a keep-alive connection returns to
+    """Read ``answer``'s body to its end and drop it, so a keep-alive connection returns to
     the pool; past either bound (or on cancellation) close the connection instead.
 
     Nothing is kept in memory. Never fails: it is fire-and-forget for the caller.
     """
-    d = _deliver(response, _BoundedReader(clock, timeout, max_bytes, keep=False))
+    d = _deliver(answer, _BoundedReader(answer.body, clock, timeout, max_bytes, keep=False))
     return d.addBoth(lambda _: None)
 
 
 async def _fetch(
-    sent: Deferred[IResponse], clock: IReactorTime, timeout: float, max_bytes: int
+    sent: Deferred[Answer], clock: IReactorTime, timeout: float, max_bytes: int
 ) -> Whole:
     started = clock.seconds()
     expired: list[bool] = []
@@ -188,10 +189,10 @@ async def _fetch(
     delay = _delay(timeout)
     timer = clock.callLater(delay, expire) if delay is not None else None
     try:
-        response: IResponse = await sent
+        answer: Answer = await sent
     except Exception as error:
-        # A cancelled request fails with CancelledError, ConnectingCancelledError or (Agent)
-        # ResponseNeverReceived, like other failures: expiry is recorded, not inferred.
+        # A cancelled request fails with CancelledError, ConnectingCancelledError or NoAnswer,
+        # like other failures: expiry is recorded, not inferred.
         if expired:
             raise HeadersTimeout(f"no headers within {timeout}s") from error
         raise
@@ -199,12 +200,12 @@ async def _fetch(
         if timer is not None and timer.active():
             timer.cancel()
     remaining = None if delay is None else delay - (clock.seconds() - started)
-    body = await read_body(response, clock, remaining, max_bytes)
-    return Whole(response, body)
+    body = await read_body(answer, clock, remaining, max_bytes)
+    return Whole(answer.head, body)
 
 
 def fetch(
-    sent: Deferred[IResponse], clock: IReactorTime, timeout: float, max_bytes: int
+    sent: Deferred[Answer], clock: IReactorTime, timeout: float, max_bytes: int
 ) -> Deferred[Whole]:
     """Await ``sent`` (a request's Deferred, already dispatched) and read its body, the two
     phases bounded together by ``timeout`` seconds and the body by ``max_bytes``.

@@ -18,6 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
 
 from nvpair.wire.bodies import fetch
+from nvpair.wire.message import Fields
 from nvpair.wire.web import UpstreamClient
 
 #: Added to the dial timeout to bound one node's whole answer.
@@ -43,7 +44,7 @@ async def ask(
     base: str,
     method: bytes,
     uri: bytes,
-    headers: Headers,
+    headers: Fields | Headers,
     max_bytes: int = MAX_BODY,
 ) -> NodeReply:
     """One node's whole answer, bounded as a whole: dial, headers and body within
@@ -52,9 +53,8 @@ async def ask(
     # A poll or a model list may be asked twice: a stale kept-alive connection is retried.
     sent = upstream.request(base, method, uri, headers, None, resend=True)
     whole = await fetch(sent, clock, timeout, max_bytes)
-    response = whole.response
-    raw = {name.lower(): list(values) for name, values in response.headers.getAllRawHeaders()}
-    return NodeReply(response.code, raw, whole.body)
+    head = whole.head
+    return NodeReply(head.status, head.fields.lowered(), whole.body)
 
 
 async def _ask_or_skip(
@@ -64,7 +64,7 @@ async def _ask_or_skip(
     base: str | None,
     method: bytes,
     uri: bytes,
-    headers: Headers,
+    headers: Fields | Headers,
 ) -> NodeReply | None:
     if base is None:
         return None
@@ -82,7 +82,7 @@ def ask_all(
     bases: Sequence[str | None],
     method: bytes,
     uri: bytes,
-    headers: Headers,
+    headers: Fields | Headers,
 ) -> Deferred[list[NodeReply | None]]:
     """Ask each base URL (None: a node with no address) concurrently; answers in order.
 

@@ -293,6 +293,6 @@ class NoAnswer(ConnectionError):
     """The exchange failed before the answer's head came (the connection went, or the bytes
     were no answer); :attr:`reason` says why."""
 
-    def __init__(self, reason: BaseException) -> None:
+    def __init__(self, reason: BaseException | None) -> None:
         super().__init__(f"no answer: {reason}")
         self.reason = reason

@@ -2,8 +2,8 @@
 
 Agent, its pool and its parser were a fifth of a proxied request's CPU (issue 11's profile:
 ``_newclient`` 10 %, the pool 4 %, ``Headers`` 4 %, with the Deferreds between them). A
-reverse proxy needs little of what they offer, so this client keeps their promises (the same
-``IResponse``, the same failures, the same keep-alive rules) on a connection of its own
+reverse proxy needs little of what they offer, so this client keeps their keep-alive rules and
+speaks this proxy's own HTTP types (:mod:`nvpair.wire.message`) on a connection of its own
 (:mod:`nvpair.wire.upstream_conn`) and a pool that is a list per ``(scheme, host, port)``
 (:mod:`nvpair.wire.upstream_pool`).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from attrs import frozen
 from twisted.internet import defer
@@ -29,15 +30,15 @@ from twisted.internet.interfaces import (
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import URI
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IPolicyForHTTPS, IResponse
+from twisted.web.iweb import IPolicyForHTTPS
 
 from nvpair.common.logs import debug_enabled
+from nvpair.wire.message import Answer, Fields
 from nvpair.wire.outlet import WINDOW
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_framing import request_head
@@ -161,16 +162,6 @@ class _Endpoints:
         return TCP6ClientEndpoint(self._reactor, text, port, self._timeout)
 
 
-class ConnectionFactory(Factory):
-    """Builds :class:`~nvpair.wire.upstream_conn.UpstreamConnection`s for the endpoints."""
-
-    # One dial per connection: at Twisted's default every one would log "Starting factory".
-    noisy = False
-
-    def buildProtocol(self, addr: object) -> UpstreamConnection:
-        return UpstreamConnection()
-
-
 class _Dial:
     """One request that needs a new connection: dial, report it up, then send.
 
@@ -185,7 +176,7 @@ class _Dial:
         head: bool,
         data: Payload,
         connected: Callable[[], None] | None,
-        result: Deferred[IResponse] | None = None,
+        result: Deferred[Answer] | None = None,
     ) -> None:
         """:param result: the Deferred to fire, when the request has one already (it is
         sent again, and that Deferred's canceller reaches :meth:`cancel`)."""
@@ -196,9 +187,10 @@ class _Dial:
         self._connected = connected
         self._dialling: Deferred[UpstreamConnection] | None = None
         self._connection: UpstreamConnection | None = None
-        self.result: Deferred[IResponse] = Deferred(self.cancel) if result is None else result
+        self.result: Deferred[Answer] = Deferred(self.cancel) if result is None else result
 
-    def start(self, endpoint: IStreamClientEndpoint, factory: ConnectionFactory) -> None:
+    def start(self, endpoint: IStreamClientEndpoint) -> None:
+        factory = self._pool.factory(self._key)
         dialling: Deferred[UpstreamConnection] = endpoint.connect(factory)  # type: ignore[assignment]
         self._dialling = dialling
         dialling.addCallbacks(self._up, self._failed)
@@ -206,7 +198,6 @@ class _Dial:
     def _up(self, connection: UpstreamConnection) -> None:
         self._dialling = None
         self._connection = connection
-        self._pool.adopt(connection, self._key)
         try:
             if self._connected is not None:
                 # The dial budget ends, the header budget starts (docs/retry-budget.md).
@@ -222,7 +213,7 @@ class _Dial:
         if not self.result.called:
             self.result.errback(failure)
 
-    def cancel(self, result: Deferred[IResponse]) -> None:
+    def cancel(self, result: Deferred[Answer]) -> None:
         if self._dialling is not None:
             self._dialling.cancel()
         elif self._connection is not None:
@@ -248,14 +239,13 @@ class Upstream:
         """:param tls: how ``https://`` peers are dialled (pinned mutual TLS)."""
         self._clock = IReactorTime(reactor)
         self._endpoints = _Endpoints(reactor, dial_timeout, tls)
-        self._factory = ConnectionFactory()
         self._targets: dict[str, Target] = {}
         self._credentials: Mapping[str, bytes] = {}
         self._pool = self._new_pool()
         self._peer_pool = self._new_pool()
 
     def _new_pool(self) -> Pool:
-        return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT, self._redial)
+        return Pool(self._clock, MAX_PERSISTENT_PER_HOST, IDLE_TIMEOUT)
 
     def set_credentials(self, by_url: Mapping[str, bytes]) -> None:
         """From now on, every request to a base URL of ``by_url`` carries its ``Authorization``
@@ -279,11 +269,11 @@ class Upstream:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Fields | Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
-    ) -> Deferred[IResponse]:
+    ) -> Deferred[Answer]:
         """Dispatch; fires with the response once its headers arrive.
 
         Cancelling the Deferred before then aborts the upstream connection. Anything that
@@ -329,19 +319,23 @@ class Upstream:
         except Exception:
             return defer.fail()
         if connection is not None:
-            sent: Deferred[IResponse] = Deferred(connection.cancel)
-            connection.send(method == b"HEAD", data, sent, resend or method in _IDEMPOTENT)
+            sent: Deferred[Answer] = Deferred(connection.cancel)
+            to_head = method == b"HEAD"
+            again = None
+            if resend or method in _IDEMPOTENT:
+                again = partial(self._redial, pool, target.key, to_head, data)
+            connection.send(to_head, data, sent, again)
             if connected is not None:
                 # No dial: the header budget starts now.
                 connected()
             return sent
         assert endpoint is not None
         dial = _Dial(pool, target.key, method == b"HEAD", data, connected)
-        dial.start(endpoint, self._factory)
+        dial.start(endpoint)
         return dial.result
 
     def _redial(
-        self, pool: Pool, key: Key, head: bool, data: Payload, deferred: Deferred[IResponse]
+        self, pool: Pool, key: Key, head: bool, data: Payload, deferred: Deferred[Answer]
     ) -> Resent:
         """A pooled connection went before answering: the same request on a fresh one.
 
@@ -358,7 +352,7 @@ class Upstream:
         dial = _Dial(pool, key, head, data, None, deferred)
         try:
             # Trust may have been withdrawn since (a peer): failing here fails the request.
-            dial.start(self._endpoints.endpoint(key), self._factory)
+            dial.start(self._endpoints.endpoint(key))
         except Exception:
             if not deferred.called:
                 deferred.errback()

@@ -1,10 +1,11 @@
 # -*- test-case-name: tests.wire.test_upstream_conn -*-
 """One upstream HTTP/1.1 connection: a request written whole, its response parsed by llhttp.
 
-One exchange at a time, with Agent's promises and none of its per-exchange objects
+One exchange at a time, with Agent's keep-alive promises and none of its per-exchange objects
 (docs/performance.md#the-upstream-client-our-own-on-llhttp): the head and body go out in one
 write, and ``httptools`` (the llhttp binding uvicorn uses) frames the answer by the rules of
-:mod:`nvpair.wire.upstream_framing` into an :mod:`nvpair.wire.upstream_response`.
+:mod:`nvpair.wire.upstream_framing` into an :class:`~nvpair.wire.message.Answer` whose body is
+an :class:`~nvpair.wire.upstream_response.UpstreamBody`.
 
 Parser callbacks only record; everything that runs other code (firing the request's Deferred,
 delivering body bytes, ending the body, returning the connection to its pool) happens after
@@ -13,7 +14,7 @@ llhttp has returned, so nothing re-enters the parser.
 
 from __future__ import annotations
 
-from typing import Protocol as TypingProtocol
+from collections.abc import Callable
 from typing import cast
 
 from httptools.parser.parser import HttpResponseParser
@@ -21,19 +22,17 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import ITCPTransport, ITransport
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseNeverReceived
-from twisted.web.iweb import IResponse
 
+from nvpair.wire.message import Answer, NoAnswer
 from nvpair.wire.outlet import GATHER, Outlet
 from nvpair.wire.upstream_framing import MAX_HEAD, BadResponse
 from nvpair.wire.upstream_reading import AnswerReader
-from nvpair.wire.upstream_response import ReadFlow, UpstreamResponse
-from nvpair.wire.upstream_types import Key, Payload, Phase, Resent, Wire
+from nvpair.wire.upstream_response import ReadFlow, UpstreamBody
+from nvpair.wire.upstream_types import Payload, Phase, Resent, Wire
 
 # A member looked up through its class costs 45 ns on 3.11, a module global 5: these are read
 # several times per exchange. Each by its name: reorder the enum and they still mean themselves.
 _READY = Phase.READY
-_IDLE = Phase.IDLE
 _WAITING_HEAD = Phase.WAITING_HEAD
 _READING_BODY = Phase.READING_BODY
 _BODY_DONE = Phase.BODY_DONE
@@ -41,32 +40,31 @@ _CLOSING = Phase.CLOSING
 _CLOSED = Phase.CLOSED
 
 
-class Owner(TypingProtocol):
-    """Where a connection goes between exchanges (the pool), and who dials again for it."""
+#: Told that a connection can carry another exchange (its last ended cleanly): whoever made it
+#: (a pool) decides whether it does. The connection knows nothing more of where it goes.
+Quiescent = Callable[["UpstreamConnection"], None]
 
-    def put(self, connection: UpstreamConnection) -> None:
-        """The exchange ended cleanly: keep ``connection`` for another, or close it."""
+#: Told, in place of failing the request, that the connection went before any byte of its
+#: answer came (a kept-alive connection the engine closed just then): sends the request again
+#: on a fresh connection, firing the same Deferred, and returns what cancels that.
+Unanswered = Callable[[Deferred[Answer]], Resent]
 
-    def drop(self, connection: UpstreamConnection) -> None:
-        """``connection``, kept idle, can no longer be used: forget it."""
 
-    def resend(self, key: Key, head: bool, data: Payload, deferred: Deferred[IResponse]) -> Resent:
-        """Send ``data`` again on a fresh connection to ``key``, firing ``deferred`` there;
-        returns what cancels it."""
+def _kept(connection: UpstreamConnection) -> None:
+    """A connection nobody keeps: closed once its exchange ends."""
+    connection.close()
 
 
 class UpstreamConnection(AnswerReader):
     """One connection to an engine, carrying one exchange at a time.
 
-    :meth:`send` writes a whole request and fires its Deferred with the response once the head
-    has arrived (1xx interim answers are skipped). The connection goes back to its
-    :class:`Owner` only when the response ended cleanly by its own framing, allows keep-alive,
-    nothing followed it, and no reader stopped it; anything else closes it.
+    :meth:`send` writes a whole request and fires its Deferred with the answer once the head
+    has arrived (1xx interim answers are skipped). ``quiescent`` is told only when the answer
+    ended cleanly by its own framing, allows keep-alive, nothing followed it, and no reader
+    stopped it; anything else closes it. It knows nothing of a pool: its maker's ``quiescent``
+    decides where it goes between exchanges (docs/architecture.md#the-wire).
 
     :ivar phase: where it is now.
-    :ivar owner: the pool it belongs to (set when it is adopted).
-    :ivar key: where it leads.
-    :ivar idle_since: when it last went idle.
     """
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
@@ -77,6 +75,7 @@ class UpstreamConnection(AnswerReader):
         "_head_bytes",
         "_outlet",
         "_parser",
+        "_quiescent",
         "_resend",
         "_resent",
         "_stopped",
@@ -84,14 +83,11 @@ class UpstreamConnection(AnswerReader):
         "_wire",
         "connected",
         "factory",
-        "idle_since",
-        "key",
-        "owner",
         "phase",
         "transport",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, quiescent: Quiescent = _kept) -> None:
         super().__init__()
         # Slots, where the Protocol base has class defaults.
         self.transport: ITransport | None = None
@@ -100,42 +96,35 @@ class UpstreamConnection(AnswerReader):
         self._wire: Wire
         self._flow: ReadFlow
         self._outlet: Outlet
-        self.owner: Owner | None = None
-        self.key: Key = (b"", b"", 0)
-        self.idle_since = 0.0
+        self._quiescent = quiescent
         self.phase = _READY
         self._parser: HttpResponseParser | None = None
-        self._deferred: Deferred[IResponse] | None = None
+        self._deferred: Deferred[Answer] | None = None
         self._head = False
         self._head_bytes = 0
         self._stopped = False
         self._waiters: list[Deferred[None]] = []
-        # What a stale kept-alive connection sends again (docs/robustness.md#engine-answers).
-        self._resend: Payload | None = None
+        # Who sends again should a kept-alive connection go before answering
+        # (docs/robustness.md#engine-answers), and what cancels that.
+        self._resend: Unanswered | None = None
         self._resent: Resent | None = None
 
-    # -- the pool's side -------------------------------------------------------------------
-
-    def park(self, now: float) -> None:
-        """Its pool keeps it, idle since ``now``."""
-        self.phase = _IDLE
-        self.idle_since = now
-
-    def unpark(self) -> bool:
-        """Its pool hands it out: whether it can carry a request (it is still idle)."""
-        if self.phase is _IDLE:
-            self.phase = _READY
-            return True
-        return False
+    def ready(self) -> bool:
+        """Whether it can carry a request now: connected, and no exchange on it."""
+        return self.phase is _READY
 
     def send(
-        self, head: bool, data: Payload, deferred: Deferred[IResponse], resend: bool = False
+        self,
+        head: bool,
+        data: Payload,
+        deferred: Deferred[Answer],
+        unanswered: Unanswered | None = None,
     ) -> None:
         """Write ``data`` (a whole request; ``head``: to HEAD) on this READY connection and
         fire ``deferred`` (whose canceller is :meth:`cancel`) with its response's head.
 
-        :param resend: should the connection go before any byte of the answer, its owner
-            sends ``data`` again on a fresh one (a kept-alive connection the engine closed).
+        :param unanswered: should the connection go before any byte of the answer, told in
+            place of failing ``deferred`` (a kept-alive connection the engine closed).
         """
         self.phase = _WAITING_HEAD
         self._parser = HttpResponseParser(self)
@@ -145,7 +134,7 @@ class UpstreamConnection(AnswerReader):
         self._extra = False
         self._failure = None
         self._stopped = False
-        self._resend = data if resend else None
+        self._resend = unanswered
         # Head and body in one write, now: once written the request is whole and in order on
         # the wire, so an answer that comes before the kernel sent all of it answers all of it.
         # A large body goes behind its head from where it is, as the connection takes it.
@@ -154,7 +143,7 @@ class UpstreamConnection(AnswerReader):
         else:
             self._outlet.send_body(*data)
 
-    def cancel(self, deferred: Deferred[IResponse]) -> None:
+    def cancel(self, deferred: Deferred[Answer]) -> None:
         """Canceller of :meth:`send`'s Deferred: before the head, abort the connection (the
         Deferred then fails with ``CancelledError``)."""
         if self._deferred is not deferred:
@@ -200,13 +189,11 @@ class UpstreamConnection(AnswerReader):
         if parser is None:
             # Nothing was asked: bytes now mean the server's framing and ours disagree.
             phase = self.phase
-            if phase is _IDLE or phase is _READY:
+            if phase is _READY:
                 self._lose()
-                if phase is _IDLE and self.owner is not None:
-                    self.owner.drop(self)
             return
         rest = b""
-        if self._response is None:
+        if self._body is None:
             self._resend = None
             # The head cap counts every byte up to the final head's end, interim answers
             # included: past it llhttp is given nothing until that end has been seen, so where
@@ -234,25 +221,22 @@ class UpstreamConnection(AnswerReader):
             finally:
                 flow.feeding = False
         if flow.want_pause:
-            flow.settle(self._response is not None)
+            flow.settle(self._body is not None)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        was = self.phase
         self.phase = _CLOSED
         self._parser = None
         self._pending = None
         deferred, self._deferred = self._deferred, None
-        response, self._response = self._response, None
+        body, self._body = self._body, None
         again, self._resend = self._resend, None
         if deferred is not None:
-            if again is not None and self.owner is not None:
-                self._resent = self.owner.resend(self.key, self._head, again, deferred)
+            if again is not None:
+                self._resent = again(deferred)
             else:
-                deferred.errback(Failure(ResponseNeverReceived([reason])))
-        elif response is not None:
-            response.lost(reason)
-        if was is _IDLE and self.owner is not None:
-            self.owner.drop(self)
+                deferred.errback(Failure(NoAnswer(reason.value)))
+        elif body is not None:
+            body.lost(reason)
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             waiter.callback(None)
@@ -260,36 +244,23 @@ class UpstreamConnection(AnswerReader):
     # -- after the parser returned ---------------------------------------------------------
 
     def _after_feed(self, problem: Exception | None) -> None:
-        pending = self._pending
-        if pending is not None:
+        """Act on what one read recorded: the body's pieces and end first, then, if this read
+        completed the answer's head, the answer handed on.
+
+        One order whatever the read held: an answer whose whole body came with its head is
+        handed on with its body ended and its connection reused or closed already, so whoever
+        waits for it reads it at once, with no second wake of the request path
+        (docs/performance.md#one-wake-per-answer).
+        """
+        answer = self._pending
+        deferred = None
+        if answer is not None:
             self._pending = None
-            self._response = pending
-            if self._chunks:
-                # The body bytes that came with the head are held in the answer before it is
-                # handed on, so a reader that connects at once has them in this same turn: the
-                # first-body gate is open before anyone waits on it (no timer, no second wake
-                # of the request path; docs/performance.md#one-wake-per-answer).
-                chunks, self._chunks = self._chunks, []
-                pending.data(b"".join(chunks))
+            # The reader's BodySource is this connection's own UpstreamBody.
+            self._body = cast(UpstreamBody, answer.body)
             deferred, self._deferred = self._deferred, None
-            if self.phase is _BODY_DONE:
-                # The whole answer came in this read: its body is ended (held in the answer)
-                # and the connection reused or closed before the answer is handed on, so whoever
-                # waits for it finds its body whole at once, with no second wake of the request
-                # path (docs/performance.md#one-wake-per-answer).
-                if problem is not None:
-                    # Bytes past the end that llhttp refused: a confused server.
-                    self._extra = True
-                self._finish(pending)
-                if deferred is not None:
-                    deferred.callback(pending)
-                return
-            if deferred is not None:
-                deferred.callback(pending)
-            if self.phase is _CLOSED:
-                return
-        response = self._response
-        if response is None:
+        body = self._body
+        if body is None:
             if problem is not None:
                 self._fail_head(problem)
             return
@@ -298,51 +269,52 @@ class UpstreamConnection(AnswerReader):
             # leave in one write (docs/performance.md#writes-go-out-at-once).
             chunks, self._chunks = self._chunks, []
             try:
-                response.data(b"".join(chunks))
-            except Exception:
-                # The reader broke: as Twisted, the exchange ends with its error.
-                self._fail_body(response, Failure())
-                return
-            if self._response is not response:
-                return  # the connection went while the reader had the bytes
-        if self.phase is _BODY_DONE:
+                body.data(b"".join(chunks))
+            except Exception as error:
+                # The reader broke: the exchange ends with its error.
+                self._fail_body(body, error)
+        if self._body is not body:
+            pass  # the reader broke, or the connection went while it had the bytes
+        elif self.phase is _BODY_DONE:
             if problem is not None:
                 # Bytes past the end that llhttp refused: a confused server.
                 self._extra = True
-            self._finish(response)
+            self._finish(body)
         elif problem is not None:
-            self._fail_body(response, Failure(problem))
-        elif not response.connected():
+            self._fail_body(body, problem)
+        elif not body.connected():
             self._flow.hold()
+        if deferred is not None:
+            assert answer is not None
+            deferred.callback(answer)
 
     def _fail_head(self, problem: Exception) -> None:
         deferred, self._deferred = self._deferred, None
         self._parser = None
         self._abort()
         if deferred is not None:
-            deferred.errback(Failure(ResponseNeverReceived([Failure(problem)])))
+            deferred.errback(Failure(NoAnswer(problem)))
 
-    def _fail_body(self, response: UpstreamResponse, reason: Failure) -> None:
-        self._response = None
+    def _fail_body(self, body: UpstreamBody, error: BaseException) -> None:
+        self._body = None
         self._parser = None
         self._abort()
-        response.failed(reason)
+        body.failed(error)
 
-    def _finish(self, response: UpstreamResponse) -> None:
+    def _finish(self, body: UpstreamBody) -> None:
         """The body ended by its framing: reuse or close, then tell the reader (last: it may
         send the next request on this very connection)."""
-        self._response = None
+        self._body = None
         self._parser = None
-        owner = self.owner
-        if owner is not None and response.keep_alive and not (self._extra or self._stopped):
+        if body.keep_alive and not (self._extra or self._stopped):
             if self._flow.paused:
                 # An idle connection must read, or a server's close would go unnoticed.
                 self._flow.resume()
             self.phase = _READY
-            owner.put(self)
+            self._quiescent(self)
         else:
             self._lose()
-        response.done()
+        body.end()
 
     # -- the body transport's side ---------------------------------------------------------
 

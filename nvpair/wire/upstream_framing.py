@@ -12,10 +12,9 @@ import enum
 import re
 
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH
 
-from nvpair.wire.fields import CANONICAL, Fields, LeanHeaders, canonical
 from nvpair.wire.headers import connection_tokens
+from nvpair.wire.message import CANONICAL, Fields, canonical
 
 #: The most head bytes (status lines, fields, interim answers) read before the final answer's
 #: head is complete; an engine must not make this process buffer without bound.
@@ -46,7 +45,7 @@ _CONNECTION_CONTROL = frozenset(
 
 class BadResponse(Exception):
     """The upstream's bytes are no HTTP/1.x answer this client accepts (inside
-    ``ResponseNeverReceived`` or ``ResponseFailed``)."""
+    a :class:`~nvpair.wire.message.NoAnswer`, or a body ended broken)."""
 
 
 def request_head(
@@ -167,7 +166,7 @@ _OPTIONS = frozenset({b"close", b"keep-alive"})
 
 def answer_head(
     fields: list[tuple[bytes, bytes]], head: bool, nothing: bool, http10: bool
-) -> tuple[Headers, int | str, bool, bool]:
+) -> tuple[Fields, int | None, bool, bool]:
     """What a final answer's head says, from the fields llhttp accepted (it refuses
     ``Content-Length`` with ``Transfer-Encoding``, and a ``Content-Length`` that is not one
     number), read in one pass (RFC 9112 §6.3, §9.3).
@@ -180,8 +179,8 @@ def answer_head(
         and its ``Content-Length``, the body a GET would get, is kept.
     :param nothing: a 204 or 304: no body, and no ``Content-Length`` (RFC 9110 §8.6).
     :param http10: it is HTTP/1.0 (keep-alive only when it asks for it).
-    :returns: the headers it exposes; its body's length (0 without a body, else the
-        ``Content-Length`` or ``UNKNOWN_LENGTH``); whether the body runs to the close; whether
+    :returns: the fields it exposes; its body's length (0 without a body, else the
+        ``Content-Length`` or None); whether the body runs to the close; whether
         the connection may carry another exchange afterwards.
     :raises BadResponse: for a body in a transfer coding other than chunked alone, which
         this client never offers (it sends no ``TE``).
@@ -190,7 +189,7 @@ def answer_head(
     # values as llhttp gave them (it refuses a CR or LF in one).
     exposed = Fields()
     tokens: set[bytes] = set()
-    length: int | str = UNKNOWN_LENGTH
+    length: int | None = None
     codings: list[bytes] | None = None
     for name, value in fields:
         key = CANONICAL.get(name)
@@ -223,11 +222,11 @@ def answer_head(
             # so (the coding belongs to this hop); nor could chunked be told from its content.
             shown = b", ".join(codings).decode("latin-1")
             raise BadResponse(f"transfer coding {shown!r} was not offered")
-    elif length == UNKNOWN_LENGTH:
+    elif length is None:
         to_close = True
     # An HTTP/1.0 answer with Transfer-Encoding has faulty framing: read, then closed
     # (RFC 9112 §6.1).
     keep_alive = not to_close and (
         b"keep-alive" in tokens and codings is None if http10 else b"close" not in tokens
     )
-    return LeanHeaders.over(exposed), length, to_close, keep_alive
+    return exposed, length, to_close, keep_alive

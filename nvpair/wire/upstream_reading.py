@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 from httptools.parser.parser import HttpResponseParser
 from twisted.internet.protocol import Protocol
 
+from nvpair.wire.message import Answer
 from nvpair.wire.upstream_framing import BadResponse
-from nvpair.wire.upstream_response import BodyTransport, ReadFlow, UpstreamResponse, final_answer
+from nvpair.wire.upstream_response import ReadFlow, UpstreamBody, final_answer
 from nvpair.wire.upstream_types import Phase
 
 # A member looked up through its class costs 45 ns on 3.11, a module global 5.
@@ -26,13 +27,13 @@ class AnswerReader(Protocol):
     """The llhttp side of an upstream connection: the parser's callbacks and what they record.
 
     :ivar _pending: the final answer, built from its head in this read, not yet handed on.
-    :ivar _response: the answer handed on, its body still being read.
+    :ivar _body: the body of the answer handed on, still being read.
     :ivar _chunks: body bytes of this read, not yet delivered.
     :ivar _extra: bytes came after the answer's end (or another message): no reuse.
     :ivar _failure: why the head was refused, kept across llhttp's own error.
     """
 
-    __slots__ = ("_chunks", "_extra", "_failure", "_fields", "_pending", "_phrase", "_response")
+    __slots__ = ("_body", "_chunks", "_extra", "_failure", "_fields", "_pending", "_phrase")
 
     # The connection's, read here.
     phase: Phase
@@ -41,38 +42,38 @@ class AnswerReader(Protocol):
     _flow: ReadFlow
 
     if TYPE_CHECKING:
-        # The body transport stops the connection (a BodySource): the subclass's.
+        # The body stops the connection (a BodyOwner): the subclass's.
         def stop_body(self, abort: bool = False) -> None: ...
 
     def __init__(self) -> None:
         # Head in progress (reset at each message's start).
         self._fields: list[tuple[bytes, bytes]] = []
         self._phrase = b""
-        self._pending: UpstreamResponse | None = None
-        self._response: UpstreamResponse | None = None
+        self._pending: Answer | None = None
+        self._body: UpstreamBody | None = None
         self._chunks: list[bytes] = []
         self._extra = False
         self._failure: Exception | None = None
 
     def on_message_begin(self) -> None:
-        if self._pending is not None or self._response is not None:
+        if self._pending is not None or self._body is not None:
             self._extra = True
             return
         self._fields.clear()
         self._phrase = b""
 
     def on_status(self, status: bytes) -> None:
-        if self._pending is None and self._response is None:
+        if self._pending is None and self._body is None:
             self._phrase += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._pending is not None or self._response is not None:
+        if self._pending is not None or self._body is not None:
             # Trailer fields of a chunked body (Twisted drops them too), or another message.
             return
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
-        if self._pending is not None or self._response is not None:
+        if self._pending is not None or self._body is not None:
             return
         parser = self._parser
         assert parser is not None
@@ -87,7 +88,7 @@ class AnswerReader(Protocol):
                 self._phrase,
                 self._fields,
                 self._head,
-                BodyTransport(self, self._flow),
+                UpstreamBody(self, self._flow),
             )
         except BadResponse as refused:
             # llhttp stops, and raises its own error: the reason is kept here.
@@ -95,7 +96,7 @@ class AnswerReader(Protocol):
             raise
         self._pending = pending
         # Nothing follows a head with no body (a HEAD answer, 204, 304, Content-Length: 0).
-        self.phase = _BODY_DONE if pending.length == 0 else _READING_BODY
+        self.phase = _BODY_DONE if pending.head.length == 0 else _READING_BODY
         # Now in the response's headers: a stream held open should not keep both copies.
         self._fields.clear()
 

@@ -1,34 +1,32 @@
 # -*- test-case-name: tests.wire.test_upstream_conn -*-
-"""An upstream answer as the rest of the proxy sees it: an ``IResponse`` whose body is
-delivered to a protocol, and the push producer that protocol gets as its transport.
+"""An engine's answer as the rest of the proxy sees it: a :class:`~nvpair.wire.message.Answer`,
+its head and its body's :class:`~nvpair.wire.message.BodySource` (:class:`UpstreamBody`).
 
-Both keep the shape of Twisted's client (``twisted.web._newclient.Response`` and its
-``TransportProxyProducer``): the same ``length``, the same ``deliverBody`` states and errors,
-the same end reasons, so :mod:`nvpair.dispatch.relay` and :mod:`nvpair.wire.bodies` cannot tell
-them from Agent's. What reads the bytes off the socket is :mod:`nvpair.wire.upstream_conn`; it
-reaches these objects only through :meth:`UpstreamResponse.data` and :meth:`UpstreamResponse.end`.
+What reads the bytes off the socket is :mod:`nvpair.wire.upstream_conn`; it reaches the body
+only through :meth:`UpstreamBody.data` and :meth:`UpstreamBody.end`, and a reader reaches the
+connection only through the body's :class:`~nvpair.wire.message.Flow` (pause, resume, stop),
+which lets go of the connection once the body has ended: a late ``stop`` never closes a
+connection that went back to its pool.
 """
 
 from __future__ import annotations
 
-from typing import cast
+import enum
 
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IProtocol, IPushProducer, ITransport
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseFailed
-from twisted.web.http import PotentialDataLoss
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
-from zope.interface import implementer
 
+from nvpair.wire.message import (
+    AT_CLOSE,
+    COMPLETE,
+    Answer,
+    BodySink,
+    End,
+    Ended,
+    ResponseHead,
+)
 from nvpair.wire.upstream_framing import BadResponse, answer_head
-from nvpair.wire.upstream_types import BodySource, Wire
-
-#: Why every body that ended by its own framing ended: one ``Failure`` for all of them, as a
-#: body's reader only asks what it holds (made per answer, as Twisted's client does, it cost
-#: some 9,000 instructions; docs/performance.md#per-dispatch-overheads).
-BODY_DONE = Failure(ResponseDone("Response body fully received"))
+from nvpair.wire.upstream_types import BodyOwner, Wire
 
 
 class ReadFlow:
@@ -78,200 +76,124 @@ class ReadFlow:
         self.want_pause = True
 
 
-@implementer(IPushProducer)
-class BodyTransport:
-    """The transport a body protocol gets from ``deliverBody``: a push producer over the
-    connection while the body lasts.
+class _Body(enum.Enum):
+    """Where a body stands."""
 
-    Pausing stops reading the upstream socket, stopping closes the connection (it is then never
-    reused). Once the body has ended every call is a no-op, so a late ``stopProducing`` can
-    never close a connection that went back to the pool (as Twisted's
-    ``TransportProxyProducer``).
-    """
-
-    __slots__ = ("_connection", "_flow")
-
-    #: Twisted's body transport has it (LineReceiver reads it); it never changes.
-    disconnecting = False
-
-    def __init__(self, connection: BodySource, flow: ReadFlow) -> None:
-        self._connection: BodySource | None = connection
-        self._flow = flow
-
-    def detach(self) -> None:
-        """The body ended: stop acting on the connection."""
-        self._connection = None
-
-    def pauseProducing(self) -> None:
-        if self._connection is not None:
-            self._flow.pause()
-
-    def resumeProducing(self) -> None:
-        if self._connection is not None:
-            self._flow.resume()
-
-    def stopProducing(self) -> None:
-        if self._connection is not None:
-            self._connection.stop_body()
-
-    def loseConnection(self) -> None:
-        """As ``stopProducing`` (Twisted's body transport offers both)."""
-        self.stopProducing()
-
-    def abortConnection(self) -> None:
-        """Close at once, unsent bytes dropped (``readBody`` cancels with it)."""
-        if self._connection is not None:
-            self._connection.stop_body(abort=True)
+    #: No sink yet: pieces are held, and the connection pauses once the read is handled.
+    UNREAD = "unread"
+    #: A sink is connected: pieces go to it as they come.
+    FLOWING = "flowing"
+    #: It ended, and a sink was told, or will be told as it connects.
+    ENDED = "ended"
 
 
-class _Body:
-    """Where a response's body stands (``twisted.web._newclient.Response``'s states)."""
+class UpstreamBody:
+    """An engine's answer's body: the source a sink connects to (:class:`BodySource`).
 
-    #: No protocol yet: bytes are held, the upstream is paused.
-    INITIAL = 0
-    #: Bytes go to the protocol as they arrive.
-    CONNECTED = 1
-    #: Ended before a protocol came: held bytes and the end wait for ``deliverBody``.
-    DEFERRED_CLOSE = 2
-    #: Delivered and ended.
-    FINISHED = 3
-
-
-@implementer(IResponse)
-class UpstreamResponse:
-    """An upstream answer whose head has arrived; its body follows through
-    :meth:`deliverBody`.
-
-    :ivar length: the ``Content-Length``, 0 for a HEAD, 204 or 304 answer, else
-        ``UNKNOWN_LENGTH``.
     :ivar to_close: the body runs to the connection's close.
     :ivar keep_alive: the connection may carry another exchange once the body has ended.
     """
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
-        "_as_transport",
+        "_connection",
+        "_ended",
+        "_flow",
         "_held",
-        "_protocol",
-        "_reason",
+        "_sink",
         "_state",
-        "code",
-        "headers",
         "keep_alive",
-        "length",
-        "phrase",
-        "previousResponse",
         "to_close",
-        "transport",
-        "version",
     )
 
-    #: No ``IClientRequest`` is kept: nothing reads it.
-    request = None
-
-    def __init__(
-        self,
-        version: tuple[bytes, int, int],
-        code: int,
-        phrase: bytes,
-        headers: Headers,
-        length: int | str,
-        transport: BodyTransport,
-    ) -> None:
-        self.version = version
-        self.code = code
-        self.phrase = phrase
-        self.headers = headers
-        self.length = length
-        self.previousResponse: IResponse | None = None
-        self.transport = transport
+    def __init__(self, connection: BodyOwner, flow: ReadFlow) -> None:
+        self._connection: BodyOwner | None = connection
+        self._flow = flow
+        self._state = _Body.UNREAD
+        self._held: list[bytes] = []
+        self._sink: BodySink | None = None
+        self._ended: Ended | None = None
         self.to_close = False
         self.keep_alive = False
-        # Twisted hands body protocols a push producer as their "transport" too.
-        self._as_transport = cast(ITransport, transport)
-        self._state = _Body.INITIAL
-        self._held: list[bytes] = []
-        self._protocol: IProtocol | None = None
-        self._reason: Failure | None = None
 
-    def deliverBody(self, protocol: IProtocol) -> None:
-        """Connect ``protocol`` to the body: held bytes first, then the rest as it comes.
+    # -- the reader's side (BodySource) ----------------------------------------------------
 
-        :raises RuntimeError: when a protocol was connected already, or the body was
-            delivered already (as Twisted's response does).
+    def connect(self, sink: BodySink) -> None:
+        """Send the body to ``sink``: what was held, and its end if it has ended, at once; the
+        rest as it comes.
+
+        :raises RuntimeError: when a sink was connected already.
         """
-        state = self._state
-        if state == _Body.INITIAL:
-            protocol.makeConnection(self._as_transport)
-            self._protocol = protocol
-            self._state = _Body.CONNECTED
-            held, self._held = self._held, []
+        ended = self._ended
+        if self._state is _Body.FLOWING or (self._state is _Body.ENDED and ended is None):
+            raise RuntimeError("the body has a sink already")
+        held, self._held = self._held, []
+        if ended is not None:
+            self._ended = None
             for data in held:
-                protocol.dataReceived(data)
-            # After the state change: resuming may deliver more, or end the body, at once.
-            self.transport.resumeProducing()
-        elif state == _Body.DEFERRED_CLOSE:
-            protocol.makeConnection(self._as_transport)
-            held, self._held = self._held, []
-            for data in held:
-                protocol.dataReceived(data)
-            self._state = _Body.FINISHED
-            assert self._reason is not None
-            protocol.connectionLost(self._reason)
-        elif state == _Body.CONNECTED:
-            raise RuntimeError(
-                f"Response already has protocol {self._protocol!r}, cannot deliverBody again"
-            )
-        else:
-            raise RuntimeError("Response already finished, cannot deliverBody now.")
+                sink.data(data)
+            sink.end(ended)
+            return
+        self._sink = sink
+        self._state = _Body.FLOWING
+        for data in held:
+            if self._sink is not sink:
+                return  # the sink stopped the body on a held piece
+            sink.data(data)
+        # Resuming may deliver more, or end the body, at once.
+        self.resume()
 
-    def setPreviousResponse(self, response: IResponse) -> None:
-        self.previousResponse = response
+    def pause(self) -> None:
+        if self._connection is not None:
+            self._flow.pause()
+
+    def resume(self) -> None:
+        if self._connection is not None:
+            self._flow.resume()
+
+    def stop(self, abort: bool = False) -> None:
+        if self._connection is not None:
+            self._connection.stop_body(abort)
 
     # -- the connection's side -------------------------------------------------------------
 
     def connected(self) -> bool:
-        """Whether a protocol is reading the body now."""
-        return self._state == _Body.CONNECTED
+        """Whether a sink reads the body now."""
+        return self._state is _Body.FLOWING
 
     def data(self, data: bytes) -> None:
         """The body bytes of one read; dropped once the body has ended."""
-        if self._state == _Body.CONNECTED:
-            assert self._protocol is not None
-            self._protocol.dataReceived(data)
-        elif self._state == _Body.INITIAL:
+        if self._state is _Body.FLOWING:
+            assert self._sink is not None
+            self._sink.data(data)
+        elif self._state is _Body.UNREAD:
             self._held.append(data)
 
-    def done(self) -> None:
-        """The body ended by its own framing."""
-        self.end(BODY_DONE)
-
-    def failed(self, reason: Failure) -> None:
-        """The body cannot be read to its end (bad framing, a reader that broke)."""
-        self.end(Failure(ResponseFailed([reason])))
+    def failed(self, error: BaseException) -> None:
+        """The body cannot be read to its end (bad framing, a sink that raised)."""
+        self.end(Ended(End.BROKEN, error))
 
     def lost(self, reason: Failure) -> None:
         """The connection went before the body's framing ended it."""
-        if self.to_close and reason.check(ConnectionDone) is not None:
+        if self.to_close and isinstance(reason.value, ConnectionDone):
             # The body ran to the close, as its framing said; only the close tells.
-            self.end(Failure(PotentialDataLoss()))
+            self.end(AT_CLOSE)
         else:
-            self.failed(reason)
+            self.end(Ended(End.CUT, reason.value))
 
-    def end(self, reason: Failure) -> None:
-        self.transport.detach()
-        if self._state == _Body.CONNECTED:
-            protocol, self._protocol = self._protocol, None
-            self._state = _Body.FINISHED
-            assert protocol is not None
-            protocol.connectionLost(reason)
-        elif self._state == _Body.INITIAL:
-            self._reason = reason
-            self._state = _Body.DEFERRED_CLOSE
-
-
-_HTTP11 = (b"HTTP", 1, 1)
-_HTTP10 = (b"HTTP", 1, 0)
+    def end(self, ended: Ended = COMPLETE) -> None:
+        """The body ended (by its framing, unless ``ended`` says otherwise); told once."""
+        if self._state is _Body.ENDED:
+            return
+        self._connection = None
+        sink = self._sink
+        self._state = _Body.ENDED
+        if sink is None:
+            # Nobody reads it yet: the sink that connects is told.
+            self._ended = ended
+            return
+        self._sink = None
+        sink.end(ended)
 
 
 def final_answer(
@@ -280,8 +202,8 @@ def final_answer(
     phrase: bytes,
     fields: list[tuple[bytes, bytes]],
     head: bool,
-    transport: BodyTransport,
-) -> UpstreamResponse:
+    body: UpstreamBody,
+) -> Answer:
     """The answer a final (non-1xx) head makes, its body still to come.
 
     :param http: the version llhttp read (``"1.1"``).
@@ -291,16 +213,11 @@ def final_answer(
     """
     if code == 101 or not 200 <= code <= 599:
         raise BadResponse(f"status {code} is not supported")
-    if http == "1.1":
-        version = _HTTP11
-    elif http == "1.0":
-        version = _HTTP10
-    else:
+    if http != "1.1" and http != "1.0":
         raise BadResponse(f"HTTP/{http} is not supported")
-    headers, length, to_close, keep_alive = answer_head(
-        fields, head, code == 204 or code == 304, version is _HTTP10
+    exposed, length, to_close, keep_alive = answer_head(
+        fields, head, code == 204 or code == 304, http == "1.0"
     )
-    response = UpstreamResponse(version, code, phrase, headers, length, transport)
-    response.to_close = to_close
-    response.keep_alive = keep_alive
-    return response
+    body.to_close = to_close
+    body.keep_alive = keep_alive
+    return Answer(ResponseHead(code, phrase, exposed, length), body)

@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.wire.test_upstream_conn -*-
 """What the upstream client's modules say to each other: where a connection leads (:data:`Key`),
 where it is (:class:`Phase`), and the seams between a connection, its transport, its pool and
-the body transport over it. Names and protocols only.
+the body read over it. Names and protocols only.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from twisted.internet.defer import Deferred
-from twisted.web.iweb import IResponse
+
+from nvpair.wire.message import Answer
 
 #: ``(scheme, host, port)``: which idle connections may carry a request.
 Key = tuple[bytes, bytes, int]
@@ -19,10 +20,9 @@ Key = tuple[bytes, bytes, int]
 
 class Phase(enum.Enum):
     """Where a connection is. Each exchange goes READY → WAITING_HEAD → READING_BODY →
-    BODY_DONE, then READY (IDLE in its pool) for the next, or CLOSING → CLOSED."""
+    BODY_DONE, then READY for the next (kept by whoever keeps it), or CLOSING → CLOSED."""
 
-    READY = "ready"  # connected, nothing asked, in no pool: just dialled or just taken
-    IDLE = "idle"  # nothing asked, kept by its pool
+    READY = "ready"  # connected, nothing asked
     WAITING_HEAD = "waiting-head"  # a request written; 1xx answers pass, the final head not yet
     READING_BODY = "reading-body"  # the final head parsed; its body being read
     BODY_DONE = "body-done"  # the body ended by its framing in this read, not yet settled
@@ -36,11 +36,11 @@ class Phase(enum.Enum):
 Payload = bytes | tuple[bytes, bytes]
 
 #: Cancels a request sent again on a fresh connection, given its Deferred.
-Resent = Callable[[Deferred[IResponse]], None]
+Resent = Callable[[Deferred[Answer]], None]
 
 
-class BodySource(Protocol):
-    """What a body transport stops: the connection the body is read from."""
+class BodyOwner(Protocol):
+    """What an engine's answer's body stops: the connection it is read from."""
 
     def stop_body(self, abort: bool = False) -> None: ...
 

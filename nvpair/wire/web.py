@@ -16,7 +16,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
+
+from nvpair.wire.message import Answer, Fields
 
 
 class ProxiedRequest(Protocol):
@@ -68,16 +69,16 @@ class ProxiedRequest(Protocol):
 
 
 class UpstreamClient(Protocol):
-    """Sends one request to one engine and fires with its response's head."""
+    """Sends one request to one engine and fires with its answer once the head has come."""
 
     def request(
         self,
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Fields | Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
-    ) -> Deferred[IResponse]:
+    ) -> Deferred[Answer]:
         """See :meth:`nvpair.wire.upstream.Upstream.request`."""

@@ -164,4 +164,4 @@ def test_which_answers_commit_at_their_head(
     classed by its path."""
     outgoing = Outgoing(route, method, uri, Headers(), b"")
     response = Response(status, b"", Headers({b"Content-Type": [content_type]}))
-    assert attempt.relayed_at_head(outgoing, LLAMA_NODE, response) is at_head
+    assert attempt.relayed_at_head(outgoing, LLAMA_NODE, response.head) is at_head

@@ -14,8 +14,6 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.iweb import IResponse
 
 from nvpair.control.state import ControlState
 from nvpair.engines.loadstate import UNKNOWN, LoadState
@@ -25,6 +23,8 @@ from nvpair.fleet.nodepoll import MAX_INVENTORY_BODY
 from nvpair.fleet.polls import FleetService
 from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.sim import SimEngine
+from nvpair.wire.message import Answer
+from nvpair.wire.upstream import Upstream
 from tests.fleet.test_fleet_poll import (
     BOUND,
     DIAL,
@@ -64,7 +64,7 @@ class LoadPolling:
     def sent(self, node: str, path: str) -> list[object]:
         return list(self.agent.sent.get(f"http://{node}{path}", []))
 
-    def pending(self, node: str, path: str) -> list[Deferred[IResponse]]:
+    def pending(self, node: str, path: str) -> list[Deferred[Answer]]:
         """The requests for ``path`` not answered yet: llama.cpp's model list is asked twice
         a poll, for the inventory and for a router's model states."""
         sent = self.agent.sent.get(f"http://{node}{path}", [])
@@ -283,14 +283,14 @@ def test_a_sleeping_server_is_never_asked_its_slots(llama: LoadPolling) -> None:
 
 
 @pytest.fixture
-def pool() -> Iterator[HTTPConnectionPool]:
-    client_pool = HTTPConnectionPool(reactor, persistent=True)
-    yield client_pool
-    pytest_twisted.blockon(client_pool.closeCachedConnections())
+def pool() -> Iterator[Upstream]:
+    client = Upstream(reactor, DIAL)
+    yield client
+    pytest_twisted.blockon(client.close())
 
 
 @pytest_twisted.ensureDeferred
-async def test_real_sims_report_what_they_hold(pool: HTTPConnectionPool) -> None:
+async def test_real_sims_report_what_they_hold(pool: Upstream) -> None:
     """An Ollama sim started cold, one warm, a LM Studio sim and a loading llama.cpp sim."""
     cold = SimEngine(reactor, "ollama", models=["llama3:latest"], node="cold", warm=())
     warm = SimEngine(reactor, "ollama", models=["llama3:latest"], node="warm")
@@ -308,7 +308,7 @@ async def test_real_sims_report_what_they_hold(pool: HTTPConnectionPool) -> None
         Fleet(INTERVAL, facades, nodes),
         control,
         Facades(),
-        AgentClient(Agent(reactor, pool=pool)),
+        pool,
         DIAL,
         scheduler,
     )

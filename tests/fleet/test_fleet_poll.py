@@ -16,16 +16,15 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
-from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IBodyProducer, IResponse
-from zope.interface import implementer
 
 from nvpair.control.state import ControlState, Discovery
 from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
 from nvpair.fleet.nodepoll import MAX_INVENTORY_BODY, POLL_GRACE
 from nvpair.fleet.polls import FleetService
 from nvpair.sim import SimEngine
+from nvpair.wire.message import Answer, Fields
+from nvpair.wire.upstream import Upstream
 from nvpair.wire.web import UpstreamClient
 from tests.wire.test_bodies import FakeResponse, Sent, StallingUpstream, stalling_upstreams
 
@@ -39,9 +38,10 @@ def tags(*names: str) -> bytes:
 
 
 class AgentClient:
-    """An :class:`~nvpair.wire.web.UpstreamClient` over an Agent, as the fleet sees its client."""
+    """An :class:`~nvpair.wire.web.UpstreamClient` over a :class:`ScriptedAgent`, as the fleet
+    sees its client."""
 
-    def __init__(self, agent: IAgent) -> None:
+    def __init__(self, agent: ScriptedAgent) -> None:
         self.agent = agent
         self.requests = 0
 
@@ -50,19 +50,18 @@ class AgentClient:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Fields | Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
-    ) -> Deferred[IResponse]:
+    ) -> Deferred[Answer]:
         self.requests += 1
-        d: Deferred[IResponse] = self.agent.request(
+        d: Deferred[Answer] = self.agent.request(
             method, base_url.rstrip("/").encode() + uri, headers, None
         )
         return d
 
 
-@implementer(IAgent)
 class ScriptedAgent:
     """Records each poll by URL; the test answers it."""
 
@@ -73,9 +72,9 @@ class ScriptedAgent:
         self,
         method: bytes,
         uri: bytes,
-        headers: Headers | None = None,
-        bodyProducer: IBodyProducer | None = None,
-    ) -> Deferred[IResponse]:
+        headers: Fields | Headers | None = None,
+        bodyProducer: object = None,
+    ) -> Deferred[Answer]:
         sent = Sent()
         self.sent.setdefault(uri.decode(), []).append(sent)
         return sent.deferred
@@ -286,10 +285,10 @@ def sim() -> Iterator[SimEngine]:
 
 
 @pytest.fixture
-def pool() -> Iterator[HTTPConnectionPool]:
-    client_pool = HTTPConnectionPool(reactor, persistent=True)
-    yield client_pool
-    pytest_twisted.blockon(client_pool.closeCachedConnections())
+def pool() -> Iterator[Upstream]:
+    client = Upstream(reactor, DIAL)
+    yield client
+    pytest_twisted.blockon(client.close())
 
 
 def discovery_update(
@@ -317,7 +316,7 @@ def discovery_update(
 
 @pytest_twisted.ensureDeferred
 async def test_real_stalled_node_does_not_hold_up_a_healthy_one(
-    stalling: Callable[..., StallingUpstream], sim: SimEngine, pool: HTTPConnectionPool
+    stalling: Callable[..., StallingUpstream], sim: SimEngine, pool: Upstream
 ) -> None:
     """A real node stalls its /api/tags body after the headers; the healthy simulated node
     still joins, its model change lands at the next tick, and at the bound the stalled
@@ -329,7 +328,7 @@ async def test_real_stalled_node_does_not_hold_up_a_healthy_one(
         fleet(("stalled", stalled.url), ("healthy", sim.url)),
         control,
         Facades(),
-        AgentClient(Agent(reactor, pool=pool)),
+        pool,
         DIAL,
     )
     service.startService()
@@ -351,7 +350,7 @@ async def test_real_stalled_node_does_not_hold_up_a_healthy_one(
 
 @pytest_twisted.ensureDeferred
 async def test_real_stop_closes_a_poll_in_flight(
-    stalling: Callable[..., StallingUpstream], pool: HTTPConnectionPool
+    stalling: Callable[..., StallingUpstream], pool: Upstream
 ) -> None:
     stalled = stalling(head=b'{"models":[')
     service = FleetService(
@@ -359,7 +358,7 @@ async def test_real_stop_closes_a_poll_in_flight(
         fleet(("stalled", stalled.url)),
         ControlState(),
         Facades(),
-        AgentClient(Agent(reactor, pool=pool)),
+        pool,
         DIAL,
     )
     service.startService()
@@ -398,13 +397,13 @@ class Counting:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Fields | Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
-    ) -> Deferred[IResponse]:
+    ) -> Deferred[Answer]:
         self.requests += 1
-        d: Deferred[IResponse] = self.inner.request(
+        d: Deferred[Answer] = self.inner.request(
             base_url, method, uri, headers, body, connected, resend
         )
         return d

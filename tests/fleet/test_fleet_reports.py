@@ -14,7 +14,6 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IResponse
 
 from nvpair.control.state import ControlState
 from nvpair.engines.loadstate import UNKNOWN, LoadState
@@ -23,6 +22,7 @@ from nvpair.fleet.health import HealthPolicy
 from nvpair.fleet.pairs import PollState
 from nvpair.fleet.polls import FleetService
 from nvpair.fleet.scheduling import FleetScheduler
+from nvpair.wire.message import Answer, Fields
 from tests.fleet.test_fleet_poll import (
     BOUND,
     DIAL,
@@ -45,20 +45,20 @@ class LoadAgent(ScriptedAgent):
     def __init__(self, hang: bool = False) -> None:
         super().__init__()
         self.hang = hang
-        self.hanging: list[Deferred[IResponse]] = []
+        self.hanging: list[Deferred[Answer]] = []
 
     def request(
         self,
         method: bytes,
         uri: bytes,
-        headers: Headers | None = None,
-        bodyProducer: IBodyProducer | None = None,
-    ) -> Deferred[IResponse]:
+        headers: Fields | Headers | None = None,
+        bodyProducer: object = None,
+    ) -> Deferred[Answer]:
         if not uri.endswith(b"/api/ps"):
             return super().request(method, uri, headers, bodyProducer)
         if not self.hang:
             return succeed(FakeResponse(200, b'{"models": []}'))
-        self.hanging.append(d := Deferred[IResponse]())
+        self.hanging.append(d := Deferred[Answer]())
         return d
 
 

@@ -12,13 +12,13 @@ import pytest
 import pytest_twisted
 from twisted.internet import task
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 
 from nvpair.control.state import ControlState
 from nvpair.fleet.credentials import Credential, read_credential
 from nvpair.fleet.file import FleetFileError, load_fleet
 from nvpair.fleet.polls import FleetService
 from nvpair.wire.bodies import read_body
+from nvpair.wire.message import Answer
 from nvpair.wire.upstream import Upstream
 from nvpair.wire.upstream_framing import request_head
 from tests.fleet.test_fleet_poll import Facades
@@ -301,8 +301,8 @@ async def test_the_upstream_sends_a_nodes_credential_to_it_alone(
         await upstream.close()
 
 
-async def _drain(response: IResponse) -> None:
-    await read_body(response, reactor, 5.0, 1024)
+async def _drain(answer: Answer) -> None:
+    await read_body(answer, reactor, 5.0, 1024)
 
 
 @pytest_twisted.ensureDeferred

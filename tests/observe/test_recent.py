@@ -22,6 +22,11 @@ from tests.fakes import ClientRequest, Harness, Response, harness, node
 A, B = node("a", "m"), node("b", "m")
 
 
+def _served(status: int) -> Served:
+    answer = Response(status, b"")
+    return Served(answer.head, BodyRelay(answer))
+
+
 def workloads() -> Workloads:
     return Workloads(lambda method, params: None, lambda: 1_700_000_000_000, run_id="0" * 16)
 
@@ -57,7 +62,7 @@ def test_attempts_are_recorded_as_the_docs_name_their_results() -> None:
     trail.attempt_ended("b", Failed(Fault.TRANSPORT, detail="header timeout"))
     trail.attempt_ended("c", Failed(Fault.FIRST_BODY_TIMEOUT, status=200))
     trail.attempt_ended("d", Failed(Fault.NODE_LEFT))
-    trail.attempt_ended("e", Served(Response(200, b""), BodyRelay()))
+    trail.attempt_ended("e", _served(200))
     assert trail.attempts == [
         AttemptRecord("a", "status", 503),
         AttemptRecord("b", "transport", None, "header timeout"),
@@ -74,7 +79,7 @@ def test_a_completed_workload_reads_with_its_path_and_the_engines_figures() -> N
     """Every field the docs name, the attempts in dispatch order, times in UTC."""
     trail = RecentWorkloads().admitted(workloads().admit("ollama", "llama3:latest"))
     trail.attempt_ended("a", Failed(Fault.STATUS, status=503))
-    trail.attempt_ended("b", Served(Response(200, b""), BodyRelay()))
+    trail.attempt_ended("b", _served(200))
     trail.workload.started("b")
     trail.workload.terminal(State.COMPLETED, None, Stats(3, 40, 42.5, 180, False))
     assert recent_workload(trail) == {

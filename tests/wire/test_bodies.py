@@ -22,23 +22,11 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.error import ConnectionLost
-from twisted.internet.interfaces import (
-    IAddress,
-    IListeningPort,
-    IPushProducer,
-    ITCPTransport,
-    ITransport,
-)
-from twisted.internet.protocol import Protocol
+from twisted.internet.interfaces import IListeningPort, ITCPTransport
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, ResponseFailed
-from twisted.web.http import PotentialDataLoss
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
-from zope.interface import implementer
 
 from nvpair.wire.bodies import (
     BodyTimeout,
@@ -49,83 +37,95 @@ from nvpair.wire.bodies import (
     fetch,
     read_body,
 )
+from nvpair.wire.message import (
+    AT_CLOSE,
+    COMPLETE,
+    Answer,
+    BodySink,
+    End,
+    Ended,
+    Fields,
+    NoAnswer,
+    ResponseHead,
+)
+from nvpair.wire.upstream import Upstream
 
-# -- a scripted response ----------------------------------------------------------------------
+#: How a reset mid-body ends it.
+LOST = Ended(End.CUT, ConnectionLost())
+
+# -- a scripted answer ------------------------------------------------------------------------
 
 
-@implementer(ITransport, IPushProducer)
 class FakeConnection:
-    """The push producer ``deliverBody`` hands the body protocol, standing in for the
-    upstream connection. ``on_stop`` runs inside ``stopProducing``, as a synchronous close."""
+    """The upstream connection a body's source stops. ``on_stop`` runs inside ``stop``, as a
+    synchronous close."""
 
     def __init__(self) -> None:
         self.stopped = 0
         self.on_stop: Callable[[], None] | None = None
 
-    def stopProducing(self) -> None:
+    def stop(self) -> None:
         self.stopped += 1
         if self.on_stop is not None:
             on_stop, self.on_stop = self.on_stop, None
             on_stop()
 
-    def pauseProducing(self) -> None:
-        """Not used by the reader."""
 
-    def resumeProducing(self) -> None:
-        """Not used by the reader."""
+class FakeBody:
+    """An answer's body the test feeds (a :class:`~nvpair.wire.message.BodySource`);
+    ``complete`` set: already ended when a sink connects."""
 
-    def write(self, data: bytes) -> None:
-        raise AssertionError("a body reader never writes")
+    def __init__(self, connection: FakeConnection, complete: bytes | None) -> None:
+        self.connection = connection
+        self.sink: BodySink | None = None
+        self._complete = complete
 
-    def writeSequence(self, data: Any) -> None:
-        raise AssertionError("a body reader never writes")
-
-    def loseConnection(self) -> None:
-        raise AssertionError("the reader closes through stopProducing")
-
-    def getPeer(self) -> IAddress:
-        return IPv4Address("TCP", "127.0.0.1", 1)
-
-    def getHost(self) -> IAddress:
-        return IPv4Address("TCP", "127.0.0.1", 2)
-
-
-@implementer(IResponse)
-class FakeResponse:
-    """A response whose body the test feeds; ``body`` set: already complete at delivery."""
-
-    def __init__(self, code: int = 200, body: bytes | None = None) -> None:
-        self.version = (b"HTTP", 1, 1)
-        self.code = code
-        self.phrase = b"OK"
-        self.headers = Headers({b"content-type": [b"application/json"]})
-        self.length = None
-        self.request = None
-        self.previousResponse: IResponse | None = None
-        self.connection = FakeConnection()
-        self.protocol: Protocol | None = None
-        self._complete = body
-
-    def deliverBody(self, protocol: Protocol) -> None:
-        if self.protocol is not None:
-            raise RuntimeError("Response already has a protocol")
-        self.protocol = protocol
-        protocol.makeConnection(self.connection)
+    def connect(self, sink: BodySink) -> None:
+        if self.sink is not None:
+            raise RuntimeError("the body has a sink already")
+        self.sink = sink
         if self._complete is not None:
             if self._complete:
-                protocol.dataReceived(self._complete)
-            protocol.connectionLost(Failure(ResponseDone()))
+                sink.data(self._complete)
+            sink.end(COMPLETE)
 
-    def setPreviousResponse(self, response: IResponse) -> None:
-        self.previousResponse = response
+    def pause(self) -> None:
+        """Not used by the reader."""
+
+    def resume(self) -> None:
+        """Not used by the reader."""
+
+    def stop(self, abort: bool = False) -> None:
+        self.connection.stop()
+
+
+class FakeResponse(Answer):
+    """An answer whose body the test feeds; ``body`` set: already complete when it is read."""
+
+    def __new__(cls, code: int = 200, body: bytes | None = None) -> FakeResponse:
+        fields = Fields.of([(b"content-type", b"application/json")])
+        return super().__new__(
+            cls, ResponseHead(code, b"OK", fields), FakeBody(FakeConnection(), body)
+        )
+
+    @property
+    def source(self) -> FakeBody:
+        assert isinstance(self.body, FakeBody)
+        return self.body
+
+    @property
+    def connection(self) -> FakeConnection:
+        return self.source.connection
 
     def send(self, data: bytes) -> None:
-        assert self.protocol is not None
-        self.protocol.dataReceived(data)
+        sink = self.source.sink
+        assert sink is not None
+        sink.data(data)
 
-    def end(self, reason: Exception | None = None) -> None:
-        assert self.protocol is not None
-        self.protocol.connectionLost(Failure(reason or ResponseDone()))
+    def end(self, ended: Ended = COMPLETE) -> None:
+        sink = self.source.sink
+        assert sink is not None
+        sink.end(ended)
 
 
 def result_of(d: Deferred[Any]) -> Any:
@@ -159,11 +159,11 @@ def test_whole_body_is_returned_and_no_timer_is_left() -> None:
 
 
 def test_close_delimited_body_counts_as_complete() -> None:
-    """A body delimited by the connection's close ends with PotentialDataLoss: complete."""
+    """A body delimited by the connection's close ends at the close: complete."""
     response = FakeResponse()
     d = read_body(response, Clock(), 40.0, 100)
     response.send(b"abc")
-    response.end(PotentialDataLoss())
+    response.end(AT_CLOSE)
     assert result_of(d) == b"abc"
 
 
@@ -189,12 +189,12 @@ def test_a_body_over_the_cap_fails_and_closes_the_connection() -> None:
 
 
 def test_the_close_caused_by_giving_up_is_not_mistaken_for_the_end() -> None:
-    """Stopping a close-delimited body ends it with PotentialDataLoss, which reads as
-    "complete"; the reader has already given up by then, so a truncated body never passes for
-    a whole one, even when the close re-enters the reader synchronously."""
+    """Stopping a close-delimited body ends it at the close, which reads as "complete"; the
+    reader has already given up by then, so a truncated body never passes for a whole one,
+    even when the close re-enters the reader synchronously."""
     response = FakeResponse()
     d = read_body(response, Clock(), 40.0, 4)
-    response.connection.on_stop = lambda: response.end(PotentialDataLoss())
+    response.connection.on_stop = lambda: response.end(AT_CLOSE)
     response.send(b"abc")
     response.send(b"de")
     failure_of(d, BodyTooLarge)
@@ -217,7 +217,7 @@ def test_a_stalled_body_times_out_and_closes_the_connection() -> None:
 def test_a_timeout_whose_close_reenters_still_fails() -> None:
     clock, response = Clock(), FakeResponse()
     d = read_body(response, clock, 1.0, 100)
-    response.connection.on_stop = lambda: response.end(PotentialDataLoss())
+    response.connection.on_stop = lambda: response.end(AT_CLOSE)
     response.send(b"partial")
     clock.advance(1.0)
     failure_of(d, BodyTimeout)
@@ -232,7 +232,7 @@ def test_cancelling_closes_the_connection() -> None:
     assert response.connection.stopped == 1
     assert clock.getDelayedCalls() == []
     # What the close then delivers changes nothing.
-    response.end(PotentialDataLoss())
+    response.end(AT_CLOSE)
 
 
 def test_a_transport_error_is_the_failure() -> None:
@@ -240,8 +240,8 @@ def test_a_transport_error_is_the_failure() -> None:
     response = FakeResponse()
     d = read_body(response, Clock(), 40.0, 100)
     response.send(b"{")
-    response.end(ResponseFailed([Failure(ConnectionLost())]))
-    failure_of(d, ResponseFailed)
+    response.end(LOST)
+    failure_of(d, ConnectionLost)
     assert response.connection.stopped == 0
 
 
@@ -339,7 +339,7 @@ def test_discard_never_fails(how: str) -> None:
     elif how == "cancel":
         d.cancel()
     else:
-        response.end(ResponseFailed([Failure(ConnectionLost())]))
+        response.end(LOST)
     assert result_of(d) is None
     assert response.connection.stopped == (0 if how == "reset" else 1)
     assert clock.getDelayedCalls() == []
@@ -349,16 +349,16 @@ def test_discard_never_fails(how: str) -> None:
 
 
 class Sent:
-    """A request's Deferred as Agent gives it: cancelling fails it, as Agent does, with an
-    error that is not CancelledError."""
+    """A request's Deferred as the upstream client gives it: cancelling fails it with an error
+    that is not CancelledError (as a request cancelled after its connection went does)."""
 
     def __init__(self) -> None:
         self.cancels = 0
-        self.deferred: Deferred[IResponse] = Deferred(self._cancel)
+        self.deferred: Deferred[Answer] = Deferred(self._cancel)
 
-    def _cancel(self, d: Deferred[IResponse]) -> None:
+    def _cancel(self, d: Deferred[Answer]) -> None:
         self.cancels += 1
-        d.errback(Failure(ResponseFailed([Failure(CancelledError())])))
+        d.errback(Failure(NoAnswer(CancelledError())))
 
 
 def test_fetch_bounds_headers_and_body_together() -> None:
@@ -385,14 +385,14 @@ def test_fetch_without_headers_cancels_the_request() -> None:
     failure_of(d, HeadersTimeout)
 
 
-def test_fetch_returns_the_response_and_its_body() -> None:
+def test_fetch_returns_the_head_and_its_body() -> None:
     clock, sent, response = Clock(), Sent(), FakeResponse(code=201)
     d = fetch(sent.deferred, clock, 40.0, 100)
     sent.deferred.callback(response)
     response.send(b"[]")
     response.end()
     whole = result_of(d)
-    assert whole == Whole(response, b"[]")
+    assert whole == Whole(response.head, b"[]") and whole.head.status == 201
     assert clock.getDelayedCalls() == []
 
 
@@ -418,8 +418,8 @@ def test_cancelling_fetch_while_reading_the_body_closes_it() -> None:
 def test_a_request_failure_is_not_called_a_timeout() -> None:
     clock, sent = Clock(), Sent()
     d = fetch(sent.deferred, clock, 40.0, 100)
-    sent.deferred.errback(Failure(ConnectionLost()))
-    failure = failure_of(d, ConnectionLost)
+    sent.deferred.errback(Failure(NoAnswer(ConnectionLost())))
+    failure = failure_of(d, NoAnswer)
     assert not failure.check(HeadersTimeout)
 
 
@@ -567,26 +567,25 @@ def stalling() -> Iterator[Callable[..., StallingUpstream]]:
 
 
 @pytest.fixture
-def pool() -> Iterator[HTTPConnectionPool]:
-    """A persistent client pool whose idle connections are closed after the test."""
-    client_pool = HTTPConnectionPool(reactor, persistent=True)
-    yield client_pool
-    pytest_twisted.blockon(client_pool.closeCachedConnections())
+def pool() -> Iterator[Upstream]:
+    """The upstream client, whose idle pooled connections are closed after the test."""
+    client = Upstream(reactor, 5.0)
+    yield client
+    pytest_twisted.blockon(client.close())
 
 
-def get(pool: HTTPConnectionPool, url: str) -> Deferred[IResponse]:
-    d: Deferred[IResponse] = Agent(reactor, pool=pool).request(b"GET", url.encode())
-    return d
+def get(pool: Upstream, base: str, uri: bytes = b"/") -> Deferred[Answer]:
+    return pool.request(base, b"GET", uri, Fields(), None)
 
 
 @pytest_twisted.ensureDeferred
 async def test_real_stalled_body_times_out_and_the_server_sees_the_close(
-    stalling: Callable[..., StallingUpstream], pool: HTTPConnectionPool
+    stalling: Callable[..., StallingUpstream], pool: Upstream
 ) -> None:
     """The upstream sends headers and one byte of a 1000-byte body, then stalls: at the bound
     the read fails and the upstream connection is closed."""
     upstream = stalling()
-    response = await get(pool, upstream.url + "/api/tags")
+    response = await get(pool, upstream.url, b"/api/tags")
     clock = Clock()
     d = read_body(response, clock, 40.0, 1 << 20)
     clock.advance(40.0)
@@ -596,10 +595,10 @@ async def test_real_stalled_body_times_out_and_the_server_sees_the_close(
 
 @pytest_twisted.ensureDeferred
 async def test_real_cancel_mid_body_closes_the_upstream(
-    stalling: Callable[..., StallingUpstream], pool: HTTPConnectionPool
+    stalling: Callable[..., StallingUpstream], pool: Upstream
 ) -> None:
     upstream = stalling(length=None)  # chunked this time
-    response = await get(pool, upstream.url + "/")
+    response = await get(pool, upstream.url)
     d = read_body(response, Clock(), 40.0, 1 << 20)
     d.cancel()
     failure_of(d, CancelledError)
@@ -608,10 +607,10 @@ async def test_real_cancel_mid_body_closes_the_upstream(
 
 @pytest_twisted.ensureDeferred
 async def test_real_body_over_the_cap_closes_the_upstream(
-    stalling: Callable[..., StallingUpstream], pool: HTTPConnectionPool
+    stalling: Callable[..., StallingUpstream], pool: Upstream
 ) -> None:
     upstream = stalling(head=b"x" * 4096, length=1 << 20)
-    response = await get(pool, upstream.url + "/")
+    response = await get(pool, upstream.url)
     d = read_body(response, Clock(), 40.0, 1024)
     try:
         await d
@@ -624,11 +623,11 @@ async def test_real_body_over_the_cap_closes_the_upstream(
 
 @pytest_twisted.ensureDeferred
 async def test_real_cancel_before_headers_closes_the_upstream(
-    stalling: Callable[..., StallingUpstream], pool: HTTPConnectionPool
+    stalling: Callable[..., StallingUpstream], pool: Upstream
 ) -> None:
-    """No headers yet: cancelling the exchange cancels Agent's request, which closes it."""
+    """No headers yet: cancelling the exchange cancels the client's request, which closes it."""
     upstream = stalling(head=None)
-    sent = get(pool, upstream.url + "/")
+    sent = get(pool, upstream.url)
     d = fetch(sent, Clock(), 40.0, 1 << 20)
     await upstream.arrived(1)
     d.cancel()
@@ -638,11 +637,11 @@ async def test_real_cancel_before_headers_closes_the_upstream(
 
 @pytest_twisted.ensureDeferred
 async def test_real_fetch_timeout_before_headers_closes_the_upstream(
-    stalling: Callable[..., StallingUpstream], pool: HTTPConnectionPool
+    stalling: Callable[..., StallingUpstream], pool: Upstream
 ) -> None:
     upstream = stalling(head=None)
     clock = Clock()
-    d = fetch(get(pool, upstream.url + "/"), clock, 40.0, 1 << 20)
+    d = fetch(get(pool, upstream.url), clock, 40.0, 1 << 20)
     await upstream.arrived(1)
     clock.advance(40.0)
     failure_of(d, HeadersTimeout)
@@ -651,12 +650,12 @@ async def test_real_fetch_timeout_before_headers_closes_the_upstream(
 
 @pytest_twisted.ensureDeferred
 async def test_real_discarded_body_returns_the_connection_to_the_pool(
-    stalling: Callable[..., StallingUpstream], pool: HTTPConnectionPool
+    stalling: Callable[..., StallingUpstream], pool: Upstream
 ) -> None:
     """A complete body read by discard_body leaves the keep-alive connection reusable."""
     upstream = stalling(body=b'{"models":[]}')
     for _ in range(3):
-        response = await get(pool, upstream.url + "/")
+        response = await get(pool, upstream.url)
         outcome: list[object] = []
         await discard_body(response, Clock(), 40.0, 1024).addBoth(outcome.append)
         assert outcome == [None]
@@ -666,10 +665,10 @@ async def test_real_discarded_body_returns_the_connection_to_the_pool(
 
 @pytest_twisted.ensureDeferred
 async def test_real_discard_past_its_bound_closes_the_upstream(
-    stalling: Callable[..., StallingUpstream], pool: HTTPConnectionPool
+    stalling: Callable[..., StallingUpstream], pool: Upstream
 ) -> None:
     upstream = stalling()
-    response = await get(pool, upstream.url + "/")
+    response = await get(pool, upstream.url)
     clock = Clock()
     d = discard_body(response, clock, 5.0, 1024)
     clock.advance(5.0)

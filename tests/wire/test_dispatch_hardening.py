@@ -6,15 +6,13 @@ from typing import Any
 
 import pytest
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
-from zope.interface import implementer
 
 from nvpair.control.state import Node
 from nvpair.dispatch.relay import BodyRelay, WriteDeadline
+from nvpair.wire.message import Answer
 from nvpair.wire.tls import PinnedPeers
 from nvpair.wire.upstream import Upstream
 from tests.fakes import Response, harness, node
@@ -44,7 +42,7 @@ def test_an_attempt_that_raises_while_starting_fails_over() -> None:
     h.nodes(A, B)
     original = h.upstream.request
 
-    def request(base_url: str, *args: Any) -> Deferred[IResponse]:
+    def request(base_url: str, *args: Any) -> Deferred[Answer]:
         if base_url == "http://a":
             raise RuntimeError("cannot start")
         return original(base_url, *args)
@@ -154,20 +152,19 @@ def test_the_write_deadline_is_disarmed_when_the_body_ends(paused: bool) -> None
     clock = Clock()
     expired: list[bool] = []
 
-    @implementer(IPushProducer)
     class Upstream_:
-        def pauseProducing(self) -> None:
+        def pause(self) -> None:
             pass
 
-        def resumeProducing(self) -> None:
+        def resume(self) -> None:
             pass
 
-        def stopProducing(self) -> None:
+        def stop(self, abort: bool = False) -> None:
             pass
 
     guard = WriteDeadline(Upstream_(), clock, 60.0, lambda: expired.append(True))
     if paused:
-        guard.pauseProducing()
+        guard.pause()
     guard.disarm()
     clock.advance(120)
     assert expired == [] and clock.getDelayedCalls() == []
@@ -190,6 +187,6 @@ def test_a_client_paused_at_the_end_of_the_body_leaves_no_timer() -> None:
 
 def test_body_relay_type_of_deadline_is_the_guard() -> None:
     """set_deadline wraps the upstream in a WriteDeadline the relay can disarm."""
-    relay = BodyRelay()
+    relay = BodyRelay(Response(200))
     relay.set_deadline(lambda upstream: WriteDeadline(upstream, Clock(), 1.0, lambda: None))
     assert relay._guard is None  # armed only once attached

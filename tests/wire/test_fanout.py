@@ -15,9 +15,9 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 
 from nvpair.wire.fanout import GRACE, MAX_BODY, NodeReply, ask_all
+from nvpair.wire.message import Answer, Fields
 from nvpair.wire.upstream import Upstream
 from tests.wire.test_bodies import (
     FakeResponse,
@@ -41,11 +41,11 @@ class Scripted:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Fields | Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
-    ) -> Deferred[IResponse]:
+    ) -> Deferred[Answer]:
         sent = Sent()
         self.sent[base_url] = sent
         return sent.deferred
@@ -161,16 +161,16 @@ class Watched:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Fields | Headers,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
-    ) -> Deferred[IResponse]:
-        def arrived(response: IResponse) -> IResponse:
+    ) -> Deferred[Answer]:
+        def arrived(answer: Answer) -> Answer:
             self.headers += 1
-            # Woken on a later turn, once the fan-out has taken the response and begun its body.
+            # Woken on a later turn, once the fan-out has taken the answer and begun its body.
             reactor.callLater(0, self._wake)
-            return response
+            return answer
 
         return self._upstream.request(base_url, method, uri, headers, body).addCallback(arrived)
 

@@ -27,19 +27,18 @@ from twisted.internet.error import (
     ConnectionLost,
     ConnectionRefusedError,
 )
-from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import ILogObserver, LogEvent, LogLevel, capturedLogs, globalLogPublisher
 from twisted.python.failure import Failure
-from twisted.web.client import URI, Agent, ResponseFailed, ResponseNeverReceived
+from twisted.web.client import URI, Agent
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from nvpair.common.logs import LogObserver
 from nvpair.wire.bodies import BodyTimeout, discard_body, read_body
+from nvpair.wire.message import Answer, End, Ended, NoAnswer
 from nvpair.wire.upstream import Upstream, parse_target
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
@@ -89,13 +88,6 @@ def test_the_request_target_is_agents(base: str, rest: str) -> None:
 # -- dialling and pooling, in memory ------------------------------------------------------------
 
 
-def causes(failure: Failure) -> list[Failure]:
-    error = failure.value
-    assert isinstance(error, ResponseFailed), failure
-    found: list[Failure] = error.reasons
-    return found
-
-
 def closing(transport: StringTransport) -> bool:
     return bool(transport.disconnecting)
 
@@ -117,15 +109,15 @@ def dialled(clock: MemoryReactorClock, index: int = -1) -> tuple[Any, StringTran
 BASE = "http://127.0.0.1:8000"
 
 
-def get(upstream: Upstream, connected: Callable[[], None] | None = None) -> Deferred[IResponse]:
+def get(upstream: Upstream, connected: Callable[[], None] | None = None) -> Deferred[Answer]:
     return upstream.request(BASE, b"GET", b"/x", Headers(), None, connected)
 
 
-def answered(protocol: Any, d: Deferred[IResponse], answer: bytes = OK) -> IResponse:
+def answered(protocol: Any, d: Deferred[Answer], answer: bytes = OK) -> Answer:
     protocol.dataReceived(answer)
-    response: IResponse = result_of(d)
-    discard_body(response, Clock(), None, 1 << 20)
-    return response
+    got: Answer = result_of(d)
+    discard_body(got, Clock(), None, 1 << 20)
+    return got
 
 
 def test_connected_is_called_when_the_dial_completes() -> None:
@@ -164,7 +156,7 @@ def test_cancelling_a_dial_cancels_the_connect() -> None:
 
 def pooled_then_lost(
     clock: MemoryReactorClock, connected: Callable[[], None] | None = None
-) -> tuple[Deferred[IResponse], Upstream]:
+) -> tuple[Deferred[Answer], Upstream]:
     """A GET sent on a pooled connection that then closes before any byte of its answer."""
     upstream = Upstream(clock, 5.0)
     first = get(upstream)
@@ -183,7 +175,7 @@ def test_a_resend_is_dialled_anew_and_the_header_budget_is_not_restarted() -> No
     assert len(clock.tcpClients) == 2 and not fired(d)
     fresh, wire = dialled(clock)
     assert wire.value() == b"GET /x HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n\r\n"
-    assert answered(fresh, d).code == 200
+    assert answered(fresh, d).head.status == 200
     assert calls == ["connected"]
 
 
@@ -369,30 +361,29 @@ def test_close_closes_the_idle_connections_and_waits_for_them() -> None:
     assert not clock.getDelayedCalls()  # the idle sweep is gone too
 
 
-def never_redialled(*args: object) -> Any:
-    raise AssertionError("nothing here is sent again")
+PEER = (b"https", b"peer", 1)
 
 
 def connection(owner: Pool) -> tuple[UpstreamConnection, StringTransport]:
-    connection = UpstreamConnection()
+    built = owner.factory(PEER).buildProtocol(None)
+    assert isinstance(built, UpstreamConnection)
     transport = StringTransport()
-    connection.makeConnection(transport)
-    owner.adopt(connection, (b"https", b"peer", 1))
-    return connection, transport
+    built.makeConnection(transport)
+    return built, transport
 
 
 def test_a_retired_pool_closes_idle_connections_now_and_busy_ones_when_done() -> None:
     """``trust_changed`` retires the peer pool: nothing verified under the old trust is used
     again."""
-    pool = Pool(Clock(), 4, IDLE_TIMEOUT, never_redialled)
+    pool = Pool(Clock(), 4, IDLE_TIMEOUT)
     idle, idle_transport = connection(pool)
     busy, busy_transport = connection(pool)
-    pool.put(idle)
+    pool.keep(PEER, idle)
     pool.retire()
     assert closing(idle_transport) and not closing(busy_transport)
-    pool.put(busy)
+    pool.keep(PEER, busy)
     assert closing(busy_transport)
-    assert pool.take((b"https", b"peer", 1)) is None
+    assert pool.take(PEER) is None
 
 
 # -- a scripted engine on loopback -------------------------------------------------------------
@@ -411,8 +402,8 @@ def upstream() -> Iterator[Upstream]:
 
 
 async def fetch(upstream: Upstream, engine: Engine, method: bytes = b"GET") -> bytes:
-    response = await upstream.request(engine.url, method, b"/v1/models", Headers(), None)
-    return await read_body(response, reactor, 5.0, 1 << 20)
+    answer = await upstream.request(engine.url, method, b"/v1/models", Headers(), None)
+    return await read_body(answer, reactor, 5.0, 1 << 20)
 
 
 def chunked(*chunks: bytes) -> bytes:
@@ -423,8 +414,8 @@ def chunked(*chunks: bytes) -> bytes:
 @pytest_twisted.ensureDeferred
 async def test_the_request_on_the_wire(engine: Engine, upstream: Upstream) -> None:
     headers = Headers({b"Content-Type": [b"application/json"], b"X-Multi": [b"a", b"b"]})
-    response = await upstream.request(engine.url, b"POST", b"/api/chat?x=1", headers, b"{}")
-    assert await read_body(response, reactor, 5.0, 100) == b"{}"
+    answer = await upstream.request(engine.url, b"POST", b"/api/chat?x=1", headers, b"{}")
+    assert await read_body(answer, reactor, 5.0, 100) == b"{}"
     port = engine.url.rsplit(":", 1)[1].encode()
     assert engine.requests == [
         b"POST /api/chat?x=1 HTTP/1.1\r\n"
@@ -452,8 +443,8 @@ async def test_a_discarded_body_returns_its_connection_to_the_pool(
     engine: Engine, upstream: Upstream
 ) -> None:
     for _ in range(3):
-        response = await upstream.request(engine.url, b"GET", b"/", Headers(), None)
-        await discard_body(response, reactor, 5.0, 1 << 20)
+        answer = await upstream.request(engine.url, b"GET", b"/", Headers(), None)
+        await discard_body(answer, reactor, 5.0, 1 << 20)
     assert len(engine.requests) == 3 and len(engine.peers) == 1
 
 
@@ -462,9 +453,9 @@ async def test_a_head_answer_with_content_length_ends_at_its_head(
     engine: Engine, upstream: Upstream
 ) -> None:
     engine.answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n", OK]
-    response = await upstream.request(engine.url, b"HEAD", b"/props", Headers(), None)
-    assert response.headers.getRawHeaders(b"content-length") == [b"20"]
-    assert await read_body(response, reactor, 5.0, 100) == b""
+    answer = await upstream.request(engine.url, b"HEAD", b"/props", Headers(), None)
+    assert answer.head.fields.all_of(b"content-length") == [b"20"]
+    assert await read_body(answer, reactor, 5.0, 100) == b""
     assert await fetch(upstream, engine) == b"{}"
     assert len(engine.peers) == 1  # the HEAD's connection was reused
 
@@ -497,9 +488,9 @@ async def test_an_answer_before_the_body_was_sent_is_the_answer(
     send buffer. The answer is taken, and the connection stays in step for the next one."""
     engine.early = True
     body = b"x" * (8 << 20)
-    response = await upstream.request(engine.url, b"POST", b"/", Headers(), body)
+    answer = await upstream.request(engine.url, b"POST", b"/", Headers(), body)
     assert engine.peers[0].skip > 0  # the engine had not read the whole request yet
-    assert response.code == 200 and await read_body(response, reactor, 5.0, 100) == b"{}"
+    assert answer.head.status == 200 and await read_body(answer, reactor, 5.0, 100) == b"{}"
     assert await fetch(upstream, engine) == b"{}"
     assert len(engine.peers) == 1 and engine.requests[1].startswith(b"GET /v1/models")
 
@@ -507,7 +498,7 @@ async def test_an_answer_before_the_body_was_sent_is_the_answer(
 @pytest_twisted.ensureDeferred
 async def test_a_garbage_status_line_is_never_received(engine: Engine, upstream: Upstream) -> None:
     engine.answers = [b"SSH-2.0-OpenSSH_9.6\r\n\r\n"]
-    with pytest.raises(ResponseNeverReceived):
+    with pytest.raises(NoAnswer):
         await fetch(upstream, engine)
     await engine.lost(0)
 
@@ -515,7 +506,7 @@ async def test_a_garbage_status_line_is_never_received(engine: Engine, upstream:
 @pytest_twisted.ensureDeferred
 async def test_a_header_over_64_kib_is_never_received(engine: Engine, upstream: Upstream) -> None:
     engine.answers = [b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * (70 << 10) + b"\r\n\r\n"]
-    with pytest.raises(ResponseNeverReceived):
+    with pytest.raises(NoAnswer):
         await fetch(upstream, engine)
     await engine.lost(0)
 
@@ -530,7 +521,7 @@ async def test_an_endless_head_is_cut_off(engine: Engine, upstream: Upstream) ->
             peer.wire.write(b"X-Filler: " + b"y" * 100 + b"\r\n")
 
     engine.answers = [endless]
-    with pytest.raises(ResponseNeverReceived):
+    with pytest.raises(NoAnswer):
         await fetch(upstream, engine)
     await engine.lost(0)
 
@@ -540,32 +531,41 @@ async def test_a_chunk_size_overflow_fails_the_body(engine: Engine, upstream: Up
     engine.answers = [
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffffff\r\n"
     ]
-    with pytest.raises(ResponseFailed):
-        await fetch(upstream, engine)
+    answer = await upstream.request(engine.url, b"GET", b"/v1/models", Headers(), None)
+    ended: Deferred[Ended] = Deferred()
+
+    class Body:
+        def data(self, data: bytes) -> None:
+            raise AssertionError(f"no chunk of a broken body is read: {data!r}")
+
+        def end(self, how: Ended) -> None:
+            ended.callback(how)
+
+    answer.body.connect(Body())
+    how = await ended
+    assert how.how is End.BROKEN and how.error is not None
     await engine.lost(0)
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_reset_mid_body_fails_the_body(engine: Engine, upstream: Upstream) -> None:
     engine.answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf"]
-    response = await upstream.request(engine.url, b"GET", b"/", Headers(), None)
+    answer = await upstream.request(engine.url, b"GET", b"/", Headers(), None)
     got: Deferred[bytes] = Deferred()
-    ended: Deferred[None] = Deferred()
-    reasons: list[Failure] = []
+    ended: Deferred[Ended] = Deferred()
 
-    class Body(Protocol):
-        def dataReceived(self, data: bytes) -> None:
+    class Body:
+        def data(self, data: bytes) -> None:
             got.callback(data)
 
-        def connectionLost(self, reason: Failure = connectionDone) -> None:
-            reasons.append(reason)
-            ended.callback(None)
+        def end(self, how: Ended) -> None:
+            ended.callback(how)
 
-    response.deliverBody(Body())
+    answer.body.connect(Body())
     assert await got == b"half"
     engine.peers[0].reset()
-    await ended
-    assert reasons[0].check(ResponseFailed) and causes(reasons[0])[0].check(ConnectionLost)
+    how = await ended
+    assert how.how is End.CUT and isinstance(how.error, ConnectionLost)
 
 
 @pytest_twisted.ensureDeferred
@@ -574,9 +574,9 @@ async def test_a_stall_after_the_head_is_cut_by_the_readers_bound(
 ) -> None:
     """Nothing waits for ever on a silent engine: the body bound closes the connection."""
     engine.answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{"]
-    response = await upstream.request(engine.url, b"GET", b"/", Headers(), None)
+    answer = await upstream.request(engine.url, b"GET", b"/", Headers(), None)
     clock = Clock()
-    d = read_body(response, clock, 30.0, 1 << 20)
+    d = read_body(answer, clock, 30.0, 1 << 20)
     clock.advance(30)
     failure_of(d, BodyTimeout)
     await engine.lost(0)
@@ -646,8 +646,8 @@ async def test_a_request_on_a_stale_kept_alive_connection_is_sent_again_once(
     request is sent once more on a fresh connection to the same engine and answered there."""
     engine.default = stale_after_first(reset=reset)
     for _ in range(3):
-        response = await upstream.request(engine.url, method, b"/x", Headers(), b"{}", None, resend)
-        assert response.code == 200 and await read_body(response, reactor, 5.0, 100) == b"{}"
+        answer = await upstream.request(engine.url, method, b"/x", Headers(), b"{}", None, resend)
+        assert answer.head.status == 200 and await read_body(answer, reactor, 5.0, 100) == b"{}"
     # 1st: a fresh connection; 2nd: its reuse closed, sent again on a 2nd connection; 3rd the same.
     assert [peer.count for peer in engine.peers] == [2, 2, 1]
     assert len({bytes(r) for r in engine.requests}) == 1 and len(engine.requests) == 5
@@ -659,7 +659,7 @@ async def test_a_post_the_caller_did_not_mark_resendable_is_not_sent_again(
 ) -> None:
     engine.default = stale_after_first()
     assert await fetch(upstream, engine, b"POST") == b"{}"
-    with pytest.raises(ResponseNeverReceived):
+    with pytest.raises(NoAnswer):
         await fetch(upstream, engine, b"POST")
     assert len(engine.requests) == 2 and len(engine.peers) == 1
 
@@ -669,7 +669,7 @@ async def test_a_fresh_connection_that_closes_is_never_resent(
     engine: Engine, upstream: Upstream
 ) -> None:
     engine.default = lambda peer: peer.wire.loseConnection()
-    with pytest.raises(ResponseNeverReceived):
+    with pytest.raises(NoAnswer):
         await fetch(upstream, engine)
     assert len(engine.requests) == 1
 
@@ -682,6 +682,35 @@ async def test_a_resend_whose_fresh_connection_closes_too_fails(
     engine.answers = [OK]
     engine.default = lambda peer: peer.wire.loseConnection()
     assert await fetch(upstream, engine) == b"{}"
-    with pytest.raises(ResponseNeverReceived):
+    with pytest.raises(NoAnswer):
         await fetch(upstream, engine)
     assert [peer.count for peer in engine.peers] == [2, 1]
+
+
+def test_a_kept_connection_lost_while_idle_is_never_handed_out() -> None:
+    """The pool is not told of a close (a connection knows nothing of its pool): it finds out
+    when it would hand the connection out."""
+    pool = Pool(Clock(), 4, IDLE_TIMEOUT)
+    gone, _ = connection(pool)
+    kept, _ = connection(pool)
+    pool.keep(PEER, kept)
+    pool.keep(PEER, gone)
+    gone.connectionLost(Failure(ConnectionDone()))
+    assert pool.take(PEER) is kept
+    assert pool.take(PEER) is None
+
+
+def test_the_sweep_closes_what_went_idle_too_long_and_forgets_what_was_lost() -> None:
+    clock = Clock()
+    pool = Pool(clock, 4, IDLE_TIMEOUT)
+    old, old_transport = connection(pool)
+    pool.keep(PEER, old)
+    clock.advance(IDLE_TIMEOUT / 2)
+    young, young_transport = connection(pool)
+    lost, _ = connection(pool)
+    pool.keep(PEER, young)
+    pool.keep(PEER, lost)
+    lost.connectionLost(Failure(ConnectionDone()))
+    clock.advance(IDLE_TIMEOUT / 2)
+    assert closing(old_transport) and not closing(young_transport)
+    assert pool.take(PEER) is young and pool.take(PEER) is None

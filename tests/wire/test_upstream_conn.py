@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -19,18 +20,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
-from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
 from nvpair.wire import upstream_framing
+from nvpair.wire.message import Answer, BodySource, End, Ended, Fields, NoAnswer, ResponseHead
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_framing import MAX_HEAD, BadResponse, answer_head, request_head
+from nvpair.wire.upstream_response import UpstreamBody
 from nvpair.wire.upstream_types import Key, Phase
 from tests.wire.test_bodies import failure_of, result_of
 
@@ -147,7 +145,7 @@ def test_a_head_is_well_formed_or_refused(fields: dict[bytes, list[bytes]]) -> N
 # -- response heads (pure) ---------------------------------------------------------------------
 
 
-def exposed(fields: list[tuple[bytes, bytes]], head: bool = False) -> Headers:
+def exposed(fields: list[tuple[bytes, bytes]], head: bool = False) -> Fields:
     return answer_head(fields, head, False, False)[0]
 
 
@@ -164,7 +162,7 @@ def test_response_headers_lose_what_twisteds_client_removes() -> None:
         (b"X-Hop", b"named by Connection"),
         (b"X-End", b"kept  "),
     ]
-    assert dict(exposed(fields).getAllRawHeaders()) == {
+    assert dict(exposed(fields)) == {
         b"Content-Type": [b"application/json"],
         b"X-End": [b"kept"],
     }
@@ -172,53 +170,53 @@ def test_response_headers_lose_what_twisteds_client_removes() -> None:
 
 def test_a_header_named_by_connection_goes_wherever_it_stands() -> None:
     fields = [(b"X-Hop", b"before"), (b"Connection", b"x-hop"), (b"X-Hop", b"after")]
-    assert not exposed(fields).hasHeader(b"x-hop")
+    assert not exposed(fields).has(b"x-hop")
 
 
 def test_a_head_answer_keeps_its_content_length() -> None:
-    headers = exposed([(b"Content-Length", b"20")], head=True)
-    assert headers.getRawHeaders(b"content-length") == [b"20"]
+    fields = exposed([(b"Content-Length", b"20")], head=True)
+    assert fields.all_of(b"content-length") == [b"20"]
 
 
 def test_repeated_response_headers_keep_their_order() -> None:
-    headers = exposed([(b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")])
-    assert headers.getRawHeaders(b"set-cookie") == [b"a=1", b"b=2"]
+    fields = exposed([(b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")])
+    assert fields.all_of(b"set-cookie") == [b"a=1", b"b=2"]
 
 
 # -- one connection, in memory ------------------------------------------------------------------
 
 
+#: Where the rig's connection leads, as the hook that sends again names it.
+KEY: Key = (b"http", b"h", 80)
+
+
 class Resend:
     """A request the owner was asked to send again."""
 
-    def __init__(self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]) -> None:
+    def __init__(self, key: Key, head: bool, data: bytes, deferred: Deferred[Answer]) -> None:
         self.key, self.head, self.data, self.deferred = key, head, data, deferred
-        self.cancelled: list[Deferred[IResponse]] = []
+        self.cancelled: list[Deferred[Answer]] = []
 
-    def cancel(self, deferred: Deferred[IResponse]) -> None:
+    def cancel(self, deferred: Deferred[Answer]) -> None:
         self.cancelled.append(deferred)
 
 
 class Owner:
-    """The pool, as a connection sees it."""
+    """Whoever made the connection, as it is told: that it can carry another exchange
+    (``quiescent``), and that a request went unanswered (the ``unanswered`` hook of a send)."""
 
     def __init__(self) -> None:
         self.put_back: list[UpstreamConnection] = []
-        self.dropped: list[UpstreamConnection] = []
         self.resent: list[Resend] = []
 
     def resend(
-        self, key: Key, head: bool, data: bytes, deferred: Deferred[IResponse]
-    ) -> Callable[[Deferred[IResponse]], None]:
+        self, key: Key, head: bool, data: bytes, deferred: Deferred[Answer]
+    ) -> Callable[[Deferred[Answer]], None]:
         self.resent.append(again := Resend(key, head, data, deferred))
         return again.cancel
 
-    def put(self, connection: UpstreamConnection) -> None:
+    def quiescent(self, connection: UpstreamConnection) -> None:
         self.put_back.append(connection)
-        connection.park(0.0)
-
-    def drop(self, connection: UpstreamConnection) -> None:
-        self.dropped.append(connection)
 
 
 class Writes(StringTransport):
@@ -233,18 +231,20 @@ class Writes(StringTransport):
         super().write(data)
 
 
-class Reader(Protocol):
-    """A body protocol that keeps what it gets."""
+class Reader:
+    """A body sink that keeps what it gets, and the source it reads (:func:`read_into`)."""
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
-        self.reason: Failure | None = None
+        self.how: Ended | None = None
+        self._source: BodySource | None = None
 
-    def dataReceived(self, data: bytes) -> None:
+    def data(self, data: bytes) -> None:
         self.chunks.append(data)
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.reason = reason
+    def end(self, ended: Ended) -> None:
+        assert self.how is None, "a body ends once"
+        self.how = ended
 
     @property
     def body(self) -> bytes:
@@ -252,36 +252,39 @@ class Reader(Protocol):
 
     @property
     def ended(self) -> bool:
-        return self.reason is not None
+        return self.how is not None
 
-    def ended_with(self, kind: type[BaseException]) -> bool:
-        return self.reason is not None and self.reason.check(kind) is not None
+    def ended_with(self, how: End) -> bool:
+        return self.how is not None and self.how.how is how
 
-    def first_reason(self) -> Failure:
-        """The first cause a ``ResponseFailed`` end carries."""
-        assert self.reason is not None
-        return reasons(self.reason)[0]
+    @property
+    def error(self) -> BaseException | None:
+        """The error its end carries."""
+        assert self.how is not None
+        return self.how.error
 
-    def producer(self) -> IPushProducer:
-        producer = IPushProducer(self.transport, None)
-        assert producer is not None
-        return producer
+    @property
+    def source(self) -> BodySource:
+        """The body's flow: pause, resume, stop."""
+        assert self._source is not None
+        return self._source
 
 
 class Rig:
     def __init__(self) -> None:
         self.owner = Owner()
         self.transport = Writes()
-        self.connection = UpstreamConnection()
-        self.connection.owner = self.owner  # type: ignore[assignment]
+        self.connection = UpstreamConnection(self.owner.quiescent)
         self.connection.makeConnection(self.transport)
 
     def send(
         self, method: bytes = b"GET", data: bytes | None = None, resend: bool = False
-    ) -> Deferred[IResponse]:
-        d: Deferred[IResponse] = Deferred(self.connection.cancel)
+    ) -> Deferred[Answer]:
+        d: Deferred[Answer] = Deferred(self.connection.cancel)
         data = data or method + b" / HTTP/1.1\r\nHost: h\r\n\r\n"
-        self.connection.send(method == b"HEAD", data, d, resend)
+        head = method == b"HEAD"
+        again = partial(self.owner.resend, KEY, head, data) if resend else None
+        self.connection.send(head, data, d, again)
         return d
 
     def feed(self, *segments: bytes) -> None:
@@ -305,18 +308,21 @@ def result_of_now(d: Deferred[Any]) -> bool:
     return bool(d.called)
 
 
-def reasons(failure: Failure) -> list[Failure]:
-    """The causes inside a ``ResponseFailed`` (or ``ResponseNeverReceived``)."""
+def reason(failure: Failure) -> BaseException | None:
+    """Why a request got no answer (what its ``NoAnswer`` carries)."""
     error = failure.value
-    assert isinstance(error, ResponseFailed), failure
-    causes: list[Failure] = error.reasons
-    return causes
+    assert isinstance(error, NoAnswer), failure
+    return error.reason
 
 
-def read(response: IResponse) -> Reader:
-    reader = Reader()
-    response.deliverBody(reader)
+def read_into(answer: Answer, reader: Reader) -> Reader:
+    reader._source = answer.body
+    answer.body.connect(reader)
     return reader
+
+
+def read(answer: Answer) -> Reader:
+    return read_into(answer, Reader())
 
 
 OK_20 = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n"
@@ -338,15 +344,15 @@ def test_the_response_fires_with_the_head_before_the_body() -> None:
     rig.feed(OK_20[:30])
     assert not d.called
     rig.feed(OK_20[30:])
-    response = result_of(d)
-    assert (response.code, response.phrase, response.version) == (200, b"OK", (b"HTTP", 1, 1))
-    assert response.length == 20
-    assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
-    assert not response.headers.hasHeader(b"content-length")
-    reader = read(response)
+    answer = result_of(d)
+    assert (answer.head.status, answer.head.phrase) == (200, b"OK")
+    assert answer.head.length == 20
+    assert answer.head.fields.all_of(b"content-type") == [b"application/json"]
+    assert not answer.head.fields.has(b"content-length")
+    reader = read(answer)
     rig.feed(BODY_20[:5], BODY_20[5:])
     assert reader.chunks == [BODY_20[:5], BODY_20[5:]]
-    assert reader.ended_with(ResponseDone)
+    assert reader.ended_with(End.COMPLETE)
     assert rig.reused and not rig.closing
 
 
@@ -354,29 +360,29 @@ def test_chunked_bodies_are_decoded_chunk_by_chunk_and_nothing_is_held_back() ->
     rig = Rig()
     d = rig.send()
     rig.feed(CHUNKED)
-    response = result_of(d)
-    assert response.length is UNKNOWN_LENGTH
-    reader = read(response)
+    answer = result_of(d)
+    assert answer.head.length is None
+    reader = read(answer)
     rig.feed(b"5\r\nhel")
     assert reader.body == b"hel"  # what arrived, no more, no less
     rig.feed(b"lo\r\n6\r\n world\r\n")
     assert reader.body == b"hello world" and not reader.ended
     rig.feed(b"0\r\nX-Trailer: dropped\r\n\r\n")
-    assert reader.ended_with(ResponseDone)
+    assert reader.ended_with(End.COMPLETE)
     assert rig.reused
 
 
-def test_a_body_delimited_by_the_close_ends_with_potential_data_loss() -> None:
+def test_a_body_delimited_by_the_close_ends_at_the_close() -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(b"HTTP/1.0 200 OK\r\n\r\nsome")
-    response = result_of(d)
-    assert response.length is UNKNOWN_LENGTH
-    reader = read(response)
+    answer = result_of(d)
+    assert answer.head.length is None
+    reader = read(answer)
     rig.feed(b" body")
     rig.lose()
     assert reader.body == b"some body"
-    assert reader.ended_with(PotentialDataLoss)
+    assert reader.ended_with(End.AT_CLOSE)
     assert not rig.reused
 
 
@@ -386,7 +392,7 @@ def test_a_close_delimited_body_cut_by_a_reset_is_a_failure() -> None:
     rig.feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npart")
     reader = read(result_of(d))
     rig.lose(ConnectionLost())
-    assert reader.ended_with(ResponseFailed)
+    assert reader.ended_with(End.CUT) and isinstance(reader.error, ConnectionLost)
 
 
 @pytest.mark.parametrize(
@@ -402,7 +408,7 @@ def test_a_body_cut_short_fails(cut: bytes) -> None:
     rig.feed(cut)
     reader = read(result_of(d))
     rig.lose()
-    assert reader.ended_with(ResponseFailed)
+    assert reader.ended_with(End.CUT) and isinstance(reader.error, ConnectionDone)
     assert not rig.reused
 
 
@@ -420,48 +426,47 @@ def test_bad_chunk_framing_fails_the_body_and_closes(bad: bytes) -> None:
     rig.feed(CHUNKED)
     reader = read(result_of(d))
     rig.feed(bad)
-    assert reader.ended_with(ResponseFailed)
-    assert reader.first_reason().check(Exception)
+    assert reader.ended_with(End.BROKEN)
+    assert isinstance(reader.error, Exception)
     assert rig.closing and not rig.reused
 
 
-def test_bytes_before_deliver_body_are_held_with_the_upstream_paused() -> None:
+def test_bytes_before_a_sink_connects_are_held_with_the_upstream_paused() -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(OK_20 + BODY_20[:4])
-    response = result_of(d)
+    answer = result_of(d)
     assert rig.transport.producerState == "paused"
-    reader = read(response)
+    reader = read(answer)
     assert reader.body == BODY_20[:4]
     assert rig.transport.producerState == "producing"
     rig.feed(BODY_20[4:])
-    assert reader.body == BODY_20 and reader.reason is not None
-    assert reader.reason.check(ResponseDone)
+    assert reader.body == BODY_20 and reader.ended_with(End.COMPLETE)
 
 
-def test_a_body_that_ended_before_deliver_body_is_delivered_whole_then_ended() -> None:
+def test_a_body_that_ended_before_a_sink_connects_is_delivered_whole_then_ended() -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(OK_20 + BODY_20)
-    response = result_of(d)
+    answer = result_of(d)
     # Ended within the read that brought the head: the connection is back, never paused.
     assert rig.reused and rig.transport.producerState == "producing"
-    reader = read(response)
+    reader = read(answer)
     assert reader.body == BODY_20
-    assert reader.ended_with(ResponseDone)
+    assert reader.ended_with(End.COMPLETE)
 
 
-def test_deliver_body_twice_or_after_the_end_raises_as_twisted_does() -> None:
+def test_connecting_twice_or_after_the_end_raises() -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(OK_20)
-    response = result_of(d)
-    read(response)
+    answer = result_of(d)
+    read(answer)
     with pytest.raises(RuntimeError):
-        response.deliverBody(Reader())
+        answer.body.connect(Reader())
     rig.feed(BODY_20)
     with pytest.raises(RuntimeError):
-        response.deliverBody(Reader())
+        answer.body.connect(Reader())
 
 
 def test_pause_and_resume_stop_and_start_reading_the_upstream() -> None:
@@ -469,10 +474,9 @@ def test_pause_and_resume_stop_and_start_reading_the_upstream() -> None:
     d = rig.send()
     rig.feed(CHUNKED)
     reader = read(result_of(d))
-    producer = reader.producer()
-    producer.pauseProducing()
+    reader.source.pause()
     assert rig.transport.producerState == "paused"
-    producer.resumeProducing()
+    reader.source.resume()
     assert rig.transport.producerState == "producing"
 
 
@@ -481,9 +485,9 @@ def test_a_pause_inside_a_read_that_ends_the_body_toggles_nothing() -> None:
     connection goes back to the pool without a pause/resume pair (two epoll calls)."""
 
     class Pausing(Reader):
-        def dataReceived(self, data: bytes) -> None:
-            super().dataReceived(data)
-            self.producer().pauseProducing()
+        def data(self, data: bytes) -> None:
+            super().data(data)
+            self.source.pause()
 
     states: list[str] = []
     rig = Rig()
@@ -495,8 +499,8 @@ def test_a_pause_inside_a_read_that_ends_the_body_toggles_nothing() -> None:
 
     rig.transport.pauseProducing = pause  # type: ignore[method-assign]
     reader = Pausing()
-    # As the attempt does: the body is delivered as soon as the head fires.
-    rig.send().addCallback(lambda response: response.deliverBody(reader))
+    # As the attempt does: the body is connected as soon as the head fires.
+    rig.send().addCallback(lambda answer: read_into(answer, reader))
     rig.feed(OK_20)
     rig.feed(BODY_20)
     assert reader.body == BODY_20 and states == [] and rig.reused
@@ -504,30 +508,29 @@ def test_a_pause_inside_a_read_that_ends_the_body_toggles_nothing() -> None:
 
 def test_a_pause_inside_a_read_is_applied_after_it() -> None:
     class Pausing(Reader):
-        def dataReceived(self, data: bytes) -> None:
-            super().dataReceived(data)
-            self.producer().pauseProducing()
+        def data(self, data: bytes) -> None:
+            super().data(data)
+            self.source.pause()
 
     rig = Rig()
     d = rig.send()
     rig.feed(CHUNKED)
-    reader = Pausing()
-    result_of(d).deliverBody(reader)
+    reader = read_into(result_of(d), Pausing())
     rig.feed(b"2\r\nab\r\n2\r\ncd\r\n")
     # The whole read is delivered (as Twisted does), then the upstream is paused.
     assert reader.body == b"abcd" and rig.transport.producerState == "paused"
 
 
-def test_stop_producing_closes_and_the_connection_is_never_reused() -> None:
+def test_stop_closes_and_the_connection_is_never_reused() -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(CHUNKED + b"2\r\nab\r\n")
     reader = read(result_of(d))
-    reader.producer().stopProducing()
+    reader.source.stop()
     assert rig.closing
     assert not reader.ended  # the body ends when the connection has gone
     rig.lose()
-    assert reader.ended_with(ResponseFailed)
+    assert reader.ended_with(End.CUT)
     assert not rig.reused
 
 
@@ -536,15 +539,14 @@ def test_a_stop_during_a_read_that_completes_the_body_still_closes() -> None:
     whole; the pool must not take the connection back."""
 
     class Dropping(Reader):
-        def dataReceived(self, data: bytes) -> None:
-            super().dataReceived(data)
-            self.producer().stopProducing()
+        def data(self, data: bytes) -> None:
+            super().data(data)
+            self.source.stop()
 
     rig = Rig()
     d = rig.send()
     rig.feed(OK_20)
-    reader = Dropping()
-    result_of(d).deliverBody(reader)
+    read_into(result_of(d), Dropping())
     rig.feed(BODY_20)
     assert rig.closing and not rig.reused
 
@@ -555,8 +557,8 @@ def test_a_late_stop_after_the_body_ended_does_not_touch_the_pooled_connection()
     rig.feed(OK_20 + BODY_20)
     reader = read(result_of(d))
     assert rig.reused
-    reader.producer().stopProducing()
-    reader.producer().pauseProducing()
+    reader.source.stop()
+    reader.source.pause()
     assert not rig.closing and rig.transport.producerState == "producing"
 
 
@@ -572,8 +574,8 @@ def test_informational_answers_are_skipped(segments: tuple[bytes, ...]) -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(*segments)
-    response = result_of(d)
-    assert response.code == 200 and not response.headers.hasHeader(b"link")
+    answer = result_of(d)
+    assert answer.head.status == 200 and not answer.head.fields.has(b"link")
 
 
 def test_switching_protocols_is_not_supported() -> None:
@@ -582,8 +584,8 @@ def test_switching_protocols_is_not_supported() -> None:
     rig.feed(
         b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
     )
-    failure = failure_of(d, ResponseNeverReceived)
-    assert reasons(failure)[0].check(BadResponse)
+    failure = failure_of(d, NoAnswer)
+    assert isinstance(reason(failure), BadResponse)
     assert rig.closing
 
 
@@ -606,7 +608,7 @@ def test_a_malformed_head_is_never_received(garbage: bytes) -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(garbage)
-    failure_of(d, ResponseNeverReceived)
+    failure_of(d, NoAnswer)
     assert rig.closing and not rig.reused
 
 
@@ -615,8 +617,8 @@ def test_one_header_over_the_head_cap_is_refused() -> None:
     d = rig.send()
     value = b"x" * (MAX_HEAD + 1)
     rig.feed(b"HTTP/1.1 200 OK\r\nX-Big: " + value[:40000], value[40000:] + b"\r\n\r\n")
-    failure = failure_of(d, ResponseNeverReceived)
-    assert reasons(failure)[0].check(BadResponse)
+    failure = failure_of(d, NoAnswer)
+    assert isinstance(reason(failure), BadResponse)
 
 
 def test_a_head_that_never_ends_is_cut_at_the_cap() -> None:
@@ -628,7 +630,7 @@ def test_a_head_that_never_ends_is_cut_at_the_cap() -> None:
     line = b"X-Filler: " + b"y" * 90 + b"\r\n"
     for _ in range(MAX_HEAD // len(line) + 1):
         rig.feed(line)
-    failure_of(d, ResponseNeverReceived)
+    failure_of(d, NoAnswer)
 
 
 def test_whitespace_after_a_value_cannot_grow_the_head_past_the_cap() -> None:
@@ -637,7 +639,7 @@ def test_whitespace_after_a_value_cannot_grow_the_head_past_the_cap() -> None:
     rig.feed(b"HTTP/1.1 200 OK\r\nX: ")
     for _ in range(MAX_HEAD // 8192 + 1):
         rig.feed(b" " * 8192)
-    failure_of(d, ResponseNeverReceived)
+    failure_of(d, NoAnswer)
 
 
 def interim_then_final(total: int) -> bytes:
@@ -661,7 +663,7 @@ def head_cap_verdict(segments: list[bytes]) -> bool:
     rig.feed(*segments)
     got = result_of(d)
     if isinstance(got, Failure):
-        assert got.check(ResponseNeverReceived) and reasons(got)[0].check(BadResponse)
+        assert got.check(NoAnswer) and isinstance(reason(got), BadResponse)
         assert rig.closing
         return False
     assert read(got).body == b"hello"
@@ -688,8 +690,8 @@ def test_lost_before_the_head_is_never_received() -> None:
     d = rig.send()
     rig.feed(OK_20[:10])
     rig.lose(ConnectionLost())
-    failure = failure_of(d, ResponseNeverReceived)
-    assert reasons(failure)[0].check(ConnectionLost)
+    failure = failure_of(d, NoAnswer)
+    assert isinstance(reason(failure), ConnectionLost)
 
 
 def test_cancelling_before_the_head_aborts_the_connection() -> None:
@@ -709,19 +711,18 @@ def test_cancelling_after_the_head_changes_nothing() -> None:
     d = rig.send()
     rig.feed(OK_20)
     d.cancel()
-    assert result_of(d).code == 200 and not rig.closing
+    assert result_of(d).head.status == 200 and not rig.closing
 
 
 def test_a_head_answer_has_no_body_whatever_its_headers_say() -> None:
     rig = Rig()
     d = rig.send(b"HEAD")
     rig.feed(OK_20)
-    response = result_of(d)
-    assert response.length == 0
-    assert response.headers.getRawHeaders(b"content-length") == [b"20"]
-    reader = read(response)
-    assert reader.body == b"" and reader.reason is not None
-    assert reader.reason.check(ResponseDone)
+    answer = result_of(d)
+    assert answer.head.length == 0
+    assert answer.head.fields.all_of(b"content-length") == [b"20"]
+    reader = read(answer)
+    assert reader.body == b"" and reader.ended_with(End.COMPLETE)
     assert rig.reused
 
 
@@ -729,7 +730,7 @@ def test_a_head_answer_followed_by_a_body_is_not_reused() -> None:
     rig = Rig()
     d = rig.send(b"HEAD")
     rig.feed(OK_20 + BODY_20)
-    assert result_of(d).code == 200
+    assert result_of(d).head.status == 200
     assert rig.closing and not rig.reused
 
 
@@ -738,9 +739,9 @@ def test_204_and_304_have_no_body(status: bytes) -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(b"HTTP/1.1 " + status + b"\r\nContent-Length: 5\r\n\r\n")
-    response = result_of(d)
-    assert response.length == 0 and not response.headers.hasHeader(b"content-length")
-    assert read(response).body == b"" and rig.reused
+    answer = result_of(d)
+    assert answer.head.length == 0 and not answer.head.fields.has(b"content-length")
+    assert read(answer).body == b"" and rig.reused
 
 
 @pytest.mark.parametrize("status", [b"204 No Content", b"304 Not Modified"])
@@ -749,9 +750,9 @@ def test_204_and_304_to_a_head_have_no_content_length_either(status: bytes) -> N
     rig = Rig()
     d = rig.send(b"HEAD")
     rig.feed(b"HTTP/1.1 " + status + b"\r\nContent-Length: 5\r\n\r\n")
-    response = result_of(d)
-    assert response.length == 0 and not response.headers.hasHeader(b"content-length")
-    assert read(response).body == b"" and rig.reused
+    answer = result_of(d)
+    assert answer.head.length == 0 and not answer.head.fields.has(b"content-length")
+    assert read(answer).body == b"" and rig.reused
 
 
 def test_a_204_with_a_body_is_not_reused() -> None:
@@ -759,8 +760,7 @@ def test_a_204_with_a_body_is_not_reused() -> None:
     d = rig.send()
     rig.feed(b"HTTP/1.1 204 No Content\r\n\r\nhello")
     reader = read(result_of(d))
-    assert reader.body == b"" and reader.reason is not None
-    assert reader.reason.check(ResponseDone)
+    assert reader.body == b"" and reader.ended_with(End.COMPLETE)
     assert rig.closing and not rig.reused
 
 
@@ -770,7 +770,7 @@ def test_two_responses_in_one_read_deliver_the_first_and_close() -> None:
     rig.feed(OK_20 + BODY_20 + OK_20 + BODY_20)
     reader = read(result_of(d))
     assert reader.body == BODY_20
-    assert reader.ended_with(ResponseDone)
+    assert reader.ended_with(End.COMPLETE)
     assert rig.closing and not rig.reused
 
 
@@ -812,8 +812,8 @@ def test_bytes_on_an_idle_connection_close_it() -> None:
     read(result_of(d))
     assert rig.reused
     rig.feed(b"HTTP/1.1 200 OK\r\n")
-    assert rig.closing and rig.connection in rig.owner.dropped
-    assert rig.connection.phase is Phase.CLOSING and not rig.connection.unpark()
+    assert rig.closing
+    assert rig.connection.phase is Phase.CLOSING and not rig.connection.ready()
 
 
 def test_an_idle_connection_the_server_closes_is_dropped() -> None:
@@ -822,8 +822,7 @@ def test_an_idle_connection_the_server_closes_is_dropped() -> None:
     rig.feed(OK_20 + BODY_20)
     read(result_of(d))
     rig.lose()
-    assert rig.connection in rig.owner.dropped and rig.connection.phase is Phase.CLOSED
-    assert not rig.connection.unpark()
+    assert rig.connection.phase is Phase.CLOSED and not rig.connection.ready()
 
 
 def test_a_dead_pooled_connection_fails_the_next_request_as_never_received() -> None:
@@ -833,7 +832,7 @@ def test_a_dead_pooled_connection_fails_the_next_request_as_never_received() -> 
     read(result_of(first))
     second = rig.send()
     rig.lose(ConnectionLost())
-    failure_of(second, ResponseNeverReceived)
+    failure_of(second, NoAnswer)
 
 
 @pytest.mark.parametrize("reason", [ConnectionDone(), ConnectionLost()])
@@ -866,7 +865,7 @@ def test_a_request_whose_answer_had_begun_is_never_resent(arrived: bytes) -> Non
     d = rig.send(resend=True)
     rig.feed(arrived)
     rig.lose(ConnectionLost())
-    failure_of(d, ResponseNeverReceived)
+    failure_of(d, NoAnswer)
     assert rig.owner.resent == []
 
 
@@ -874,7 +873,7 @@ def test_a_request_not_marked_resendable_fails_when_lost() -> None:
     rig = Rig()
     d = rig.send(b"POST")
     rig.lose()
-    failure_of(d, ResponseNeverReceived)
+    failure_of(d, NoAnswer)
     assert rig.owner.resent == []
 
 
@@ -901,16 +900,15 @@ def test_an_exchange_after_another_starts_clean() -> None:
 
 def test_a_reader_that_raises_ends_the_exchange() -> None:
     class Broken(Reader):
-        def dataReceived(self, data: bytes) -> None:
+        def data(self, data: bytes) -> None:
             raise ValueError("reader bug")
 
     rig = Rig()
     d = rig.send()
     rig.feed(OK_20)
-    reader = Broken()
-    result_of(d).deliverBody(reader)
+    reader = read_into(result_of(d), Broken())
     rig.feed(BODY_20)
-    assert reader.ended_with(ResponseFailed)
+    assert reader.ended_with(End.BROKEN) and isinstance(reader.error, ValueError)
     assert rig.closing and not rig.reused
 
 
@@ -929,18 +927,18 @@ def test_the_phase_follows_each_exchange() -> None:
     reader = read(result_of(d))
     rig.feed(BODY_20)
     seen.append(connection.phase)
-    assert connection.unpark()
+    assert connection.ready()
     seen.append(connection.phase)
     rig.send()
     rig.lose()
     seen.append(connection.phase)
-    assert reader.ended_with(ResponseDone)
+    assert reader.ended_with(End.COMPLETE)
     assert seen == [
         Phase.READY,
         Phase.WAITING_HEAD,
         Phase.WAITING_HEAD,
         Phase.READING_BODY,
-        Phase.IDLE,
+        Phase.READY,
         Phase.READY,
         Phase.CLOSED,
     ]
@@ -950,9 +948,9 @@ def test_a_stopped_reader_leaves_the_connection_closing() -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(OK_20)
-    read(result_of(d)).producer().stopProducing()
+    read(result_of(d)).source.stop()
     assert rig.connection.phase is Phase.CLOSING and rig.closing
-    assert not rig.connection.unpark()
+    assert not rig.connection.ready()
 
 
 def test_close_waits_for_the_connection_to_go() -> None:
@@ -964,15 +962,13 @@ def test_close_waits_for_the_connection_to_go() -> None:
     assert result_of_now(rig.connection.close())
 
 
-def test_the_response_provides_iresponse() -> None:
+def test_the_answer_is_a_head_and_the_connections_body() -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(OK_20)
-    response: Any = result_of(d)
-    assert IResponse.providedBy(response)
-    assert response.previousResponse is None
-    response.setPreviousResponse(response)
-    assert response.previousResponse is response
+    answer = result_of(d)
+    assert isinstance(answer, Answer) and isinstance(answer.head, ResponseHead)
+    assert isinstance(answer.body, UpstreamBody)
 
 
 def test_every_attribute_of_a_connection_and_its_response_is_a_slot() -> None:
@@ -981,8 +977,9 @@ def test_every_attribute_of_a_connection_and_its_response_is_a_slot() -> None:
     rig = Rig()
     d = rig.send()
     rig.feed(OK_20)
-    response = result_of(d)
-    read(response)
+    answer = result_of(d)
+    read(answer)
     rig.feed(BODY_20)
     assert rig.reused and vars(rig.connection) == {}
-    assert not hasattr(response, "__dict__")
+    assert not hasattr(answer, "__dict__")
+    assert not hasattr(answer.head, "__dict__") and not hasattr(answer.body, "__dict__")

@@ -33,16 +33,13 @@ from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectionDone
-from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
-from twisted.web.http import PotentialDataLoss
-from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
 from nvpair.engines.table import LLAMACPP
 from nvpair.facades.facade import Admitted, Facade, RequestHandler
+from nvpair.wire import message as wire
 from nvpair.wire.facade_channel import FacadeChannel
 from nvpair.wire.facade_head import origin_form
 from nvpair.wire.facade_reader import LINGER_SECONDS
@@ -51,7 +48,7 @@ from nvpair.wire.facade_types import Phase
 from nvpair.wire.headers import HOP_BY_HOP, end_to_end
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_pool import IDLE_TIMEOUT, Pool
-from nvpair.wire.upstream_types import Key, Resent
+from nvpair.wire.upstream_types import Key
 from nvpair.wire.web import ProxiedRequest
 from tests.httpwire import read_stream
 
@@ -128,7 +125,8 @@ class Reading:
 
 @frozen
 class Answer:
-    """A response as a parser handed it on.
+    """A response as a parser handed it on (its version is not: the upstream client's answer
+    carries none, as nothing past the client reads it).
 
     :ivar length: the body length the head declares (None: unknown, to the end or chunked).
     :ivar end: ``clean`` (by its framing), ``by-close`` (a body delimited by the close) or
@@ -138,7 +136,6 @@ class Answer:
 
     status: int
     reason: bytes
-    version: bytes
     headers: Fields
     length: int | None
     body: bytes
@@ -327,26 +324,25 @@ def _h11_answer(conn: h11.Connection, request: h11.Request) -> bool:
 ENGINE: Key = (b"http", b"engine", 80)
 
 
-def _no_redial(pool: Pool, key: Key, head: bool, data: bytes, sent: Deferred[IResponse]) -> Resent:
-    raise AssertionError("no request here is sent with resend=True")
+class BodyReader:
+    """A body sink that keeps what it gets and how the body ended."""
 
-
-class BodyReader(Protocol):
     def __init__(self) -> None:
         self.parts: list[bytes] = []
-        self.reason: Failure | None = None
+        self.ended: wire.Ended | None = None
 
-    def dataReceived(self, data: bytes) -> None:
+    def data(self, data: bytes) -> None:
         self.parts.append(data)
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.reason = reason
+    def end(self, ended: wire.Ended) -> None:
+        assert self.ended is None, "a body ends once"
+        self.ended = ended
 
 
 def upstream_connection(pool: Pool) -> tuple[UpstreamConnection, StringTransport]:
     """The upstream connection under test on an in-memory transport: the one place it is built."""
-    connection = UpstreamConnection()
-    pool.adopt(connection, ENGINE)
+    connection = pool.factory(ENGINE).buildProtocol(None)
+    assert isinstance(connection, UpstreamConnection)
     transport = StringTransport()
     connection.makeConnection(transport)
     return connection, transport
@@ -356,19 +352,19 @@ def proxy_reads_response(method: bytes, segments: Sequence[bytes]) -> Answer | N
     """Send one request, deliver ``segments`` as the engine's answer, then the engine closes.
 
     The connection's owner is the proxy's own pool, not a stand-in: whether the connection is
-    reused is whether the pool would hand it out again, which takes the pool parking it (bytes
-    that come while it is idle have it dropped).
+    reused is whether the pool would hand it out again, which takes the pool keeping it (bytes
+    that come while it is idle have it closed, and the pool then hands it out no more).
     """
-    pool = Pool(Clock(), 1, IDLE_TIMEOUT, _no_redial)  # type: ignore[arg-type]
+    pool = Pool(Clock(), 1, IDLE_TIMEOUT)
     connection, transport = upstream_connection(pool)
-    heads: list[IResponse] = []
+    heads: list[wire.ResponseHead] = []
     reader = BodyReader()
 
-    def got(response: IResponse) -> None:
-        heads.append(response)
-        response.deliverBody(reader)
+    def got(answer: wire.Answer) -> None:
+        heads.append(answer.head)
+        answer.body.connect(reader)
 
-    sent: Deferred[IResponse] = Deferred(connection.cancel)
+    sent: Deferred[wire.Answer] = Deferred(connection.cancel)
     sent.addCallbacks(got, lambda _: None)
     connection.send(method == b"HEAD", method + b" / HTTP/1.1\r\nHost: engine\r\n\r\n", sent)
     for segment in segments:
@@ -379,22 +375,21 @@ def proxy_reads_response(method: bytes, segments: Sequence[bytes]) -> Answer | N
     connection.connectionLost(Failure(ConnectionDone()))
     if not heads:
         return None
-    (response,) = heads
-    assert reader.reason is not None, "the body never ended"
+    (head,) = heads
+    assert reader.ended is not None, "the body never ended"
+    how = reader.ended.how
     end = (
         "clean"
-        if reader.reason.check(ResponseDone)
+        if how is wire.End.COMPLETE
         else "by-close"
-        if reader.reason.check(PotentialDataLoss)
+        if how is wire.End.AT_CLOSE
         else "failed"
     )
-    version = response.version
     return Answer(
-        status=response.code,
-        reason=response.phrase,
-        version=b"%d.%d" % (version[1], version[2]),
-        headers=relayed(response.headers.getAllRawHeaders(), _keeps_length(method, response.code)),
-        length=None if response.length is UNKNOWN_LENGTH else response.length,
+        status=head.status,
+        reason=head.phrase,
+        headers=relayed(head.fields.items(), _keeps_length(method, head.status)),
+        length=head.length,
         body=b"".join(reader.parts),
         end=end,
         reused=reused,
@@ -437,7 +432,6 @@ def h11_reads_response(method: bytes, data: bytes) -> Answer | None:
     return Answer(
         status=head.status_code,
         reason=bytes(head.reason),
-        version=bytes(head.http_version),
         headers=relayed(grouped(head.headers.raw_items()), _keeps_length(method, head.status_code)),
         length=_declared_length(method, head),
         body=b"".join(seen.body),
@@ -634,11 +628,7 @@ def compare_responses(
         event(f"excused: {excuse}")
     if ours is None or theirs is None:
         return
-    assert (ours.status, ours.reason, ours.version) == (
-        theirs.status,
-        theirs.reason,
-        theirs.version,
-    )
+    assert (ours.status, ours.reason) == (theirs.status, theirs.reason)
     assert ours.headers == theirs.headers
     assert ours.length == theirs.length
     if excuse is None and mine != "failed":
