@@ -13,6 +13,7 @@ import contextlib
 from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
+from twisted.web.iweb import IResponse
 
 from nvpair.common.logs import debug_enabled
 from nvpair.common.reasons import Reason
@@ -24,10 +25,20 @@ from nvpair.dispatch.job import Ending, Job, Services
 from nvpair.dispatch.relay import BodyEnd, WriteDeadline
 from nvpair.engines.inferstats import StatsReader
 from nvpair.engines.table import RouteClass
-from nvpair.wire.fields import set_field
-from nvpair.wire.headers import SPENT, framed_by_length, strip_hop_by_hop
+from nvpair.wire.fields import LeanHeaders
+from nvpair.wire.headers import framed_by_length, strip_hop_by_hop
+from nvpair.wire.message import Fields, ResponseHead
 
 log = Logger(namespace="nvpair.dispatch.delivery")
+
+
+def _engine_fields(response: IResponse) -> Fields:
+    """The engine's answer's fields, taken from it: the answer's are these, and a stream held
+    open keeps no second head (docs/performance.md#held-streams)."""
+    headers = response.headers
+    assert isinstance(headers, LeanHeaders)
+    fields, headers.fields = headers.fields, Fields()
+    return fields
 
 
 async def try_node(
@@ -94,19 +105,8 @@ def _delivered(services: Services, job: Job, node: Node, served: Served, cut: bo
 async def deliver(services: Services, job: Job, node: Node, served: Served) -> BodyEnd:
     """Write the served response's status and headers, then relay its body; how it ended."""
     request, response, relay = job.request, served.response, served.relay
-    request.setResponseCode(response.code, response.phrase)
-    # The engine's headers become the answer's (nothing sets the answer's own before its
-    # commit): stripped of its hop's headers in place rather than copied value by value
-    # (docs/performance.md#headers).
-    headers = request.responseHeaders = strip_hop_by_hop(response.headers, request=False)
-    if framed_by_length(job.admitted.method, response.code) and isinstance(response.length, int):
-        # Twisted's client moves Content-Length out of the headers into ``length``; putting
-        # it back keeps the engine's framing (else the client would get chunked encoding).
-        set_field(headers, b"Content-Length", b"%d" % response.length)
-    set_field(headers, b"X-Nvpair-Node", _answering_node(services, node).encode())
-    for name, value in job.queued_field():
-        set_field(headers, name, value)
-    response.headers = SPENT
+    # Made and handed over in one call: no name here holds the head while the body streams.
+    request.respond(_answer_head(services, job, node, response))
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
     clock = services.clock
     job.served(response.code, clock.seconds())
@@ -137,6 +137,24 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
             complete=end.complete,
         )
     return end
+
+
+def _answer_head(services: Services, job: Job, node: Node, response: IResponse) -> ResponseHead:
+    """The client's answer's head: the engine's status and its fields, which become the
+    answer's (nothing sets the answer's own before its commit), stripped of its hop's in place
+    rather than copied value by value (docs/performance.md#headers)."""
+    fields = strip_hop_by_hop(_engine_fields(response), request=False)
+    if framed_by_length(job.admitted.method, response.code) and isinstance(response.length, int):
+        # The client moves Content-Length out of the fields into ``length``; putting it back
+        # keeps the engine's framing (else the client would get chunked encoding).
+        fields.put(b"Content-Length", b"%d" % response.length)
+    # A node id is whatever string the broker named it with: a line break in it would end the
+    # field, so each is a space, as a Headers value always had it.
+    named = _answering_node(services, node).encode()
+    fields[b"X-Nvpair-Node"] = [b" ".join(named.splitlines())]
+    for name, value in job.queued_field():
+        fields.put(name, value)
+    return ResponseHead(response.code, response.phrase, fields)
 
 
 def _answering_node(services: Services, node: Node) -> str:

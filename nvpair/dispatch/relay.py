@@ -24,6 +24,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
+from nvpair.wire.message import COMPLETE, End, Ended
 from nvpair.wire.web import ProxiedRequest
 
 
@@ -198,7 +199,7 @@ class BodyRelay(Protocol):
                 if self._tap is not None:
                     self._tap(data)
                 try:
-                    request.write(data)
+                    request.data(data)
                 except Exception:
                     self._copy_failed(Failure())
         elif self._state is _State.WAITING:
@@ -252,7 +253,7 @@ class BodyRelay(Protocol):
         assert self._state in (_State.HELD, _State.WAITING)
         if self._state is _State.WAITING:
             # Its head goes now, not with its first event (docs/request-path.md#event-feeds).
-            request.write(b"")
+            request.data(b"")
         self._state = _State.RELAYING
         # Nobody waits on the gate once the body is being relayed; a failure it holds (the
         # body ended badly before attach) is reported by ``done`` instead.
@@ -262,7 +263,7 @@ class BodyRelay(Protocol):
         if self._held:
             if self._tap is not None:
                 self._tap(self._held)
-            request.write(self._held)
+            request.data(self._held)
             self._held = b""
         if self._ended is not None:
             self._finish(self._ended)
@@ -272,7 +273,7 @@ class BodyRelay(Protocol):
             producer: IPushProducer = upstream
             if self._deadline is not None:
                 producer = self._guard = self._deadline(upstream)
-            request.registerProducer(producer, True)
+            request.follow(_Paced(producer))
             upstream.resumeProducing()
 
     def abandon(self) -> None:
@@ -329,8 +330,8 @@ class BodyRelay(Protocol):
         assert request is not None
         self.client_gone()
         with contextlib.suppress(AttributeError, RuntimeError):
-            request.unregisterProducer()
-        request.loseConnection()
+            request.follow(None)
+        request.end(Ended(End.BROKEN, failure.value))
 
     def _upstream(self) -> IPushProducer | None:
         return self._producer
@@ -351,17 +352,32 @@ class BodyRelay(Protocol):
         complete = clean and not self._client_gone
         request = self._request
         if not self._client_gone and request is not None:
-            # The client may already be gone in ways notifyFinish has not reported yet; these
+            # The client may already be gone in ways on_lost has not reported yet; these
             # calls raise after a disconnect.
             try:
-                request.unregisterProducer()
-                if complete:
-                    request.finish()
-                else:
-                    # Closing without the terminating chunk lets the client see the
-                    # truncation instead of a body that looks whole.
-                    request.loseConnection()
+                request.follow(None)
+                # Incomplete, the answer's connection closes without its end: the client sees
+                # the truncation instead of a body that looks whole.
+                request.end(COMPLETE if complete else Ended(End.CUT, reason.value))
             except (AttributeError, RuntimeError):
                 pass
         cut = not clean and not self._client_gone
         self.done.callback(BodyEnd(complete, None if complete else reason, cut))
+
+
+class _Paced:
+    """A push producer as the :class:`~nvpair.wire.message.Flow` the client's answer paces."""
+
+    __slots__ = ("_producer",)
+
+    def __init__(self, producer: IPushProducer) -> None:
+        self._producer = producer
+
+    def pause(self) -> None:
+        self._producer.pauseProducing()
+
+    def resume(self) -> None:
+        self._producer.resumeProducing()
+
+    def stop(self, abort: bool = False) -> None:
+        self._producer.stopProducing()

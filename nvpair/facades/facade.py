@@ -17,7 +17,6 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 
 from nvpair.common.logs import debug_enabled
 from nvpair.common.reasons import Reason
@@ -38,6 +37,7 @@ from nvpair.facades import access
 from nvpair.facades.answers import head_refusal, write_error
 from nvpair.wire.cluster import Membership
 from nvpair.wire.facade_server import FacadeRequest, Refusal, origin_form
+from nvpair.wire.message import End, Ended, Fields
 from nvpair.wire.web import ProxiedRequest
 
 if TYPE_CHECKING:
@@ -50,12 +50,12 @@ WIDE_ESCAPE = Refusal(
 )
 
 
-def preflight_head(method: bytes, headers: Headers) -> bool:
+def preflight_head(method: bytes, fields: Fields) -> bool:
     """A CORS preflight: ``OPTIONS`` carrying ``Origin`` and ``Access-Control-Request-Method``."""
     return bool(
         method == b"OPTIONS"
-        and headers.hasHeader(b"origin")
-        and headers.hasHeader(b"access-control-request-method")
+        and fields.has(b"Origin")
+        and fields.has(b"Access-Control-Request-Method")
     )
 
 
@@ -103,13 +103,13 @@ class CallerGate(Protocol):
     """What a facade asks of fleet mode's ``[access]`` (:class:`nvpair.fleet.langate.LanGate`)."""
 
     def refusal(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False, tls: bool = False
+        self, peer: IAddress | None, fields: Fields, preflight: bool = False, tls: bool = False
     ) -> Refusal | None:
         """A caller's refusal at its request head, or None to read on (a loopback caller's
         only under ``loopback-keys``); ``tls``: the connection is TLS."""
 
     def caller(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+        self, peer: IAddress | None, fields: Fields, preflight: bool = False
     ) -> Caller | Refusal | None:
         """Who an admitted request came from (None: no ``[access]``), or its refusal."""
 
@@ -175,14 +175,15 @@ class Facade:
             self._admit(request)
         except Exception:
             self.log.failure("admitting a request failed", engine=self.engine.id)
-            if not request.startedWriting:
+            if not request.started:
+                head = request.head
                 path = routing_path(request.path)
-                route = self._route(request.method, path, request.requestHeaders)
-                self._refused(request.method, path, Reason.INTERNAL, route, _host(request))
+                route = self._route(head.method, path, head.fields)
+                self._refused(head.method, path, Reason.INTERNAL, route, _host(request))
                 write_error(request, self.engine, Reason.INTERNAL)
 
     def refusal_at_head(
-        self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
+        self, peer: IAddress | None, target: bytes, fields: Fields, method: bytes
     ) -> Refusal | None:
         """The loopback gate and ``[access]`` (not for a pinned peer), then Ollama's ``Host``
         guard, for loopback callers only: a LAN caller names this machine as it names any."""
@@ -192,15 +193,15 @@ class Facade:
             return WIDE_ESCAPE
         if self._lan is not None:
             # A loopback caller too: [access] loopback-keys may ask it for a key (docs/lan.md).
-            refused = self._lan.refusal(peer, headers, preflight_head(method, headers), self._tls)
+            refused = self._lan.refusal(peer, fields, preflight_head(method, fields), self._tls)
             if refused is not None or not is_loopback(peer):
                 return refused
         elif not is_loopback(peer):
             return FORBIDDEN
-        if self.engine.host_guard:
-            hosts = headers.getRawHeaders(b"host")
-            if not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
-                return FORBIDDEN_HOST
+        if self.engine.host_guard and not ollama_host_allowed(
+            target_host(target, fields.first(b"Host"))
+        ):
+            return FORBIDDEN_HOST
         return None
 
     def refusal_answer(
@@ -208,7 +209,7 @@ class Facade:
         refusal: Refusal,
         target: bytes,
         method: bytes,
-        headers: Headers | None = None,
+        fields: Fields | None = None,
         peer: IAddress | None = None,
     ) -> bytes:
         """The refusal in this engine's dialect; counted, and with the access log on, its
@@ -217,7 +218,7 @@ class Facade:
         path = (form or b"/").split(b"?", 1)[0].decode("latin-1")
         # No method: no request line was read, and the target is a stand-in.
         read = form is not None and bool(method)
-        route = self._route(method, routing_path(path.encode("latin-1")), headers) if read else None
+        route = self._route(method, routing_path(path.encode("latin-1")), fields) if read else None
         host = getattr(peer, "host", None)
         self._refused(method, path if read else None, refusal.reason, route, host, logged=False)
         return head_refusal(
@@ -229,11 +230,11 @@ class Facade:
             extra=refusal.headers,
         )
 
-    def _route(self, method: bytes, path: str, headers: Headers | None) -> RouteClass:
+    def _route(self, method: bytes, path: str, fields: Fields | None) -> RouteClass:
         """The route class a request would have had, as admission classifies it."""
         if self._peer is not None:
             return RouteClass.PEER
-        if headers is not None and preflight_head(method, headers):
+        if fields is not None and preflight_head(method, fields):
             return RouteClass.PREFLIGHT
         return self.engine.classify(method, path)
 
@@ -263,6 +264,8 @@ class Facade:
 
     def _admit(self, request: FacadeRequest) -> None:
         engine = self.engine
+        head = request.head
+        method = head.method
         if self._peer is not None and not self._still_pinned(request):
             return
         # Routed as the engines route it: percent-decoded (docs/request-path.md#admission).
@@ -274,30 +277,30 @@ class Facade:
         if self._peer is not None:
             route, model = RouteClass.PEER, None
         else:
-            preflight = preflight_head(request.method, request.requestHeaders)
+            preflight = preflight_head(method, head.fields)
             if self._lan is not None:
-                found = self._lan.caller(_client(request), request.requestHeaders, preflight)
+                found = self._lan.caller(_client(request), head.fields, preflight)
                 if isinstance(found, Refusal):
                     # [access] was reloaded since the head: it lets this caller in no more.
-                    route = self._route(request.method, path, request.requestHeaders)
-                    self._refused(request.method, path, found.reason, route, _host(request))
+                    route = self._route(method, path, head.fields)
+                    self._refused(method, path, found.reason, route, _host(request))
                     write_error(
                         request, engine, found.reason, message=found.message, extra=found.headers
                     )
                     return
                 caller = found
-            route = RouteClass.PREFLIGHT if preflight else engine.classify(request.method, path)
+            route = RouteClass.PREFLIGHT if preflight else engine.classify(method, path)
             try:
                 read, prefix = request.read_json(partial(self._read_body, route, path))
             except BadBody as refused:
-                self._refused(request.method, path, refused.reason, route, _host(request))
+                self._refused(method, path, refused.reason, route, _host(request))
                 write_error(request, engine, refused.reason)
                 return
             model, member, others, opaque = read.model, read.member, read.others, read.opaque
             if caller is not None:
-                if b"?" in request.uri:
+                if b"?" in head.target:
                     # A llama.cpp router loads the model a query names (/props?model=...).
-                    others = (*others, *query_models(request.uri))
+                    others = (*others, *query_models(head.target))
                 named = engine.path_model(path)
                 if named is not None:
                     others = (*others, named)
@@ -306,9 +309,9 @@ class Facade:
         admitted = Admitted(
             engine=engine,
             route=route,
-            method=request.method,
+            method=method,
             path=path,
-            uri=request.uri,
+            uri=head.target,
             body=body,
             model=model,
             model_key=None if model is None else engine.model_key(model),
@@ -323,7 +326,7 @@ class Facade:
             self.log.debug(
                 "{method} {path} route={route} model={model}",
                 engine=engine.id,
-                method=request.method.decode("latin-1"),
+                method=method.decode("latin-1"),
                 path=path,
                 route=route.value,
                 model=model,
@@ -375,10 +378,10 @@ class Facade:
         self.log.failure("handling a request failed", failure, engine=self.engine.id)
         if request.finished or request.channel is None:
             return
-        if not request.startedWriting:
+        if not request.started:
             write_error(request, self.engine, Reason.INTERNAL)
         else:
-            request.loseConnection()
+            request.end(Ended(End.BROKEN, failure.value))
 
 
 def _client(request: FacadeRequest) -> IAddress | None:

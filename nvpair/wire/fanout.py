@@ -18,6 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
 
 from nvpair.wire.bodies import fetch
+from nvpair.wire.message import Fields
 from nvpair.wire.web import UpstreamClient
 
 #: Added to the dial timeout to bound one node's whole answer.
@@ -43,7 +44,7 @@ async def ask(
     base: str,
     method: bytes,
     uri: bytes,
-    headers: Headers,
+    headers: Headers | Fields,
     max_bytes: int = MAX_BODY,
 ) -> NodeReply:
     """One node's whole answer, bounded as a whole: dial, headers and body within
@@ -64,7 +65,7 @@ async def _ask_or_skip(
     base: str | None,
     method: bytes,
     uri: bytes,
-    headers: Headers,
+    headers: Headers | Fields,
 ) -> NodeReply | None:
     if base is None:
         return None
@@ -82,7 +83,7 @@ def ask_all(
     bases: Sequence[str | None],
     method: bytes,
     uri: bytes,
-    headers: Headers,
+    headers: Headers | Fields,
 ) -> Deferred[list[NodeReply | None]]:
     """Ask each base URL (None: a node with no address) concurrently; answers in order.
 

@@ -135,12 +135,3 @@ class LeanHeaders(Headers):
 
     def getAllRawHeaders(self) -> Iterator[tuple[bytes, Sequence[bytes]]]:
         return iter(self.fields.items())
-
-
-def set_field(headers: Headers, name: bytes, value: bytes) -> None:
-    """``headers.setRawHeaders(name, [value])``; in a ``LeanHeaders``' own dictionary, with
-    ``name`` as ``Headers`` spells it (``Content-Length``)."""
-    if isinstance(headers, LeanHeaders):
-        headers.fields[name] = [b" ".join(value.splitlines())]
-    else:
-        headers.setRawHeaders(name, [value])

@@ -38,6 +38,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS, IResponse
 
 from nvpair.common.logs import debug_enabled
+from nvpair.wire.message import Fields
 from nvpair.wire.outlet import WINDOW
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_framing import request_head
@@ -279,7 +280,7 @@ class Upstream:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Headers | Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,

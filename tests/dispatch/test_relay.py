@@ -11,6 +11,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 
 from nvpair.dispatch.relay import BodyEnd, BodyRelay, First
+from nvpair.wire.message import Ended
 from tests import fakes
 from tests.fakes import UpstreamConnection as Upstream
 
@@ -60,7 +61,7 @@ def test_held_bytes_are_spliced_back_in_front() -> None:
     relay.dataReceived(b"de")
     relay.connectionLost(Failure(ResponseDone()))
     assert b"".join(request.written) == b"abcde"
-    assert request.finished and request.producer is None
+    assert request.finished and request.flow is None
     assert result(relay.done) == BodyEnd(True)
 
 
@@ -83,13 +84,20 @@ def test_a_whole_body_has_its_end_at_attach_and_one_still_coming_is_waited_for()
     assert result(coming.done) == BodyEnd(True)
 
 
-def test_attach_registers_upstream_as_streaming_producer() -> None:
+def test_attach_has_the_client_pace_the_upstream() -> None:
     """Backpressure: the client's channel pauses the upstream, not this process's memory."""
     relay, upstream = connected()
     relay.dataReceived(b"x")
     request = ClientRequest()
     relay.attach(request)
-    assert request.producer is upstream and upstream.state == "producing"
+    flow = request.flow
+    assert flow is not None and upstream.state == "producing"
+    flow.pause()
+    assert upstream.state == "paused"
+    flow.resume()
+    assert upstream.state == "producing"
+    flow.stop()
+    assert upstream.state == "stopped"
 
 
 def test_eof_without_bytes_commits_as_empty() -> None:
@@ -152,10 +160,10 @@ def test_finish_after_an_unreported_disconnect_is_tolerated(error: type[Exceptio
     relay.dataReceived(b"x")
     request = ClientRequest()
 
-    def boom() -> None:
+    def boom(ended: Ended) -> None:
         raise error("gone")
 
-    request.finish = boom  # type: ignore[method-assign]
+    request.end = boom  # type: ignore[method-assign]
     relay.attach(request)
     relay.connectionLost(Failure(ResponseDone()))
     assert result(relay.done).complete is True

@@ -26,6 +26,7 @@ from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
 from nvpair.fleet.nodepoll import MAX_INVENTORY_BODY, POLL_GRACE
 from nvpair.fleet.polls import FleetService
 from nvpair.sim import SimEngine
+from nvpair.wire.message import Fields
 from nvpair.wire.web import UpstreamClient
 from tests.wire.test_bodies import FakeResponse, Sent, StallingUpstream, stalling_upstreams
 
@@ -50,14 +51,15 @@ class AgentClient:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Headers | Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
     ) -> Deferred[IResponse]:
         self.requests += 1
+        sent = headers if isinstance(headers, Headers) else Headers(dict(headers))
         d: Deferred[IResponse] = self.agent.request(
-            method, base_url.rstrip("/").encode() + uri, headers, None
+            method, base_url.rstrip("/").encode() + uri, sent, None
         )
         return d
 
@@ -398,7 +400,7 @@ class Counting:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Headers | Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,

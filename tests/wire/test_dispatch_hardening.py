@@ -103,7 +103,7 @@ def test_a_local_node_without_a_backend_is_no_candidate() -> None:
     local = Node("me", True, None, ("m",), frozenset({"m"}))
     h.nodes(local)
     client, _ = h.serve()
-    assert client.status() == 502 and client.reason() == "no-owner"
+    assert client.status == 502 and client.reason() == "no-owner"
     assert h.upstream.calls == [] and h.workload_events() == []
 
 
@@ -179,8 +179,9 @@ def test_a_client_paused_at_the_end_of_the_body_leaves_no_timer() -> None:
     client, _ = h.serve()
     response = h.upstream.calls[0].answer(Response(200))
     response.send(b"chunk")
-    assert client.producer is not None
-    client.producer.pauseProducing()  # the client stops reading...
+    flow = client.flow
+    assert flow is not None
+    flow.pause()  # the client stops reading...
     response.end()  # ...just as the body ends
     assert client.finished
     assert all(c.getTime() < 60 for c in h.clock.getDelayedCalls()), "deadline still armed"

@@ -18,6 +18,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from nvpair.wire.fanout import GRACE, MAX_BODY, NodeReply, ask_all
+from nvpair.wire.message import Fields
 from nvpair.wire.upstream import Upstream
 from tests.wire.test_bodies import (
     FakeResponse,
@@ -41,7 +42,7 @@ class Scripted:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Headers | Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
@@ -161,7 +162,7 @@ class Watched:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Headers,
+        headers: Headers | Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from twisted.web.http_headers import Headers, InvalidHeaderName
 
 from nvpair.wire import fields
-from nvpair.wire.fields import LeanHeaders, canonical, set_field
+from nvpair.wire.fields import LeanHeaders, canonical
 from nvpair.wire.message import Fields
 
 # Names in every case, with Twisted's special capitalizations among them, as bytes and as str.
@@ -117,16 +117,3 @@ def test_the_headers_over_fields_are_those_fields() -> None:
     fields_[b"Host"] = [b"h"]
     assert headers.getRawHeaders(b"host") == [b"h"]
     assert headers == Headers({b"content-type": [b"a"], b"x-one": [b"1"], b"host": [b"h"]})
-
-
-def test_setting_a_field_is_setrawheaders_on_either_headers() -> None:
-    for headers in (Headers(), LeanHeaders()):
-        headers.addRawHeader(b"content-length", b"1")
-        headers.addRawHeader(b"x-after", b"2")
-        set_field(headers, b"Content-Length", b"20")
-        set_field(headers, b"X-Nvpair-Node", b"node\r\none")
-        assert list(headers.getAllRawHeaders()) == [
-            (b"Content-Length", [b"20"]),
-            (b"X-After", [b"2"]),
-            (b"X-Nvpair-Node", [b"node one"]),
-        ]
