@@ -35,7 +35,9 @@ from nvpair.wire.message import (
     End,
     Ended,
     Fields,
+    Flow,
     NoAnswer,
+    RequestHead,
     ResponseHead,
 )
 
@@ -54,41 +56,47 @@ class Channel:
 
 
 class ClientRequest:
-    """Enough of ``twisted.web.server.Request`` for the request path."""
+    """Enough of a facade's request (:class:`nvpair.wire.web.ProxiedRequest`) for the request
+    path: its head, and its answer as written."""
 
     def __init__(self, method: bytes = b"POST", path: bytes = b"/api/chat") -> None:
-        self.method = method
+        self.head = RequestHead(
+            method, path, fields=Fields.of({b"content-type": [b"application/json"]})
+        )
         self.path = path
-        self.uri = path
-        self.requestHeaders = Headers({b"content-type": [b"application/json"]})
-        self.responseHeaders = Headers()
-        self.code: int | None = None
+        #: The answer's head, once responded.
+        self.answer: ResponseHead | None = None
         self.chunks: list[bytes] = []
         self.finished = False
-        self.startedWriting = False
-        self.lost = False
+        self.started = False
+        #: How the answer ended, once it did.
+        self.ended: Ended | None = None
         self.channel: Channel | None = Channel()
-        self.producer: Any = None
-        self._finish_waiters: list[Deferred[None]] = []
+        self.flow: Flow | None = None
+        self._lost: list[Callable[[Failure], None]] = []
 
     # -- what the request path calls -------------------------------------------------------
 
-    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
-        self.code = code
+    @property
+    def status(self) -> int | None:
+        return None if self.answer is None else self.answer.status
 
-    def write(self, data: bytes) -> None:
+    def respond(self, head: ResponseHead) -> None:
+        assert not self.started
+        self.answer = head
+
+    def data(self, chunk: bytes) -> None:
         assert not self.finished
-        self.startedWriting = True
-        self.chunks.append(data)
+        self.started = True
+        self.chunks.append(chunk)
 
-    def finish(self) -> None:
+    def end(self, ended: Ended) -> None:
         assert not self.finished
-        self.finished = True
-        for d in self._finish_waiters:
-            d.callback(None)
-
-    def loseConnection(self) -> None:
-        self.lost = True
+        self.ended = ended
+        if ended.complete:
+            self.started = True
+            self.finished = True
+            self._lost = []
 
     @property
     def connected(self) -> bool:
@@ -98,35 +106,29 @@ class ClientRequest:
         if self.channel is not None:
             self.channel.transport.abortConnection()
 
-    def notifyFinish(self) -> Deferred[None]:
-        d: Deferred[None] = Deferred()
-        self._finish_waiters.append(d)
-        return d
-
     def on_lost(self, lost: Callable[[Failure], None]) -> None:
-        self.notifyFinish().addErrback(lost)
+        self._lost.append(lost)
 
-    def registerProducer(self, producer: Any, streaming: bool) -> None:
-        assert self.producer is None and streaming
-        self.producer = producer
-
-    def unregisterProducer(self) -> None:
-        self.producer = None
+    def follow(self, flow: Flow | None) -> None:
+        assert self.flow is None or flow is None
+        self.flow = flow
 
     # -- what a test does ------------------------------------------------------------------
 
     def disconnect(self) -> None:
         """The client goes away."""
         self.channel = None
-        waiters, self._finish_waiters = self._finish_waiters, []
-        for d in waiters:
-            d.errback(Failure(ConnectionLost()))
+        waiters, self._lost = self._lost, []
+        for lost in waiters:
+            lost(Failure(ConnectionLost()))
+
+    @property
+    def lost(self) -> bool:
+        """The answer ended without its end: the connection was closed on the client."""
+        return self.ended is not None and not self.ended.complete
 
     # Read through methods: these change behind the test's back, and mypy would otherwise
     # narrow an attribute checked once to the value it had then.
-    def status(self) -> int | None:
-        return self.code
-
     def aborted(self) -> bool:
         return self.channel is not None and self.channel.transport.aborted
 
@@ -137,9 +139,13 @@ class ClientRequest:
     def json(self) -> Any:
         return json.loads(self.body)
 
+    def fields(self) -> Fields:
+        """The answer's head's fields (empty before it responded)."""
+        return Fields() if self.answer is None else self.answer.fields
+
     def reason(self) -> str | None:
-        values = self.responseHeaders.getRawHeaders(b"x-nvpair-error")
-        return values[0].decode() if values else None
+        value = self.fields().first(b"X-Nvpair-Error")
+        return None if value is None else value.decode()
 
 
 class UpstreamConnection:
@@ -326,10 +332,16 @@ class Harness:
         engine: str = "lmstudio",
         route_path: str = "/v1/chat/completions",
         method: bytes = b"POST",
+        route: RouteClass | None = None,
+        fields: Mapping[bytes, list[bytes]] | None = None,
     ) -> tuple[ClientRequest, Deferred[None]]:
+        """A request admitted (as ``route``, else as its engine classifies it) and handed to
+        the request path; ``fields``: its head's, besides ``Content-Type``."""
         eng = FACADES[engine]
-        route = eng.classify(method, route_path)
+        if route is None:
+            route = eng.classify(method, route_path)
         request = ClientRequest(method, route_path.encode())
+        request.head.fields.update(Fields.of(fields or {}))
         admitted = Admitted(
             engine=eng,
             route=route,

@@ -17,9 +17,8 @@ from twisted.web.client import ResponseNeverReceived
 from twisted.web.http_headers import Headers
 
 from nvpair.control.state import PriorityEntry
-from nvpair.wire.fields import LeanHeaders
-from nvpair.wire.headers import SPENT
-from nvpair.wire.message import BodySink, End, Ended
+from nvpair.engines.table import RouteClass
+from nvpair.wire.message import BodySink, End, Ended, Fields
 from tests.fakes import Harness, Response, harness, node
 
 A, B, C = node("a", "m"), node("b", "m"), node("c", "m")
@@ -43,7 +42,7 @@ def test_retryable_status_fails_over_within_the_round_without_backoff() -> None:
     h.upstream.calls[0].answer(Response(503, b'{"error":"busy"}'))
     assert h.upstream.bases == ["http://a", "http://b"]
     h.upstream.calls[1].answer(Response(200, b"hello"))
-    assert request.status() == 200 and request.body == b"hello" and request.finished
+    assert request.status == 200 and request.body == b"hello" and request.finished
 
 
 def test_transport_error_fails_over() -> None:
@@ -96,7 +95,7 @@ def test_final_attempt_status_and_body_pass_through_unchanged() -> None:
         h.clock.advance(10)
     assert len(h.upstream.calls) == 5
     h.upstream.calls[-1].answer(Response(429, b'{"error":"slow down"}'))
-    assert request.status() == 429 and request.body == b'{"error":"slow down"}'
+    assert request.status == 429 and request.body == b'{"error":"slow down"}'
     assert request.reason() is None
     h.clock.advance(100)
     assert len(h.upstream.calls) == 5
@@ -109,7 +108,7 @@ def test_final_attempt_transport_failure_is_502() -> None:
     h.upstream.calls[0].refuse()
     h.clock.advance(1)
     h.upstream.calls[1].refuse()
-    assert request.status() == 502 and request.reason() == "upstream-transport"
+    assert request.status == 502 and request.reason() == "upstream-transport"
 
 
 def test_final_attempt_first_body_timeout_is_504_never_a_commit() -> None:
@@ -118,9 +117,9 @@ def test_final_attempt_first_body_timeout_is_504_never_a_commit() -> None:
     request, _ = h.serve()
     response = h.upstream.calls[0].answer(Response(200))  # headers, and no body yet
     h.clock.advance(29.9)
-    assert request.status() is None
+    assert not request.started
     h.clock.advance(0.2)
-    assert request.status() == 504 and request.reason() == "first-body-timeout"
+    assert request.status == 504 and request.reason() == "first-body-timeout"
     assert response.connection.state == "stopped"
 
 
@@ -134,14 +133,14 @@ def test_headers_do_not_commit_the_first_body_byte_does() -> None:
     request, _ = h.serve()
     stalled = h.upstream.calls[0].answer(Response(200))
     h.clock.advance(4.9)
-    assert len(h.upstream.calls) == 1 and request.status() is None
+    assert len(h.upstream.calls) == 1 and not request.started
     h.clock.advance(0.2)
     assert stalled.connection.state == "stopped"
     served = h.upstream.calls[1].answer(Response(200))
     served.send(b"d")
     served.send(b"ata")
     served.end()
-    assert request.status() == 200 and request.body == b"data" and request.finished
+    assert request.status == 200 and request.body == b"data" and request.finished
 
 
 def test_first_body_timer_starts_when_headers_arrive() -> None:
@@ -171,7 +170,7 @@ def test_a_body_that_came_with_its_headers_commits_without_a_first_body_timer() 
 
     h.clock.callLater = recording  # type: ignore[method-assign,assignment]
     h.upstream.calls[0].answer(Response(200, b"whole"))
-    assert request.status() == 200 and request.body == b"whole" and request.finished
+    assert request.status == 200 and request.body == b"whole" and request.finished
     assert 5.0 not in armed
 
 
@@ -191,7 +190,7 @@ def test_a_connection_lost_before_the_first_byte_still_fails_over() -> None:
     h.upstream.calls[0].answer(DeadOnArrival(200))
     assert len(h.upstream.calls) == 2
     h.upstream.calls[1].answer(Response(200, b"ok"))
-    assert request.status() == 200 and request.body == b"ok"
+    assert request.status == 200 and request.body == b"ok"
 
 
 def test_header_timeout_is_a_retryable_failure() -> None:
@@ -207,7 +206,7 @@ def test_eof_with_no_bytes_commits() -> None:
     h.nodes(A, B)
     request, _ = h.serve()
     h.upstream.calls[0].answer(Response(200, b""))
-    assert request.status() == 200 and request.finished and request.body == b""
+    assert request.status == 200 and request.finished and request.body == b""
     assert len(h.upstream.calls) == 1
 
 
@@ -232,7 +231,7 @@ def test_4xx_other_than_404_408_429_is_the_answer() -> None:
     h.nodes(A, B)
     request, _ = h.serve()
     h.upstream.calls[0].answer(Response(400, b'{"error":"bad"}'))
-    assert request.status() == 400 and request.body == b'{"error":"bad"}'
+    assert request.status == 400 and request.body == b'{"error":"bad"}'
     assert len(h.upstream.calls) == 1
 
 
@@ -250,7 +249,7 @@ def test_3xx_is_forwarded_verbatim() -> None:
     h.nodes(A, B)
     request, _ = h.serve()
     h.upstream.calls[0].answer(Response(307, b""))
-    assert request.status() == 307 and len(h.upstream.calls) == 1
+    assert request.status == 307 and len(h.upstream.calls) == 1
 
 
 # -- budget and deadline -------------------------------------------------------------------
@@ -267,19 +266,19 @@ def test_deadline_is_checked_before_dispatch_and_never_truncates_one() -> None:
     h.clock.advance(0.5)
     assert len(h.upstream.calls) == 3  # attempt 3 starts before 600 s...
     h.clock.advance(115.0)  # ...and is not cut at the deadline
-    assert request.status() is None and not h.upstream.calls[2].cancelled
+    assert not request.started and not h.upstream.calls[2].cancelled
     h.clock.advance(130.0)  # its own cap ends it; no fourth dispatch past the deadline
     h.clock.advance(5.0)
     assert len(h.upstream.calls) == 3
-    assert request.status() == 503 and request.reason() == "deadline"
-    assert request.responseHeaders.getRawHeaders(b"retry-after") is not None
+    assert request.status == 503 and request.reason() == "deadline"
+    assert request.fields().has(b"Retry-After")
 
 
 def test_no_owner_at_admission_is_502_at_once() -> None:
     h = harness()
     h.nodes(node("a", "other"))
     request, _ = h.serve()
-    assert request.status() == 502 and request.reason() == "no-owner" and not h.upstream.calls
+    assert request.status == 502 and request.reason() == "no-owner" and not h.upstream.calls
 
 
 def test_no_owner_names_the_model_it_looked_for() -> None:
@@ -297,7 +296,7 @@ def test_no_owner_names_the_model_it_looked_for() -> None:
     }
     h.control.set_discovery("ollama", [node("a", "other")])
     plain, _ = h.serve(model="Llama3", engine="ollama", route_path="/api/chat")
-    assert plain.status() == 502 and plain.reason() == "no-owner"
+    assert plain.status == 502 and plain.reason() == "no-owner"
     assert plain.json() == {"error": 'no node advertises model "Llama3"'}
 
 
@@ -308,7 +307,7 @@ def test_no_owner_after_dispatch_waits_at_no_attempt_cost() -> None:
     h.upstream.calls[0].answer(Response(503, b""))
     h.nodes()  # the owner blinks out
     h.clock.advance(30)
-    assert len(h.upstream.calls) == 1 and request.status() is None
+    assert len(h.upstream.calls) == 1 and request.status is None
     h.nodes(A)
     h.clock.advance(8)
     assert len(h.upstream.calls) == 2
@@ -323,9 +322,9 @@ def test_no_owner_until_the_deadline_is_503_no_owner_timeout() -> None:
     h.upstream.calls[0].answer(Response(503, b""))
     h.nodes()
     h.clock.advance(25)
-    assert request.status() == 503 and request.reason() == "no-owner-timeout"
-    retry_after = request.responseHeaders.getRawHeaders(b"retry-after")
-    assert retry_after is not None and int(retry_after[0]) >= 1
+    assert request.status == 503 and request.reason() == "no-owner-timeout"
+    retry_after = request.fields().first(b"Retry-After")
+    assert retry_after is not None and int(retry_after) >= 1
 
 
 # -- cancellation --------------------------------------------------------------------------
@@ -449,11 +448,13 @@ def test_client_that_accepts_nothing_is_dropped() -> None:
     request, d = h.serve()
     response = h.upstream.calls[0].answer(Response(200))
     response.send(b"x")
-    request.producer.pauseProducing()  # the client's channel stops taking bytes
+    flow = request.flow
+    assert flow is not None
+    flow.pause()  # the client's channel stops taking bytes
     h.clock.advance(59)
     assert not request.aborted()
-    request.producer.resumeProducing()
-    request.producer.pauseProducing()
+    flow.resume()
+    flow.pause()
     h.clock.advance(61)
     assert request.aborted()
     request.disconnect()
@@ -530,7 +531,7 @@ def test_other_routes_try_each_candidate_once_without_backoff() -> None:
     h.upstream.calls[1].answer(Response(503, b"b busy"))
     h.clock.advance(1000)
     assert len(h.upstream.calls) == 2
-    assert request.status() == 503 and request.body == b"b busy"
+    assert request.status == 503 and request.body == b"b busy"
 
 
 def test_404_is_an_answer_on_other_routes() -> None:
@@ -538,13 +539,13 @@ def test_404_is_an_answer_on_other_routes() -> None:
     h.nodes(A, B)
     request, _ = h.serve(route_path="/api/v1/models/load")
     h.upstream.calls[0].answer(Response(404, b"nope"))
-    assert request.status() == 404 and len(h.upstream.calls) == 1
+    assert request.status == 404 and len(h.upstream.calls) == 1
 
 
 def test_other_route_without_any_node_is_502_no_owner() -> None:
     h = harness()
     request, _ = h.serve(route_path="/api/v1/models/load")
-    assert request.status() == 502 and request.reason() == "no-owner"
+    assert request.status == 502 and request.reason() == "no-owner"
     # The engine has no node at all: the message says so, and names the model asked for.
     assert request.json()["error"]["message"] == 'no LM Studio node is available for model "m"'
 
@@ -563,29 +564,58 @@ def test_failure_copying_a_body_closes_the_client_and_still_releases() -> None:
     def broken(data: bytes) -> None:
         raise RuntimeError("the client's transport blew up")
 
-    request.write = broken  # type: ignore[method-assign]
+    request.data = broken  # type: ignore[assignment]
     response.send(b"second")
     assert request.lost and response.connection.state == "stopped"
     response.die()
     assert fired(d) and dict(h.reservations.counts) == {} and h.path.in_flight == 0
 
 
-def test_a_committed_stream_keeps_no_copy_of_the_client_s_or_the_engine_s_headers() -> None:
-    """docs/performance.md#held-streams: while a stream is relayed, the client's headers live
-    only in what the attempt sent, the engine's only in the client's response."""
+def test_a_committed_stream_keeps_one_copy_of_each_head() -> None:
+    """docs/performance.md#held-streams: while a stream is relayed, the engine's fields live
+    only in the client's answer (the answer lets go of them once written, and the request of
+    its own: tests/wire/test_facade_server.py), the client's in what the attempts sent."""
     h = harness()
     h.nodes(A)
     request, _ = h.serve()
     sent = h.upstream.calls[0]
-    assert isinstance(sent.headers, Headers)
-    assert sent.headers.getRawHeaders(b"content-type") == [b"application/json"]
-    assert request.requestHeaders is SPENT
+    assert isinstance(sent.headers, Fields)
+    assert sent.headers.first(b"Content-Type") == b"application/json"
     served = sent.answer(Response(200))
     served.send(b"d")
     # The engine's fields are the client's answer's, not a copy of them.
-    assert request.status() == 200
-    assert isinstance(request.responseHeaders, LeanHeaders)
-    assert request.responseHeaders.fields is served.headers
-    assert request.responseHeaders.getRawHeaders(b"content-type") == [b"application/json"]
+    assert request.status == 200 and request.fields() is served.headers
+    assert request.fields().first(b"Content-Type") == b"application/json"
     served.end()
     assert request.body == b"d" and request.finished
+
+
+def test_what_the_nodes_are_sent_is_made_once_and_the_request_keeps_its_head() -> None:
+    """Issue 34 item 3: every node is sent one copy of the client's end-to-end fields, made
+    with the job; the client's head keeps every field it came with, so a preflight reads its
+    ``Origin`` after the copy was made (docs/browser-policy.md#preflight-intersection)."""
+    h = harness()
+    h.nodes(A, B)
+    came = {
+        b"Origin": [b"http://app.example"],
+        b"Access-Control-Request-Method": [b"POST"],
+        b"Connection": [b"x-hop"],
+        b"X-Hop": [b"1"],
+        b"Cookie": [b"c=1"],
+    }
+    request, d = h.serve(
+        route_path="/v1/models", method=b"OPTIONS", route=RouteClass.PREFLIGHT, fields=came
+    )
+    first, second = h.upstream.calls
+    assert first.headers is second.headers and isinstance(first.headers, Fields)
+    assert first.headers == {
+        b"Content-Type": [b"application/json"],
+        b"Origin": [b"http://app.example"],
+        b"Access-Control-Request-Method": [b"POST"],
+    }
+    assert request.head.fields == Fields.of({b"Content-Type": [b"application/json"], **came})
+    grant = Headers({b"access-control-allow-origin": [b"http://app.example"]})
+    first.answer(Response(204, b"", grant))
+    second.answer(Response(204, b"", grant))
+    assert request.status == 204 and fired(d)
+    assert request.fields().first(b"Access-Control-Allow-Origin") == b"http://app.example"

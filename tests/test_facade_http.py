@@ -13,19 +13,21 @@ from twisted.internet.testing import StringTransport
 from nvpair.engines.table import LLAMACPP, OLLAMA, Engine
 from nvpair.facades.facade import Admitted, Facade, RequestHandler
 from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.message import COMPLETE, ResponseHead
+from nvpair.wire.web import ProxiedRequest
 
 
 class Broken(RequestHandler):
     def __init__(self) -> None:
         self.seen: list[Admitted] = []
 
-    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+    def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
         self.seen.append(admitted)
         if admitted.path == "/boom":
             return defer.fail(ZeroDivisionError("a bug"))
-        request.setResponseCode(200)
-        request.write(b"fine")
-        request.finish()
+        request.respond(ResponseHead(200))
+        request.data(b"fine")
+        request.end(COMPLETE)
         return defer.succeed(None)
 
 

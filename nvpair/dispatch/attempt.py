@@ -17,7 +17,6 @@ from typing import NamedTuple
 from attrs import define
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
-from twisted.web.http_headers import Headers
 
 from nvpair.common.deadlines import Deadline, Deadlines
 from nvpair.control.state import ControlState, Discovery, Node
@@ -26,7 +25,7 @@ from nvpair.dispatch.relay import BodyRelay, First
 from nvpair.engines.table import ENGINES, RouteClass
 from nvpair.wire.bodies import discard_body
 from nvpair.wire.headers import is_event_stream
-from nvpair.wire.message import Answer, ResponseHead
+from nvpair.wire.message import Answer, Fields, ResponseHead
 from nvpair.wire.web import UpstreamClient
 
 
@@ -153,7 +152,8 @@ class Outgoing(NamedTuple):
     route: RouteClass
     method: bytes
     uri: bytes
-    headers: Headers
+    #: A copy of the client's end-to-end fields (:func:`nvpair.dispatch.job.outgoing_of`).
+    fields: Fields
     body: bytes
     #: Whether the client may send it twice should a kept-alive connection go before any
     #: answer byte (an inference request, which the loop would dispatch again anyway).
@@ -279,7 +279,7 @@ class Attempts:
                 base,
                 outgoing.method,
                 outgoing.uri,
-                outgoing.headers,
+                outgoing.fields,
                 outgoing.body,
                 connected,
                 outgoing.resend,

@@ -23,9 +23,8 @@ from nvpair.dispatch.job import Ending, Job, Services
 from nvpair.dispatch.relay import BodyEnd, WriteDeadline
 from nvpair.engines.inferstats import StatsReader
 from nvpair.engines.table import RouteClass
-from nvpair.wire.fields import LeanHeaders
 from nvpair.wire.headers import framed_by_length, strip_hop_by_hop
-from nvpair.wire.message import Flow
+from nvpair.wire.message import Flow, ResponseHead
 
 log = Logger(namespace="nvpair.dispatch.delivery")
 
@@ -95,19 +94,7 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
     """Write the served response's status and headers, then relay its body; how it ended."""
     request, head, relay = job.request, served.head, served.relay
     status = head.status
-    request.setResponseCode(status, head.phrase)
-    # The engine's fields become the answer's (nothing sets the answer's own before its
-    # commit): stripped of its hop's fields in place rather than copied value by value
-    # (docs/performance.md#headers).
-    fields = strip_hop_by_hop(head.fields, request=False)
-    if framed_by_length(job.admitted.method, status) and head.length is not None:
-        # The client read Content-Length as the body's framing (``length``); putting it back
-        # keeps the engine's framing (else the client would get chunked encoding).
-        fields[b"Content-Length"] = [b"%d" % head.length]
-    fields[b"X-Nvpair-Node"] = [_answering_node(services, node).encode()]
-    for name, value in job.queued_field():
-        fields[name] = [value]
-    request.responseHeaders = LeanHeaders.over(fields)
+    request.respond(_answer_head(services, job, node, head))
     relay.set_deadline(lambda upstream: _write_deadline(services, job, upstream))
     clock = services.clock
     job.served(status, clock.seconds())
@@ -138,6 +125,24 @@ async def deliver(services: Services, job: Job, node: Node, served: Served) -> B
             complete=end.complete,
         )
     return end
+
+
+def _answer_head(services: Services, job: Job, node: Node, head: ResponseHead) -> ResponseHead:
+    """The client's answer's head: the engine's status and its fields, which become the
+    answer's (nothing sets the answer's own before its commit), stripped of its hop's in place
+    rather than copied value by value (docs/performance.md#headers)."""
+    fields = strip_hop_by_hop(head.fields, request=False)
+    if framed_by_length(job.admitted.method, head.status) and head.length is not None:
+        # The client read Content-Length as the body's framing (``length``); putting it back
+        # keeps the engine's framing (else the client would get chunked encoding).
+        fields[b"Content-Length"] = [b"%d" % head.length]
+    # A node id is whatever string the broker named it with: a line break in it would end the
+    # field, so each is a space.
+    named = _answering_node(services, node).encode()
+    fields[b"X-Nvpair-Node"] = [b" ".join(named.splitlines())]
+    for name, value in job.queued_field():
+        fields.put(name, value)
+    return ResponseHead(head.status, head.phrase, fields)
 
 
 def _answering_node(services: Services, node: Node) -> str:

@@ -55,7 +55,7 @@ async def serve_inference(services: Services, job: Job) -> None:
         facade=engine.id,
     )
     job.trail = services.recorder.admitted(job.workload)
-    outgoing = job.outgoing()
+    outgoing = job.outgoing
     if services.queue.enabled:
         await _serve_queued(services, job, outgoing, round_plan)
         return

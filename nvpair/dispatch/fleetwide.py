@@ -11,7 +11,6 @@ and no workload events: nothing is dispatched for inference.
 from __future__ import annotations
 
 from twisted.internet.defer import CancelledError
-from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
 from nvpair.control.keyscope import KeyScope
@@ -22,13 +21,14 @@ from nvpair.engines.inventory import InvalidInventory, merge_inventories
 from nvpair.engines.modelnames import OtherName
 from nvpair.engines.table import ENGINES, Dialect, InventoryRoute
 from nvpair.wire.fanout import NodeReply, ask_all
+from nvpair.wire.message import COMPLETE, Fields, ResponseHead
 
 #: Caller credentials never sent along with a preflight (docs/browser-policy.md).
 _CREDENTIALS = (b"cookie", b"authorization", b"proxy-authorization", b"x-api-key")
 
 
 async def _ask_every_node(
-    services: Services, job: Job, method: bytes, path: str | None, headers: Headers
+    services: Services, job: Job, method: bytes, path: str | None, fields: Fields
 ) -> list[tuple[str, NodeReply]]:
     """Every node the facade reaches, concurrently, in candidate order; responders only, each
     with its engine.
@@ -51,7 +51,7 @@ async def _ask_every_node(
         bases,
         method,
         target,
-        headers,
+        fields,
     )
     if job.cancelled():
         raise CancelledError()
@@ -90,12 +90,12 @@ async def serve_inventory(services: Services, job: Job) -> None:
     admitted, request = job.admitted, job.request
     engine = admitted.engine
     route = engine.inventory[admitted.path]
-    origin = request.requestHeaders.getRawHeaders(b"origin", [None])[0]
+    origin = request.head.fields.first(b"Origin")
     # A HEAD is decided like a GET (validity needs the bodies) and answered without one.
     # The route's own path: the one the table holds (its key, or the path the engine serves
     # it at), whatever escapes the client wrote it with.
     responders = await _ask_every_node(
-        services, job, b"GET", route.upstream_path or admitted.path, job.outgoing().headers
+        services, job, b"GET", route.upstream_path or admitted.path, job.outgoing.fields
     )
     if not responders:
         job.refuse(Reason.NO_RESPONDERS)
@@ -144,25 +144,27 @@ async def serve_inventory(services: Services, job: Job) -> None:
         job.refuse(Reason.CORS_DENIED)
         return
     job.served(200)
-    headers = request.responseHeaders
-    request.setResponseCode(200)
-    headers.setRawHeaders(b"content-type", [b"application/json; charset=utf-8"])
-    headers.setRawHeaders(b"content-length", [b"%d" % len(merged)])
+    fields = Fields()
+    fields.put(b"Content-Type", b"application/json; charset=utf-8")
+    fields.put(b"Content-Length", b"%d" % len(merged))
     for name, value in grant.headers if grant is not None else ():
-        headers.addRawHeader(name, value)
+        fields.add(name, value)
+    request.respond(ResponseHead(200, fields=fields))
     if admitted.method != b"HEAD":
-        request.write(merged)
-    request.finish()
+        request.data(merged)
+    request.end(COMPLETE)
 
 
 async def serve_preflight(services: Services, job: Job) -> None:
     """A CORS preflight: every node asked without credentials, permissions intersected."""
     request = job.request
-    origin = request.requestHeaders.getRawHeaders(b"origin", [b""])[0]
-    headers = job.outgoing().headers
+    origin = request.head.fields.first(b"Origin") or b""
+    # A copy: what the job sends is the same for every attempt, and only this one goes
+    # without credentials.
+    sent = job.outgoing.fields.copy()
     for name in _CREDENTIALS:
-        headers.removeHeader(name)
-    answers = await _ask_every_node(services, job, b"OPTIONS", None, headers)
+        sent.drop(name)
+    answers = await _ask_every_node(services, job, b"OPTIONS", None, sent)
     if not answers:
         job.refuse(Reason.NO_RESPONDERS)
         return
@@ -170,8 +172,9 @@ async def serve_preflight(services: Services, job: Job) -> None:
     # A denial passes through as a denial: the engine's status, nothing else. It is not
     # proxy-generated, so it carries no X-Nvpair-Error: served, as a grant is.
     job.served(decision.status)
-    request.setResponseCode(decision.status)
-    request.responseHeaders.setRawHeaders(b"content-length", [b"0"])
+    fields = Fields()
+    fields.put(b"Content-Length", b"0")
     for name, value in decision.headers:
-        request.responseHeaders.addRawHeader(name, value)
-    request.finish()
+        fields.add(name, value)
+    request.respond(ResponseHead(decision.status, fields=fields))
+    request.end(COMPLETE)

@@ -41,7 +41,7 @@ async def serve_once_each(services: Services, job: Job) -> None:
             return
         job.refuse(Reason.NO_OWNER, message=no_node_message(admitted.engine, admitted.model))
         return
-    outgoing = job.outgoing()
+    outgoing = job.outgoing
     for index, node in enumerate(candidates):
         final = index == len(candidates) - 1
         failed = await try_node(services, job, outgoing, node, final)
@@ -53,6 +53,6 @@ async def serve_once_each(services: Services, job: Job) -> None:
 
 async def serve_peer(services: Services, job: Job) -> None:
     local = _LOCAL[job.admitted.engine.id]
-    failed = await try_node(services, job, job.outgoing(), local, True)
+    failed = await try_node(services, job, job.outgoing, local, True)
     if failed is not None:
         answer_final(job, failed)

@@ -10,7 +10,8 @@ the servers in :mod:`nvpair.dispatch.failover`, :mod:`nvpair.dispatch.forwarding
 Each of a job's fields has one owner, the only code that sets it
 (``tests/dispatch/test_job.py`` holds them to it):
 
-- ``admitted``, ``request``, ``created``: :mod:`nvpair.dispatch.requestpath`, when it makes the job;
+- ``admitted``, ``request``, ``outgoing``, ``created``: :mod:`nvpair.dispatch.requestpath`, when
+  it makes the job;
 - ``deferred`` (:meth:`Job.run`), ``ending`` (:meth:`Job.cancel`), ``refused``
   (:meth:`Job.refuse`), ``reservation`` (:meth:`Job.reserve`, :meth:`Job.release`),
   ``served_status`` and ``committed_at`` (:meth:`Job.served`): this module's methods, whoever
@@ -48,7 +49,8 @@ from nvpair.engines.inferstats import Stats
 from nvpair.engines.table import RouteClass
 from nvpair.facades.answers import write_error
 from nvpair.facades.facade import Admitted
-from nvpair.wire.headers import SPENT, strip_hop_by_hop
+from nvpair.wire.headers import strip_hop_by_hop
+from nvpair.wire.message import Fields
 from nvpair.wire.web import ProxiedRequest, UpstreamClient
 
 
@@ -66,6 +68,8 @@ class Job:
 
     admitted: Admitted
     request: ProxiedRequest
+    #: What every attempt sends (:func:`outgoing_of`), made once with the job.
+    outgoing: Outgoing
     created: float
     budget: RetryBudget
     ending: Ending | None = None
@@ -160,29 +164,27 @@ class Job:
         reservations.release(self.reservation)
         self.reservation = None
 
-    def outgoing(self) -> Outgoing:
-        """What each attempt sends: the client's request with its end-to-end headers.
 
-        The last read of the client's headers: the request keeps none from then on, the
-        attempts send them, stripped in place rather than copied
-        (docs/performance.md#held-streams, #headers). Where ``[access]`` is in force the
-        caller's ``Authorization`` and ``X-Api-Key`` are the proxy's key, never an engine's:
-        neither is sent on, whether or not a key was asked of this caller (docs/lan.md#keys)."""
-        admitted = self.admitted
-        request = self.request
-        headers = strip_hop_by_hop(request.requestHeaders, request=True)
-        if admitted.caller is not None:
-            headers.removeHeader(b"authorization")
-            headers.removeHeader(b"x-api-key")
-        request.requestHeaders = SPENT
-        return Outgoing(
-            admitted.route,
-            admitted.method,
-            admitted.uri,
-            headers,
-            admitted.body,
-            resend=_inference(admitted),
-        )
+def outgoing_of(admitted: Admitted, fields: Fields) -> Outgoing:
+    """What each attempt sends: the client's request with a copy of its head's end-to-end
+    fields (``fields`` themselves are left as they are: the request's head stays as it was
+    read).
+
+    Where ``[access]`` is in force the caller's ``Authorization`` and ``X-Api-Key`` are the
+    proxy's key, never an engine's: neither is sent on, whether or not a key was asked of this
+    caller (docs/lan.md#keys)."""
+    sent = strip_hop_by_hop(fields.copy(), request=True)
+    if admitted.caller is not None:
+        sent.drop(b"Authorization")
+        sent.drop(b"X-Api-Key")
+    return Outgoing(
+        admitted.route,
+        admitted.method,
+        admitted.uri,
+        sent,
+        admitted.body,
+        resend=_inference(admitted),
+    )
 
 
 def _inference(admitted: Admitted) -> bool:

@@ -16,12 +16,11 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
-from nvpair.wire.message import Ended, Flow
+from nvpair.wire.message import End, Ended, Flow
 from nvpair.wire.web import ProxiedRequest
 
 
@@ -121,25 +120,6 @@ class WriteDeadline:
         self._expired()
 
 
-@implementer(IPushProducer)
-class _Producing:
-    """A flow as the client request's push producer."""
-
-    __slots__ = ("_flow",)
-
-    def __init__(self, flow: Flow) -> None:
-        self._flow = flow
-
-    def pauseProducing(self) -> None:
-        self._flow.pause()
-
-    def resumeProducing(self) -> None:
-        self._flow.resume()
-
-    def stopProducing(self) -> None:
-        self._flow.stop()
-
-
 class BodyRelay:
     """Receives one engine's answer's body (a :class:`~nvpair.wire.message.BodySink`:
     ``answer.body.connect(relay)``), ``source`` being that body.
@@ -193,7 +173,7 @@ class BodyRelay:
                 if self._tap is not None:
                     self._tap(data)
                 try:
-                    request.write(data)
+                    request.data(data)
                 except Exception:
                     self._copy_failed(Failure())
         elif self._state is _State.WAITING:
@@ -247,7 +227,7 @@ class BodyRelay:
         assert self._state in (_State.HELD, _State.WAITING)
         if self._state is _State.WAITING:
             # Its head goes now, not with its first event (docs/request-path.md#event-feeds).
-            request.write(b"")
+            request.data(b"")
         self._state = _State.RELAYING
         # Nobody waits on the gate once the body is being relayed; a failure it holds (the
         # body ended badly before attach) is reported by ``done`` instead.
@@ -257,7 +237,7 @@ class BodyRelay:
         if self._held:
             if self._tap is not None:
                 self._tap(self._held)
-            request.write(self._held)
+            request.data(self._held)
             self._held = b""
         if self._ended is not None:
             self._finish(self._ended)
@@ -265,7 +245,7 @@ class BodyRelay:
         flow: Flow = self._source
         if self._deadline is not None:
             flow = self._guard = self._deadline(flow)
-        request.registerProducer(_Producing(flow), True)
+        request.follow(flow)
         self._source.resume()
 
     def abandon(self) -> None:
@@ -318,8 +298,8 @@ class BodyRelay:
         assert request is not None
         self.client_gone()
         with contextlib.suppress(AttributeError, RuntimeError):
-            request.unregisterProducer()
-        request.loseConnection()
+            request.follow(None)
+        request.end(Ended(End.BROKEN, failure.value))
 
     def _finish(self, ended: Ended) -> None:
         if self.done.called:
@@ -332,16 +312,13 @@ class BodyRelay:
         complete = clean and not self._client_gone
         request = self._request
         if not self._client_gone and request is not None:
-            # The client may already be gone in ways notifyFinish has not reported yet; these
+            # The client may already be gone in ways on_lost has not reported yet; these
             # calls raise after a disconnect.
             try:
-                request.unregisterProducer()
-                if complete:
-                    request.finish()
-                else:
-                    # Closing without the terminating chunk lets the client see the
-                    # truncation instead of a body that looks whole.
-                    request.loseConnection()
+                request.follow(None)
+                # The engine's end is the answer's: not whole, the answer's connection closes
+                # without its end, and the client sees the truncation.
+                request.end(ended)
             except (AttributeError, RuntimeError):
                 pass
         cut = not clean and not self._client_gone

@@ -28,7 +28,7 @@ from nvpair.dispatch.candidates import Candidates
 from nvpair.dispatch.failover import serve_inference
 from nvpair.dispatch.fleetwide import serve_inventory, serve_preflight
 from nvpair.dispatch.forwarding import serve_once_each, serve_peer
-from nvpair.dispatch.job import Ending, Job, Services
+from nvpair.dispatch.job import Ending, Job, Services, outgoing_of
 from nvpair.dispatch.queueing import NO_QUEUE, Queueing
 from nvpair.dispatch.seams import (
     NOT_COUNTED,
@@ -49,6 +49,7 @@ from nvpair.facades.access import (
 )
 from nvpair.facades.answers import forbidden_model_message
 from nvpair.facades.facade import Admitted, RequestHandler
+from nvpair.wire.message import End, Ended
 from nvpair.wire.web import ProxiedRequest, UpstreamClient
 
 Server = Callable[[Services, Job], Coroutine[Any, Any, None]]
@@ -136,7 +137,13 @@ class RequestPath(RequestHandler):
         services = self._services
         now = services.clock.seconds()
         admitted = services.candidates.resolved(admitted)
-        job = Job(admitted, request, now, services.bounds.budget(now))
+        job = Job(
+            admitted,
+            request,
+            outgoing_of(admitted, request.head.fields),
+            now,
+            services.bounds.budget(now),
+        )
         server = self._servers[admitted.route]
         if admitted.caller is not None:
             refused = key_refusal(admitted, services.control)
@@ -244,12 +251,16 @@ def _accounted(job: Job) -> bool:
     return job.served_status is not None or job.refused is not None or job.ending is not None
 
 
+#: How an answer a job was cancelled in the middle of ends: cut, for its client to see.
+_CUT = Ended(End.CUT)
+
+
 def _cancelled(failure: Failure, request: ProxiedRequest) -> None:
     failure.trap(CancelledError)
     # Shutdown or a stuck client: whoever is still connected sees the connection close
     # rather than wait on an answer that will never come.
     if not request.finished and request.connected:
-        request.loseConnection()
+        request.end(_CUT)
 
 
 def outcome(job: Job) -> str:
@@ -304,7 +315,7 @@ def finished(job: Job, now: float) -> Finished:
         method=admitted.method.decode("latin-1"),
         path=bounded_path(admitted.path),
         # What was written, if anything was: a requester gone before any answer has none.
-        status=request.code if request.startedWriting else None,
+        status=request.status if request.started else None,
         route=admitted.route.value,
         # The metric's outcome stays served: its engine answered, and only the attempt and
         # this line say it was cut (docs/README.md#the-access-log).

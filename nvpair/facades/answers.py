@@ -2,7 +2,7 @@
 
 Each answers for a :class:`~nvpair.common.reasons.Reason` (its status, its default message): it
 carries ``X-Nvpair-Error`` and a body in the route's dialect, and grants no CORS permission:
-every header the response already held (an engine's, a default) is cleared first.
+its head's fields are its own, never an engine's.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from twisted.web.http import RESPONSES
 
 from nvpair.common.reasons import Reason
 from nvpair.engines.table import Dialect
+from nvpair.wire.message import COMPLETE, Fields, ResponseHead
 from nvpair.wire.web import ProxiedRequest
 
 #: Reason phrases, with those Twisted's table lacks (RFC 6585's 429).
@@ -123,7 +124,8 @@ def write_error(
 ) -> None:
     """Answer ``request`` with the proxy-generated error ``reason`` and finish it.
 
-    :param request: a ``twisted.web.server.Request`` whose response has not started.
+    :param request: a request whose answer's head has not gone out; a head it was given
+        (an engine's) is replaced, fields and all.
     :param retry_after: seconds for ``Retry-After`` (503 answers), at least 1.
     :param cors: the one exception to "no CORS headers": ``inventory-invalid`` carries the
         intersected headers when every responder granted
@@ -131,17 +133,15 @@ def write_error(
     :param extra: header fields the answer also carries (``WWW-Authenticate``).
     """
     status, body = error_answer(engine, request.path.decode("latin-1"), reason, message)
-    headers = request.responseHeaders
-    for name, _ in list(headers.getAllRawHeaders()):
-        headers.removeHeader(name)
-    request.setResponseCode(status, reason_phrase(status))
-    headers.setRawHeaders(b"content-type", [b"application/json; charset=utf-8"])
-    headers.setRawHeaders(b"content-length", [str(len(body)).encode()])
-    headers.setRawHeaders(b"x-nvpair-error", [reason.value.encode()])
+    fields = Fields()
+    fields.put(b"Content-Type", b"application/json; charset=utf-8")
+    fields.put(b"Content-Length", b"%d" % len(body))
+    fields.put(b"X-Nvpair-Error", reason.value)
     if retry_after is not None:
-        headers.setRawHeaders(b"retry-after", [str(max(1, retry_after)).encode()])
+        fields.put(b"Retry-After", b"%d" % max(1, retry_after))
     for name, value in (*cors, *extra):
-        headers.addRawHeader(name, value)
-    if request.method != b"HEAD":
-        request.write(body)
-    request.finish()
+        fields.add(name, value)
+    request.respond(ResponseHead(status, reason_phrase(status), fields))
+    if request.head.method != b"HEAD":
+        request.data(body)
+    request.end(COMPLETE)

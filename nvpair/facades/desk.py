@@ -14,7 +14,6 @@ from collections.abc import Callable
 from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 
 from nvpair.common.logs import debug_enabled
 from nvpair.common.reasons import Reason
@@ -23,10 +22,11 @@ from nvpair.engines.table import Dialect, RouteClass
 from nvpair.facades import access
 from nvpair.facades.answers import head_refusal, write_error
 from nvpair.wire.facade_server import FacadeRequest, Refusal, origin_form
+from nvpair.wire.message import End, Ended, Fields
 
 #: How a personality would route a request from its method, routing path and headers (None:
 #: no head was read).
-Route = Callable[[bytes, str, Headers | None], RouteClass]
+Route = Callable[[bytes, str, Fields | None], RouteClass]
 
 
 class FrontDesk:
@@ -60,10 +60,11 @@ class FrontDesk:
             admit(request)
         except Exception:
             self.log.failure("admitting a request failed", engine=self.engine.id)
-            if not request.startedWriting:
+            if not request.started:
                 path = routing_path(request.path)
-                route = self._route(request.method, path, request.requestHeaders)
-                self.refused(request.method, path, Reason.INTERNAL, route, client_host(request))
+                head = request.head
+                route = self._route(head.method, path, head.fields)
+                self.refused(head.method, path, Reason.INTERNAL, route, client_host(request))
                 write_error(request, self.engine, Reason.INTERNAL)
 
     def refusal_answer(
@@ -71,7 +72,7 @@ class FrontDesk:
         refusal: Refusal,
         target: bytes,
         method: bytes,
-        headers: Headers | None = None,
+        fields: Fields | None = None,
         peer: IAddress | None = None,
     ) -> bytes:
         """The refusal in this engine's dialect; counted, and written to the access log."""
@@ -79,7 +80,7 @@ class FrontDesk:
         path = (form or b"/").split(b"?", 1)[0].decode("latin-1")
         # No method: no request line was read, and the target is a stand-in.
         read = form is not None and bool(method)
-        route = self._route(method, routing_path(path.encode("latin-1")), headers) if read else None
+        route = self._route(method, routing_path(path.encode("latin-1")), fields) if read else None
         host = getattr(peer, "host", None)
         self.refused(method, path if read else None, refusal.reason, route, host, logged=False)
         return head_refusal(
@@ -131,10 +132,10 @@ class FrontDesk:
         self.log.failure("handling a request failed", failure, engine=self.engine.id)
         if request.finished or request.channel is None:
             return
-        if not request.startedWriting:
+        if not request.started:
             write_error(request, self.engine, Reason.INTERNAL)
         else:
-            request.loseConnection()
+            request.end(Ended(End.BROKEN, failure.value))
 
 
 def client_address(request: FacadeRequest) -> IAddress | None:

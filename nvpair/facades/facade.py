@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress
-from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
 from nvpair.engines.admission import (
@@ -38,6 +37,7 @@ from nvpair.facades import access
 from nvpair.facades.answers import write_error
 from nvpair.facades.desk import FrontDesk, client_address, client_host
 from nvpair.wire.facade_server import FacadeRequest, Refusal
+from nvpair.wire.message import Fields
 from nvpair.wire.web import ProxiedRequest
 
 if TYPE_CHECKING:
@@ -50,12 +50,12 @@ WIDE_ESCAPE = Refusal(
 )
 
 
-def preflight_head(method: bytes, headers: Headers) -> bool:
+def preflight_head(method: bytes, fields: Fields) -> bool:
     """A CORS preflight: ``OPTIONS`` carrying ``Origin`` and ``Access-Control-Request-Method``."""
     return bool(
         method == b"OPTIONS"
-        and headers.hasHeader(b"origin")
-        and headers.hasHeader(b"access-control-request-method")
+        and fields.has(b"Origin")
+        and fields.has(b"Access-Control-Request-Method")
     )
 
 
@@ -103,13 +103,13 @@ class CallerGate(Protocol):
     """What a facade asks of fleet mode's ``[access]`` (:class:`nvpair.fleet.langate.LanGate`)."""
 
     def refusal(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False, tls: bool = False
+        self, peer: IAddress | None, fields: Fields, preflight: bool = False, tls: bool = False
     ) -> Refusal | None:
         """A caller's refusal at its request head, or None to read on (a loopback caller's
         only under ``loopback-keys``); ``tls``: the connection is TLS."""
 
     def caller(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+        self, peer: IAddress | None, fields: Fields, preflight: bool = False
     ) -> Caller | Refusal | None:
         """Who an admitted request came from (None: no ``[access]``), or its refusal."""
 
@@ -123,12 +123,12 @@ class _LoopbackOnly:
     no TLS for anyone else."""
 
     def refusal(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False, tls: bool = False
+        self, peer: IAddress | None, fields: Fields, preflight: bool = False, tls: bool = False
     ) -> Refusal | None:
         return None if is_loopback(peer) else FORBIDDEN
 
     def caller(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+        self, peer: IAddress | None, fields: Fields, preflight: bool = False
     ) -> Caller | Refusal | None:
         return None
 
@@ -198,25 +198,25 @@ class Facade:
         self._desk.serve(self._admit, request)
 
     def refusal_at_head(
-        self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
+        self, peer: IAddress | None, target: bytes, fields: Fields, method: bytes
     ) -> Refusal | None:
         """The loopback gate or ``[access]``, then Ollama's ``Host`` guard, for loopback
         callers only: a LAN caller names this machine as it names any."""
         if wide_escape(target):
             return WIDE_ESCAPE
         # A loopback caller too: [access] loopback-keys may ask it for a key (docs/lan.md).
-        refused = self._lan.refusal(peer, headers, preflight_head(method, headers), self._tls)
+        refused = self._lan.refusal(peer, fields, preflight_head(method, fields), self._tls)
         if refused is not None or not is_loopback(peer):
             return refused
-        if self.engine.host_guard:
-            hosts = headers.getRawHeaders(b"host")
-            if not ollama_host_allowed(target_host(target, hosts[0] if hosts else None)):
-                return FORBIDDEN_HOST
+        if self.engine.host_guard and not ollama_host_allowed(
+            target_host(target, fields.first(b"Host"))
+        ):
+            return FORBIDDEN_HOST
         return None
 
-    def _route(self, method: bytes, path: str, headers: Headers | None) -> RouteClass:
+    def _route(self, method: bytes, path: str, fields: Fields | None) -> RouteClass:
         """The route class a request would have had, as admission classifies it."""
-        if headers is not None and preflight_head(method, headers):
+        if fields is not None and preflight_head(method, fields):
             return RouteClass.PREFLIGHT
         return self.engine.classify(method, path)
 
@@ -224,27 +224,29 @@ class Facade:
         engine = self.engine
         # Routed as the engines route it: percent-decoded (docs/request-path.md#admission).
         path = routing_path(request.path)
-        preflight = preflight_head(request.method, request.requestHeaders)
-        found = self._lan.caller(client_address(request), request.requestHeaders, preflight)
+        head = request.head
+        method = head.method
+        preflight = preflight_head(method, head.fields)
+        found = self._lan.caller(client_address(request), head.fields, preflight)
         if isinstance(found, Refusal):
             # [access] was reloaded since the head: it lets this caller in no more.
-            route = self._route(request.method, path, request.requestHeaders)
-            self._desk.refused(request.method, path, found.reason, route, client_host(request))
+            route = self._route(method, path, head.fields)
+            self._desk.refused(method, path, found.reason, route, client_host(request))
             write_error(request, engine, found.reason, message=found.message, extra=found.headers)
             return
         caller = found
-        route = RouteClass.PREFLIGHT if preflight else engine.classify(request.method, path)
+        route = RouteClass.PREFLIGHT if preflight else engine.classify(method, path)
         try:
             read, prefix = request.read_json(partial(self._read_body, route, path))
         except BadBody as refused:
-            self._desk.refused(request.method, path, refused.reason, route, client_host(request))
+            self._desk.refused(method, path, refused.reason, route, client_host(request))
             write_error(request, engine, refused.reason)
             return
         model, member, others, opaque = read.model, read.member, read.others, read.opaque
         if caller is not None:
-            if b"?" in request.uri:
+            if b"?" in head.target:
                 # A llama.cpp router loads the model a query names (/props?model=...).
-                others = (*others, *query_models(request.uri))
+                others = (*others, *query_models(head.target))
             named = engine.path_model(path)
             if named is not None:
                 others = (*others, named)
@@ -253,9 +255,9 @@ class Facade:
         admitted = Admitted(
             engine=engine,
             route=route,
-            method=request.method,
+            method=method,
             path=path,
-            uri=request.uri,
+            uri=head.target,
             body=body,
             model=model,
             model_key=None if model is None else engine.model_key(model),
@@ -266,7 +268,7 @@ class Facade:
             opaque=opaque,
             client=client_host(request),
         )
-        self._desk.admitted(request.method, path, route, model)
+        self._desk.admitted(method, path, route, model)
         self._handler.handle(admitted, request).addErrback(self._desk.contained, request)
 
     def _read_body(

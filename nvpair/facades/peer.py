@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
-from twisted.web.http_headers import Headers
 
 from nvpair.engines.admission import routing_path
 from nvpair.engines.table import Dialect, RouteClass
@@ -22,9 +21,10 @@ from nvpair.facades.desk import FrontDesk, client_host
 from nvpair.facades.facade import Admitted, RequestHandler
 from nvpair.wire.cluster import Membership
 from nvpair.wire.facade_server import FacadeRequest, Refusal
+from nvpair.wire.message import Fields
 
 
-def _as_peer(method: bytes, path: str, headers: Headers | None) -> RouteClass:
+def _as_peer(method: bytes, path: str, fields: Fields | None) -> RouteClass:
     return RouteClass.PEER
 
 
@@ -63,7 +63,7 @@ class PeerFacade:
         self._desk.serve(self._admit, request)
 
     def refusal_at_head(
-        self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
+        self, peer: IAddress | None, target: bytes, fields: Fields, method: bytes
     ) -> Refusal | None:
         """None: the handshake pinned the peer, and the node that sent the request judged it
         as the caller's own facade did."""
@@ -77,15 +77,15 @@ class PeerFacade:
         admitted = Admitted(
             engine=self.engine,
             route=RouteClass.PEER,
-            method=request.method,
+            method=request.head.method,
             path=path,
-            uri=request.uri,
+            uri=request.head.target,
             body=request.body(),
             model=None,
             model_key=None,
             client=client_host(request),
         )
-        self._desk.admitted(request.method, path, RouteClass.PEER, None)
+        self._desk.admitted(request.head.method, path, RouteClass.PEER, None)
         self._handler.handle(admitted, request).addErrback(self._desk.contained, request)
 
     def _still_pinned(self, request: FacadeRequest) -> bool:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from attrs import evolve
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.logger import Logger
-from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
 from nvpair.engines.admission import is_loopback, parse_ip
@@ -35,6 +34,7 @@ from nvpair.fleet.lanpolicy import (
 from nvpair.fleet.throttle import FailedKeys
 from nvpair.wire.connbounds import source_of
 from nvpair.wire.facade_server import Refusal
+from nvpair.wire.message import Fields
 
 if TYPE_CHECKING:
     from OpenSSL import SSL
@@ -62,10 +62,10 @@ def _throttled(seconds: int) -> Refusal:
     return Refusal(Reason.TOO_MANY_AUTH_FAILURES, headers=((b"Retry-After", b"%d" % seconds),))
 
 
-def _key_fields(headers: Headers) -> tuple[Sequence[bytes] | None, Sequence[bytes] | None]:
+def _key_fields(fields: Fields) -> tuple[Sequence[bytes] | None, Sequence[bytes] | None]:
     """The fields a facade caller's key may come in: ``Authorization``, and ``X-Api-Key`` for
     Anthropic clients (docs/lan.md#x-api-key). The admin listener reads the first only."""
-    return headers.getRawHeaders(b"authorization"), headers.getRawHeaders(b"x-api-key")
+    return fields.get(b"Authorization"), fields.get(b"X-Api-Key")
 
 
 def _ip(peer: IAddress | None) -> IPAddress | None:
@@ -148,7 +148,7 @@ class LanGate:
         return None
 
     def refusal(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False, tls: bool = False
+        self, peer: IAddress | None, fields: Fields, preflight: bool = False, tls: bool = False
     ) -> Refusal | None:
         """A caller's refusal at its request head, or None to read on; a loopback caller is
         judged only where ``loopback-keys`` asks it for a key (docs/lan.md#a-shared-machine),
@@ -158,7 +158,7 @@ class LanGate:
         :param tls: the request came over TLS."""
         access = self.access
         ip = _ip(peer)
-        authorization, x_api_key = _key_fields(headers)
+        authorization, x_api_key = _key_fields(fields)
         if is_loopback(peer):
             if access is None or not access.loopback_keys:
                 return None
@@ -200,7 +200,7 @@ class LanGate:
             )
 
     def admin_refusal(
-        self, peer: IAddress | None, method: bytes, path: bytes, headers: Headers, tls: bool
+        self, peer: IAddress | None, method: bytes, path: bytes, fields: Fields, tls: bool
     ) -> Refusal | None:
         """A request to the admin listener: its refusal, or None to serve it. Loopback callers
         are served as ever; the facades' failed-key throttle counts here too, so the admin
@@ -217,7 +217,7 @@ class LanGate:
             over_tls=tls,
             method=method,
             path=path,
-            authorization=headers.getRawHeaders(b"authorization"),
+            authorization=fields.get(b"Authorization"),
         )
         if verdict is AdminVerdict.FORBIDDEN:
             return ADMIN_CLOSED if self.admin is None or self.access is None else ADMIN_NOT_LISTED
@@ -236,14 +236,14 @@ class LanGate:
         return ADMIN_UNAUTHORIZED
 
     def caller(
-        self, peer: IAddress | None, headers: Headers, preflight: bool = False
+        self, peer: IAddress | None, fields: Fields, preflight: bool = False
     ) -> Caller | Refusal | None:
         """Who an admitted request came from (None: no ``[access]`` in force), or its
         refusal when the ``[access]`` reloaded since its head no longer lets it in."""
         access = self.access
         if access is None:
             return None if is_loopback(peer) else LOOPBACK_ONLY
-        authorization, x_api_key = _key_fields(headers)
+        authorization, x_api_key = _key_fields(fields)
         loopback = is_loopback(peer)
         if loopback and not access.loopback_keys:
             return loopback_caller(access, authorization, x_api_key)

@@ -13,7 +13,6 @@ import json
 from collections.abc import Callable
 
 from twisted.internet.interfaces import IAddress, IReactorTime
-from twisted.web.http_headers import Headers
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 
@@ -22,10 +21,12 @@ from nvpair.fleet.langate import LanGate
 from nvpair.observe.admin import QuietSite
 from nvpair.wire.connbounds import ConnectionCounts
 from nvpair.wire.facade_head import Refusal
+from nvpair.wire.message import Fields
 from nvpair.wire.sniffing import SniffingFactory
 
-#: Whether to serve a request: (peer, method, path, headers, over TLS) -> its refusal or None.
-Judge = Callable[[IAddress | None, bytes, bytes, Headers, bool], Refusal | None]
+#: Whether to serve a request: (peer, method, path, its head's fields, over TLS) -> its refusal
+#: or None.
+Judge = Callable[[IAddress | None, bytes, bytes, Fields, bool], Refusal | None]
 
 
 class Guarded(Resource):
@@ -49,7 +50,8 @@ class Guarded(Resource):
             request.getClientAddress(),
             request.method,
             request.path,
-            request.requestHeaders,
+            # twisted.web's head, as the gate reads every head.
+            Fields.of(request.requestHeaders.getAllRawHeaders()),
             self._tls,
         )
         if refusal is None:

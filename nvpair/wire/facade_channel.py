@@ -9,8 +9,8 @@ answered, refused and closed on.
   dropped before the close (docs/robustness.md#refusals-at-the-request-head).
 - A request head must be complete within ``head_timeout`` of its first byte, and a connection
   with no request in flight is closed after ``idle_timeout`` without a byte.
-- The response's producer (the upstream connection) is paused while the client's socket is
-  full, so a slow reader slows the engine rather than growing this process.
+- The answer's flow (the engine's answer it is read from) is paused while the client's socket
+  is full, so a slow reader slows the engine rather than growing this process.
 
 Each connection is in one :class:`~nvpair.wire.facade_types.Phase`, which decides what becomes of
 the bytes it reads. The bytes themselves are llhttp's to read (:mod:`nvpair.wire.facade_reader`).
@@ -162,7 +162,7 @@ class FacadeChannel(Protocol):
         within one read would be a cost per request for nothing; docs/performance.md#timers)."""
         if self.phase is _READING:
             requests = self._requests
-            if not requests or not requests[0].method:
+            if not requests or not requests[0].head.method:
                 self._timeouts.arm_head()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
@@ -175,24 +175,24 @@ class FacadeChannel(Protocol):
         for request in requests:
             request.lost(reason)
 
-    # -- IPushProducer, for the transport's write buffer -----------------------------------
+    # -- IPushProducer, for the transport's write buffer: passed on to the answer's flow ------
 
     def pauseProducing(self) -> None:
         self.write_paused = True
-        producer = self._requests[0].producer if self._requests else None
-        if producer is not None:
-            producer.pauseProducing()
+        flow = self._requests[0].flow if self._requests else None
+        if flow is not None:
+            flow.pause()
 
     def resumeProducing(self) -> None:
         self.write_paused = False
-        producer = self._requests[0].producer if self._requests else None
-        if producer is not None:
-            producer.resumeProducing()
+        flow = self._requests[0].flow if self._requests else None
+        if flow is not None:
+            flow.resume()
 
     def stopProducing(self) -> None:
-        producer = self._requests[0].producer if self._requests else None
-        if producer is not None:
-            producer.stopProducing()
+        flow = self._requests[0].flow if self._requests else None
+        if flow is not None:
+            flow.stop()
 
     # -- what the reader says ------------------------------------------------------------------
 
@@ -209,8 +209,9 @@ class FacadeChannel(Protocol):
             self._timeouts.disarm_head()
         site = self.site
         if refusal is None:
+            head = request.head
             refusal = site.gate.refusal_at_head(
-                self._address, request.uri, request.requestHeaders, request.method
+                self._address, head.target, head.fields, head.method
             )
         declared = request.declared
         if refusal is None and declared > site.max_request_body:
@@ -310,7 +311,7 @@ class FacadeChannel(Protocol):
             self._dispatch(following)
         else:
             self.phase = _READING
-            if not following.method:
+            if not following.head.method:
                 # Its head is still coming: its time starts now (the previous answer is out).
                 self._timeouts.arm_head()
             elif following.expects_continue and self.transport is not None:
@@ -337,11 +338,13 @@ class FacadeChannel(Protocol):
         if transport is None or self._ended:
             return
         self._timeouts.disarm_head()
-        target = request.uri if request is not None and request.uri else b"/"
-        method = request.method if request is not None else b""
-        headers = request.requestHeaders if request is not None and request.method else None
+        head = request.head if request is not None else None
+        target = head.target if head is not None and head.target else b"/"
+        method = head.method if head is not None else b""
+        # The fields only of a head read whole: a request line is read before them.
+        fields = head.fields if head is not None and head.method else None
         self.outlet.send(
-            self.site.gate.refusal_answer(refusal, target, method, headers, self._address)
+            self.site.gate.refusal_answer(refusal, target, method, fields, self._address)
         )
         parser = self._parser
         if request is None or parser is None or request is not parser.parsing:

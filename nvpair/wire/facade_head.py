@@ -23,7 +23,7 @@ from httptools.parser.errors import (
 from httptools.parser.parser import HttpRequestParser
 
 from nvpair.common.reasons import Reason
-from nvpair.wire.fields import Fields
+from nvpair.wire.message import RequestHead
 
 #: Request line plus headers, as twisted.web bounds them: past this a head is 400. Trailer
 #: fields, and chunk framing that carries no body byte, get the same bound.
@@ -152,14 +152,11 @@ def origin_form(target: bytes) -> bytes | None:
 
 
 class Head(Protocol):
-    """What the rules read of a parsed request head, and what they set on it."""
+    """What the rules read of a parsed request, and what they set on it."""
 
-    method: bytes
-    uri: bytes
-    #: The head's fields as read (``requestHeaders``' storage), read here directly.
-    fields: Fields
+    #: As read; its fields are read here directly, its version and target set.
+    head: RequestHead
     path: bytes
-    clientproto: bytes
     keep_alive: bool
     declared: int
     expects_continue: bool
@@ -172,14 +169,15 @@ def http_refusal(request: Head, parser: HttpRequestParser) -> Refusal | None:
     :param parser: the llhttp parser that has just read the head.
     """
     version = parser.get_http_version()
+    head = request.head
     if version == "1.0":
-        request.clientproto = b"HTTP/1.0"
+        head.version = b"HTTP/1.0"
     elif version != "1.1":
         # llhttp reads any single-digit version; a facade speaks HTTP/1.x only.
         return BAD_VERSION
     # HTTP/1.0 connections are not kept alive, as twisted.web did before: one answer each.
     request.keep_alive = version == "1.1" and parser.should_keep_alive()
-    fields = request.fields
+    fields = head.fields
     codings = fields.get(b"Transfer-Encoding")
     if codings:
         if version == "1.0":
@@ -202,20 +200,22 @@ def http_refusal(request: Head, parser: HttpRequestParser) -> Refusal | None:
         return SEVERAL_HOSTS
     elif _HOST.fullmatch(hosts[0]) is None:
         return BAD_HOST
-    if request.method == b"CONNECT":
+    if head.method == b"CONNECT":
         return NO_TUNNEL
-    if origin_form(request.uri) is None:
+    if origin_form(head.target) is None:
         return BAD_TARGET
     return None
 
 
 def admit_head(request: Head) -> None:
-    """A head that passed every check: its target in origin form, its path, and whether its
-    client waits for ``100 Continue`` before it sends the body."""
-    target = origin_form(request.uri)
+    """A head that passed every check: its target in origin form (what is sent on, never a
+    client's host), its path, and whether its client waits for ``100 Continue`` before it
+    sends the body."""
+    head = request.head
+    target = origin_form(head.target)
     assert target is not None
-    request.uri = target
+    head.target = target
     request.path = target.split(b"?", 1)[0]
-    expect = request.fields.get(b"Expect")
-    if expect and request.clientproto == b"HTTP/1.1" and b"100-continue" in expect[0].lower():
+    expect = head.fields.get(b"Expect")
+    if expect and head.version == b"HTTP/1.1" and b"100-continue" in expect[0].lower():
         request.expects_continue = True

@@ -38,7 +38,7 @@ from nvpair.wire.facade_head import (
 )
 from nvpair.wire.facade_request import FacadeRequest
 from nvpair.wire.facade_types import Phase
-from nvpair.wire.fields import CANONICAL, canonical
+from nvpair.wire.message import CANONICAL, canonical
 
 #: After a refusal, the refused body is read and dropped, up to its declared end, for at most
 #: this many bytes and seconds before the close, and until a read leaves the connection quiet
@@ -185,7 +185,7 @@ class RequestReader:
             # The request began in this read: llhttp holds at most what follows its last line end.
             current.stalled = len(data) - data.rfind(b"\n") - 1
         if current.stalled > MAX_HEAD_BYTES:
-            self._channel.unparsable(FRAMING_TOO_LARGE if current.method else HEAD_TOO_LARGE)
+            self._channel.unparsable(FRAMING_TOO_LARGE if current.head.method else HEAD_TOO_LARGE)
         return True
 
     def stop(self) -> FacadeRequest | None:
@@ -215,9 +215,9 @@ class RequestReader:
         and a client would read one as the start of an answer."""
         request = self.parsing
         invalid_method = isinstance(error, HttpParserInvalidMethodError)
-        if request is not None and not request.method and not invalid_method:
+        if request is not None and not request.head.method and not invalid_method:
             # llhttp stores the method before it reads on.
-            request.method = self._parser().get_method()
+            request.head.method = self._parser().get_method()
 
     # -- httptools callbacks -----------------------------------------------------------------
 
@@ -230,10 +230,11 @@ class RequestReader:
     def on_url(self, url: bytes) -> None:
         request = self.parsing
         assert request is not None
-        if request.method:
+        head = request.head
+        if head.method:
             return
-        request.uri += url
-        if len(request.uri) > MAX_HEAD_BYTES:
+        head.target += url
+        if len(head.target) > MAX_HEAD_BYTES:
             self._channel.unparsable(HEAD_TOO_LARGE)
             raise _Stop()
 
@@ -241,14 +242,15 @@ class RequestReader:
         request = self.parsing
         assert request is not None
         request.head_bytes += len(name) + len(value) + 4
-        if request.method:
+        head = request.head
+        if head.method:
             # A trailer field (or a field of the head framing an upgrade offer's body): dropped,
             # never merged into the headers sent on.
             if request.head_bytes > MAX_HEAD_BYTES:
                 self._channel.unparsable(FRAMING_TOO_LARGE)
                 raise _Stop()
             return
-        if request.head_bytes + len(request.uri) > MAX_HEAD_BYTES:
+        if request.head_bytes + len(head.target) > MAX_HEAD_BYTES:
             self._channel.unparsable(HEAD_TOO_LARGE)
             raise _Stop()
         # RFC 9112 §5: whitespace after the value is not part of it (llhttp drops only what
@@ -257,15 +259,15 @@ class RequestReader:
         key = CANONICAL.get(name)
         if key is None:
             key = canonical(name)
-        request.fields.setdefault(key, []).append(value.rstrip(b" \t"))
+        head.fields.setdefault(key, []).append(value.rstrip(b" \t"))
 
     def on_headers_complete(self) -> None:
         request = self.parsing
         assert request is not None
-        if request.method:
+        if request.head.method:
             return
         parser = self._parser()
-        request.method = parser.get_method()
+        request.head.method = parser.get_method()
         request.head_bytes = 0
         self._channel.head_parsed(request, http_refusal(request, parser))
 

@@ -14,17 +14,14 @@ from collections.abc import Callable
 from email.utils import formatdate
 from typing import Protocol, TypeVar
 
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IAddress, IPushProducer, ITransport
+from twisted.internet.interfaces import IAddress, ITransport
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
-from twisted.web.http_headers import Headers
 
 from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.facade_head import OVERLOADED, TOO_LARGE, Refusal
-from nvpair.wire.fields import Fields, LeanHeaders
-from nvpair.wire.headers import SPENT
 from nvpair.wire.held_body import Held, as_text, grow, whole
+from nvpair.wire.message import Ended, Fields, Flow, RequestHead, ResponseHead
 from nvpair.wire.outlet import Outlet
 
 #: Statuses whose answers have no body, whatever the headers say (RFC 9110 §6.4.1).
@@ -44,7 +41,7 @@ class Connection(Protocol):
 
     #: The way out: every write goes through it.
     outlet: Outlet
-    #: The client is not reading: a producer registered now starts paused.
+    #: The client is not reading: a flow followed now starts paused.
     write_paused: bool
 
     def answered(self, request: FacadeRequest) -> None:
@@ -75,59 +72,53 @@ _DATE = _HttpDate()
 class FacadeRequest:
     """One request on a facade connection: its head, its body (in memory, capped) and its answer.
 
-    Writing frames the answer the way the client's HTTP version and the request allow: the engine's
-    ``Content-Length`` when it gave one, chunked otherwise (HTTP/1.1), or delimited by the close
-    (HTTP/1.0); nothing after the head for ``HEAD``, 1xx, 204 and 304, and no
-    ``Content-Length`` on 1xx, 204 and 304.
+    The answer is a :class:`~nvpair.wire.message.ResponseHead` (:meth:`respond`), then a body
+    sink's pieces and end (:meth:`data`, :meth:`end`). Writing frames it the way the client's
+    HTTP version and the request allow: the ``Content-Length`` its fields give, chunked
+    otherwise (HTTP/1.1), or delimited by the close (HTTP/1.0); nothing after the head for
+    ``HEAD``, 1xx, 204 and 304, and no ``Content-Length`` on 1xx, 204 and 304.
     """
 
     # One per stream in flight: no per-instance dictionary (docs/performance.md#held-streams).
     __slots__ = (
+        "_answer",
         "_body",
         "_budget",
         "_chunked",
-        "_finish_waiters",
+        "_flow",
+        "_lost_waiters",
         "_no_body",
-        "_producer",
         "channel",
-        "clientproto",
-        "code",
-        "code_message",
         "complete",
         "declared",
         "dispatched",
         "expects_continue",
-        "fields",
         "finished",
+        "head",
         "head_bytes",
         "keep_alive",
-        "method",
         "path",
         "received",
         "refused",
-        "requestHeaders",
         "reserved",
-        "responseHeaders",
         "stalled",
-        "startedWriting",
-        "uri",
+        "started",
+        "status",
     )
 
     def __init__(self, channel: Connection) -> None:
         self.channel: Connection | None = channel
-        self.method = b""
-        #: The target as sent (origin or absolute form), then origin form once admitted.
-        self.uri = b""
+        #: Filled in as it is read: the wire writes its fields directly
+        #: (docs/performance.md#headers). Its target is as sent until the head is admitted,
+        #: in origin form from then on; its fields are let go once the answer has begun.
+        self.head = RequestHead()
+        #: The target's path, once the head is admitted.
         self.path = b""
-        self.clientproto = b"HTTP/1.1"
-        head = LeanHeaders()
-        self.requestHeaders: Headers = head
-        #: The head's fields as they are read: the storage of ``requestHeaders`` as made here,
-        #: which the wire reads and fills directly (docs/performance.md#headers).
-        self.fields: Fields = head.fields
-        self.responseHeaders: Headers = LeanHeaders()
-        self.code = 200
-        self.code_message = b"OK"
+        #: The answer's head until it is written (a stream held open keeps no head:
+        #: docs/performance.md#held-streams).
+        self._answer: ResponseHead | None = None
+        #: The answer's status, once :meth:`respond` has been called.
+        self.status: int | None = None
         self.keep_alive = True
         #: The declared ``Content-Length``, or :data:`~nvpair.wire.facade_head.CHUNKED`.
         self.declared = 0
@@ -136,8 +127,10 @@ class FacadeRequest:
         self.expects_continue = False
         self.complete = False
         self.dispatched = False
+        #: The answer ended complete (:meth:`end`).
         self.finished = False
-        self.startedWriting = False
+        #: The answer's head has gone out.
+        self.started = False
         self._chunked = False
         self._no_body = False
         #: The body as it is held (nvpair.wire.held_body).
@@ -152,10 +145,9 @@ class FacadeRequest:
         #: byte: llhttp keeps partial names and values itself, so both are bounded.
         self.head_bytes = 0
         self.stalled = 0
-        self._producer: IPushProducer | None = None
-        #: Told when the answer is done or the client left first: notifyFinish's Deferreds,
-        #: and on_lost's callables (told only of the client leaving). One list for both.
-        self._finish_waiters: list[Deferred[None] | Callable[[Failure], None]] = []
+        self._flow: Flow | None = None
+        #: Told should the client leave before the answer is finished (:meth:`on_lost`).
+        self._lost_waiters: list[Callable[[Failure], None]] = []
 
     # -- the request -------------------------------------------------------------------------
 
@@ -186,43 +178,55 @@ class FacadeRequest:
 
     # -- the answer --------------------------------------------------------------------------
 
-    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
-        self.code = code
-        self.code_message = message if message is not None else RESPONSES.get(code, b"Unknown")
+    def respond(self, head: ResponseHead) -> None:
+        """The answer's head, written with its first piece (or its end). An empty phrase is
+        the status's usual one. Its :attr:`~nvpair.wire.message.ResponseHead.length` is not
+        read: the answer is framed by the ``Content-Length`` its fields give, where its
+        maker put it among them, or else chunked (or to the close)."""
+        if self.started:
+            raise RuntimeError("respond() after the head was written")
+        self._answer = head
+        self.status = head.status
 
-    def setHeader(self, name: bytes, value: bytes) -> None:
-        self.responseHeaders.setRawHeaders(name, [value])
-
-    def write(self, data: bytes) -> None:
+    def data(self, chunk: bytes) -> None:
+        """One piece of the answer's body; ``b""`` writes the head now, if it has not gone."""
         if self.finished:
-            raise RuntimeError("write() after finish()")
+            raise RuntimeError("data() after end()")
         channel = self.channel
         if channel is None or channel.transport is None:
             return
         outlet = channel.outlet
-        if not self.startedWriting:
+        if not self.started:
             head = self._head()
-            if self._no_body or not data:
+            if self._no_body or not chunk:
                 outlet.send(head)
                 return
-            outlet.send(head + (self._frame(data) if self._chunked else data))
+            outlet.send(head + (self._frame(chunk) if self._chunked else chunk))
             return
-        if self._no_body or not data:
+        if self._no_body or not chunk:
             return
         # A stream's later pieces go out at once too: the relay writes one piece per upstream
         # read, so this is one send per read with no write interest toggled for it
         # (docs/performance.md#writes-go-out-at-once).
-        outlet.send(self._frame(data) if self._chunked else data)
+        outlet.send(self._frame(chunk) if self._chunked else chunk)
 
-    def finish(self) -> None:
+    def end(self, ended: Ended) -> None:
+        """The answer's body ended. Complete, its framing ends it (the last chunk) and the
+        connection moves on; else the connection closes once what was written has gone out,
+        without that end, so the client sees the answer was cut."""
+        if not ended.complete:
+            channel = self.channel
+            if channel is not None:
+                channel.close()
+            return
         if self.finished:
-            raise RuntimeError("finish() called twice")
+            raise RuntimeError("end() after end()")
         self._let_go()
         channel = self.channel
         if channel is None or channel.transport is None:
             return
         outlet = channel.outlet
-        if not self.startedWriting:
+        if not self.started:
             head = self._head()
             outlet.send(head + b"0\r\n\r\n" if self._chunked else head)
         elif self._chunked:
@@ -231,17 +235,8 @@ class FacadeRequest:
         # them, rather than after whatever its end sets off (docs/performance.md#one-send-per-read).
         outlet.release()
         self.finished = True
-        waiters, self._finish_waiters = self._finish_waiters, []
-        for waiter in waiters:
-            if isinstance(waiter, Deferred):
-                waiter.callback(None)
+        self._lost_waiters = []
         channel.answered(self)
-
-    def loseConnection(self) -> None:
-        """Close after what was written has gone out (a truncated answer stays truncated)."""
-        channel = self.channel
-        if channel is not None:
-            channel.close()
 
     def abort(self) -> None:
         """Drop the client connection at once (a client that stopped reading)."""
@@ -249,45 +244,36 @@ class FacadeRequest:
         if channel is not None and channel.transport is not None:
             channel.transport.abortConnection()  # type: ignore[attr-defined]
 
-    def notifyFinish(self) -> Deferred[None]:
-        """Fires when the answer is done; fails when the client left first."""
-        waiter: Deferred[None] = Deferred()
-        if self.finished:
-            waiter.callback(None)
-        elif self.channel is None:
-            waiter.errback(Failure(ConnectionError("the client connection was lost")))
-        else:
-            self._finish_waiters.append(waiter)
-        return waiter
-
     def on_lost(self, lost: Callable[[Failure], None]) -> None:
-        """Call ``lost`` once, should the client leave before the answer is finished: what
-        ``notifyFinish().addErrback(lost)`` does, without a Deferred made and fired for every
-        request (docs/performance.md#per-dispatch-overheads)."""
+        """Call ``lost`` once, should the client leave before the answer is finished: a
+        callable kept, no Deferred made and fired for every request
+        (docs/performance.md#per-dispatch-overheads)."""
         if self.finished:
             return
         if self.channel is None:
             lost(Failure(ConnectionError("the client connection was lost")))
         else:
-            self._finish_waiters.append(lost)
+            self._lost_waiters.append(lost)
 
-    def registerProducer(self, producer: IPushProducer, streaming: bool) -> None:
+    def follow(self, flow: Flow | None) -> None:
+        """Pace ``flow`` (what the answer's body is read from) by the client: paused while the
+        client's socket is full, resumed once it drains, stopped should the client leave.
+        None: nothing is paced from now on."""
         channel = self.channel
         if channel is None:
-            producer.stopProducing()
+            if flow is not None:
+                flow.stop()
             return
-        self._producer = producer
-        if channel.write_paused:
-            producer.pauseProducing()
-
-    def unregisterProducer(self) -> None:
-        self._producer = None
+        self._flow = flow
+        if flow is not None and channel.write_paused:
+            flow.pause()
 
     # -- the channel's side ------------------------------------------------------------------
 
     @property
-    def producer(self) -> IPushProducer | None:
-        return self._producer
+    def flow(self) -> Flow | None:
+        """What the answer's body is read from, paced by the client (:meth:`follow`)."""
+        return self._flow
 
     def reserve(self, size: int, budget: BodyBudget) -> bool:
         """Reserve the declared length of the body before it comes; False when ``budget`` has
@@ -329,26 +315,33 @@ class FacadeRequest:
     def lost(self, reason: Failure) -> None:
         self._let_go()
         self.channel = None
-        producer, self._producer = self._producer, None
-        if producer is not None and not self.finished:
-            producer.stopProducing()
-        waiters, self._finish_waiters = self._finish_waiters, []
+        flow, self._flow = self._flow, None
+        if flow is not None and not self.finished:
+            flow.stop()
+        waiters, self._lost_waiters = self._lost_waiters, []
         for waiter in waiters:
-            if isinstance(waiter, Deferred):
-                waiter.errback(reason)
-            else:
-                waiter(reason)
+            waiter(reason)
 
     def _head(self) -> bytes:
-        self.startedWriting = True
-        code = self.code
-        bodiless = code < 200 or code in _BODILESS_STATUS
-        no_body = self._no_body = bodiless or self.method == b"HEAD"
-        # One pass over the headers (names as Headers gives them: canonical), noting the two
-        # this method decides about (docs/performance.md#headers).
+        answer = self._answer
+        if answer is None:
+            raise RuntimeError("the answer was written before respond()")
+        self.started = True
+        # Neither head is read again once the answer has begun, and the attempts sent a copy
+        # of the request's fields: a stream held open keeps no other
+        # (docs/performance.md#held-streams).
+        self._answer = None
+        request = self.head
+        request.fields = Fields()
+        status = answer.status
+        version = request.version
+        bodiless = status < 200 or status in _BODILESS_STATUS
+        no_body = self._no_body = bodiless or request.method == b"HEAD"
+        # One pass over the fields (names canonical), noting the two this method decides
+        # about (docs/performance.md#headers).
         fields: list[bytes] = []
         length = date = False
-        for name, values in self.responseHeaders.getAllRawHeaders():
+        for name, values in answer.fields.items():
             if name == b"Content-Length":
                 if bodiless:
                     # RFC 9110 §8.6: none on 1xx and 204; on 304 it could only repeat the
@@ -359,9 +352,10 @@ class FacadeRequest:
                 date = True
             for value in values:
                 fields += (name, b": ", value, b"\r\n")
-        lines = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
+        phrase = answer.phrase or RESPONSES.get(status, b"Unknown")
+        lines = [b"%s %d %s\r\n" % (version, status, phrase)]
         if not no_body and not length:
-            if self.clientproto == b"HTTP/1.1":
+            if version == b"HTTP/1.1":
                 self._chunked = True
                 lines.append(b"Transfer-Encoding: chunked\r\n")
             else:
@@ -370,10 +364,9 @@ class FacadeRequest:
         lines += fields
         if not date:
             lines.append(b"Date: %s\r\n" % _DATE.now())
-        if not self.keep_alive and self.clientproto == b"HTTP/1.1":
+        if not self.keep_alive and version == b"HTTP/1.1":
             lines.append(b"Connection: close\r\n")
         lines.append(b"\r\n")
-        self.responseHeaders = SPENT
         return b"".join(lines)
 
     @staticmethod

@@ -10,19 +10,19 @@ import enum
 from typing import Protocol
 
 from twisted.internet.interfaces import IAddress, IReactorTime
-from twisted.web.http_headers import Headers
 
 from nvpair.common.deadlines import Deadlines
 from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.facade_head import Refusal
 from nvpair.wire.facade_request import FacadeRequest
+from nvpair.wire.message import Fields
 
 
 class Gate(Protocol):
     """What the wire asks of the facade it serves: everything engine-specific is behind this."""
 
     def refusal_at_head(
-        self, peer: IAddress | None, target: bytes, headers: Headers, method: bytes
+        self, peer: IAddress | None, target: bytes, fields: Fields, method: bytes
     ) -> Refusal | None:
         """The facade's reason to refuse a request from its head alone, or None to read on.
 
@@ -37,14 +37,14 @@ class Gate(Protocol):
         refusal: Refusal,
         target: bytes,
         method: bytes,
-        headers: Headers | None = None,
+        fields: Fields | None = None,
         peer: IAddress | None = None,
     ) -> bytes:
         """A whole answer to ``refusal``, in the facade's dialect, saying the connection closes.
 
         :param target: the request target as sent (``b"/"`` when no request line was read).
         :param method: the request's method (empty when no request line was read).
-        :param headers: the request's headers, where its head was read.
+        :param fields: the request's head's fields, where its head was read.
         :param peer: the client's address.
         """
 

@@ -15,7 +15,6 @@ from attrs import frozen
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.web.http_headers import Headers
 
 from nvpair.wire.bodies import fetch
 from nvpair.wire.message import Fields
@@ -44,14 +43,14 @@ async def ask(
     base: str,
     method: bytes,
     uri: bytes,
-    headers: Fields | Headers,
+    fields: Fields,
     max_bytes: int = MAX_BODY,
 ) -> NodeReply:
     """One node's whole answer, bounded as a whole: dial, headers and body within
     ``timeout`` and ``max_bytes``. Past either bound, or cancelled, the upstream connection is
     closed in whichever phase the exchange is; the failure says why."""
     # A poll or a model list may be asked twice: a stale kept-alive connection is retried.
-    sent = upstream.request(base, method, uri, headers, None, resend=True)
+    sent = upstream.request(base, method, uri, fields, None, resend=True)
     whole = await fetch(sent, clock, timeout, max_bytes)
     head = whole.head
     return NodeReply(head.status, head.fields.lowered(), whole.body)
@@ -64,12 +63,12 @@ async def _ask_or_skip(
     base: str | None,
     method: bytes,
     uri: bytes,
-    headers: Fields | Headers,
+    fields: Fields,
 ) -> NodeReply | None:
     if base is None:
         return None
     try:
-        return await ask(upstream, clock, timeout, base, method, uri, headers)
+        return await ask(upstream, clock, timeout, base, method, uri, fields)
     except Exception:
         # Refused, reset, timed out, too large: unavailable, skipped.
         return None
@@ -82,7 +81,7 @@ def ask_all(
     bases: Sequence[str | None],
     method: bytes,
     uri: bytes,
-    headers: Fields | Headers,
+    fields: Fields,
 ) -> Deferred[list[NodeReply | None]]:
     """Ask each base URL (None: a node with no address) concurrently; answers in order.
 
@@ -91,7 +90,7 @@ def ask_all(
     """
     timeout = (dial_timeout or 10.0) + GRACE
     asks = [
-        Deferred.fromCoroutine(_ask_or_skip(upstream, clock, timeout, base, method, uri, headers))
+        Deferred.fromCoroutine(_ask_or_skip(upstream, clock, timeout, base, method, uri, fields))
         for base in bases
     ]
     return defer.gatherResults(asks, consumeErrors=True)

@@ -3,27 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from typing import TypeVar
 
-from twisted.web.http_headers import Headers
-
-from nvpair.wire.fields import Fields, LeanHeaders, canonical
-
-
-class _Spent(Headers):
-    """Headers whose use is over: empty, shared, and staying empty (a change is dropped)."""
-
-    def setRawHeaders(self, name: str | bytes, values: Sequence[str | bytes]) -> None:
-        """Dropped: what these headers were for has happened."""
-
-    def addRawHeader(self, name: str | bytes, value: str | bytes) -> None:
-        """Dropped: what these headers were for has happened."""
-
-
-#: What a ``Headers`` attribute becomes once it has been used for good (a response head
-#: written, an engine's answer copied, a client's request copied for the attempts): a stream
-#: held open then keeps no copy of any head (docs/performance.md#held-streams).
-SPENT: Headers = _Spent()
+from nvpair.wire.message import Fields, canonical
 
 #: Connection-specific headers: they describe one hop and are never forwarded.
 HOP_BY_HOP = frozenset(
@@ -75,7 +56,7 @@ def end_to_end(
     Drops :data:`HOP_BY_HOP`, anything the ``Connection`` header names, and for a request the
     headers the proxy sets itself.
 
-    :param headers: raw ``(name, values)`` pairs, as ``Headers.getAllRawHeaders()`` gives them.
+    :param headers: raw ``(name, values)`` pairs, as ``Fields.items()`` gives them.
     :param request: True for a client request going upstream, False for a response coming back.
     """
     pairs = [(name, list(values)) for name, values in headers]
@@ -83,35 +64,26 @@ def end_to_end(
     return [(name, values) for name, values in pairs if name.lower() not in drop]
 
 
-#: What :func:`strip_hop_by_hop` drops by name, as ``Headers`` spells names (``TE``): the names
-#: it gives are compared as they are, with no lower-casing per name.
+#: What :func:`strip_hop_by_hop` drops by name, spelled canonically (``TE``): the names a head
+#: keeps are compared as they are, with no lower-casing per name.
 _HOP_NAMES = frozenset(canonical(name) for name in HOP_BY_HOP)
 _REQUEST_HOP_NAMES = _HOP_NAMES | {canonical(name) for name in _REQUEST_OWNED}
 
 
-_H = TypeVar("_H", Headers, Fields)
-
-
-def strip_hop_by_hop(headers: _H, *, request: bool) -> _H:
-    """``headers`` less what :func:`end_to_end` drops, removed in place: one hop's headers
+def strip_hop_by_hop(fields: Fields, *, request: bool) -> Fields:
+    """``fields`` less what :func:`end_to_end` drops, removed in place: one hop's fields
     handed on whole to the next, with no copy made.
 
-    The names are judged as ``Headers`` gives them (canonical: a name is hop-by-hop in any
-    case exactly when its canonical form is), a ``LeanHeaders``' in its own dictionary
-    (docs/performance.md#headers).
+    The names are judged as a head keeps them (canonical: a name is hop-by-hop in any case
+    exactly when its canonical form is; docs/performance.md#headers).
     """
-    if isinstance(headers, Fields | LeanHeaders):
-        fields = headers if isinstance(headers, Fields) else headers.fields
-        for name in _hop_names(fields.items(), request):
-            fields.pop(name, None)
-        return headers
-    for name in _hop_names(list(headers.getAllRawHeaders()), request):
-        headers.removeHeader(name)
-    return headers
+    for name in _hop_names(fields.items(), request):
+        fields.pop(name, None)
+    return fields
 
 
 def _hop_names(pairs: Collection[tuple[bytes, Sequence[bytes]]], request: bool) -> list[bytes]:
-    """The names of ``pairs`` (canonical, as ``Headers`` gives them) that are not forwarded."""
+    """The names of ``pairs`` (canonical, as a head keeps them) that are not forwarded."""
     hop = _REQUEST_HOP_NAMES if request else _HOP_NAMES
     dropped = []
     listed: set[bytes] = set()
@@ -135,15 +107,11 @@ def framed_by_length(method: bytes, status: int) -> bool:
     return method != b"HEAD" and status >= 200 and status not in (204, 304)
 
 
-def is_event_stream(headers: Headers | Fields) -> bool:
+def is_event_stream(fields: Fields) -> bool:
     """Whether the answer's ``Content-Type`` is ``text/event-stream`` (parameters and case
     aside): an event feed, which may stay silent for minutes after its head
     (docs/request-path.md#event-feeds)."""
-    values = (
-        headers.get(b"Content-Type")
-        if isinstance(headers, Fields)
-        else headers.getRawHeaders(b"Content-Type")
-    )
+    values = fields.get(b"Content-Type")
     if not values:
         return False
     media = values[-1].split(b";", 1)[0].strip().lower()

@@ -34,7 +34,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import URI
 from twisted.web.error import SchemeNotSupported
-from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS
 
 from nvpair.common.logs import debug_enabled
@@ -269,7 +268,7 @@ class Upstream:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Fields | Headers,
+        fields: Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
@@ -303,12 +302,10 @@ class Upstream:
                 # No body at all (rather than an empty one) keeps a GET free of
                 # "Content-Length: 0".
                 length = 0 if method in _BODY_EXPECTED else None
-                data = request_head(
-                    method, path, target.host_header, headers, length, authorization
-                )
+                data = request_head(method, path, target.host_header, fields, length, authorization)
             else:
                 head = request_head(
-                    method, path, target.host_header, headers, len(body), authorization
+                    method, path, target.host_header, fields, len(body), authorization
                 )
                 # A large body is not copied behind its head: the two go out as one request
                 # (docs/robustness.md#what-a-request-body-costs).

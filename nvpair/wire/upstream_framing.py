@@ -11,8 +11,6 @@ from __future__ import annotations
 import enum
 import re
 
-from twisted.web.http_headers import Headers
-
 from nvpair.wire.headers import connection_tokens
 from nvpair.wire.message import CANONICAL, Fields, canonical
 
@@ -52,20 +50,20 @@ def request_head(
     method: bytes,
     target: bytes,
     host: bytes,
-    headers: Headers | Fields,
+    fields: Fields,
     length: int | None,
     authorization: bytes | None = None,
 ) -> bytes:
     """The request line and header section of one request, as bytes ready to send.
 
-    ``Host`` comes first (RFC 9110 §7.2) unless ``headers`` carries its own; ``Content-Length``
+    ``Host`` comes first (RFC 9110 §7.2) unless ``fields`` carries its own; ``Content-Length``
     is ``length`` when it is not None, and a caller's ``Content-Length`` or
     ``Transfer-Encoding`` is never sent. At least as strict as Twisted's ``Request``: the method
     must be a token, the target visible ASCII, names tokens, and no value may hold CR, LF or
-    NUL (Twisted's ``Headers`` replaces CR and LF but keeps NUL).
+    NUL.
 
     :param authorization: the server's own credential: sent as ``Authorization`` in place of
-        any the headers carry, and of any ``X-Api-Key``, a key in Anthropic's field: the
+        any the fields carry, and of any ``X-Api-Key``, a key in Anthropic's field: the
         server sees its own key and no other (docs/fleet-scheduling.md#node-credentials).
     :raises ValueError: for anything that would not be a well-formed head.
     """
@@ -77,10 +75,9 @@ def request_head(
         if _TARGET.fullmatch(target) is None:
             raise ValueError(f"invalid request target {target!r}")
         _remember(_TARGETS, target)
-    fields: list[bytes] = []
+    lines: list[bytes] = []
     hosts = 0
-    pairs = headers.items() if isinstance(headers, Fields) else headers.getAllRawHeaders()
-    for name, values in pairs:
+    for name, values in fields.items():
         kind = _NAMES.get(name)
         if kind is None:
             kind = _name_kind(name)
@@ -90,15 +87,15 @@ def request_head(
             if kind is _Name.HOST:
                 hosts += len(values)
         for value in values:
-            fields += (name, b": ", value, b"\r\n")
+            lines += (name, b": ", value, b"\r\n")
     if authorization is not None:
-        fields += (b"Authorization", b": ", authorization, b"\r\n")
+        lines += (b"Authorization", b": ", authorization, b"\r\n")
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
     if not hosts:
         parts += (b"Host: ", host, b"\r\n")
     elif hosts != 1:
         raise ValueError("exactly one Host header is required")
-    parts += fields
+    parts += lines
     if length is not None:
         parts.append(b"Content-Length: %d\r\n" % length)
     parts.append(b"\r\n")
@@ -106,7 +103,7 @@ def request_head(
     # Every line break in the head is one this function wrote, a CR and an LF each: a CR, LF or
     # NUL from a value (or the host) would show as one too many, so one pass that drops all
     # three checks every value at once.
-    breaks = len(fields) // 4 + (2 if not hosts else 1) + (length is not None) + 1
+    breaks = len(lines) // 4 + (2 if not hosts else 1) + (length is not None) + 1
     if len(head) - len(head.translate(None, b"\r\n\0")) != 2 * breaks:
         raise ValueError("a header value (or the host) holds CR, LF or NUL")
     return head

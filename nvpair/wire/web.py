@@ -1,10 +1,10 @@
-"""The typed seams between the request path and Twisted's web machinery.
+"""The typed seams between the request path and the wire.
 
-twisted.web's ``Request`` is largely untyped; the request path needs a handful of its members,
-and naming exactly those here lets mypy check both the real request
-(:class:`nvpair.facades.facade.FacadeRequest`) and the tests' stand-in against the same interface.
-The same goes for the upstream client: :class:`nvpair.wire.upstream.Upstream` and a scripted
-double are both an :class:`UpstreamClient`.
+The request path answers a client through :class:`ProxiedRequest`, made of the message types
+(:mod:`nvpair.wire.message`): naming exactly what it uses lets mypy check both the real request
+(:class:`nvpair.wire.facade_request.FacadeRequest`) and the tests' stand-in against the same
+interface. The same goes for the upstream client: :class:`nvpair.wire.upstream.Upstream` and a
+scripted double are both an :class:`UpstreamClient`.
 """
 
 from __future__ import annotations
@@ -13,72 +13,70 @@ from collections.abc import Callable
 from typing import Protocol
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 
-from nvpair.wire.message import Answer, Fields
+from nvpair.wire.message import Answer, Ended, Fields, Flow, RequestHead, ResponseHead
 
 
 class ProxiedRequest(Protocol):
-    """The client's request as the request path uses it: read the head, answer, stream."""
+    """The client's request as the request path uses it: its head as read, and its answer,
+    a head then a body sink (docs/architecture.md#the-wire)."""
 
-    method: bytes
+    #: As read; its target in origin form (what is sent on). Its fields are let go once the
+    #: answer has begun.
+    head: RequestHead
+    #: The target's path.
     path: bytes
-    uri: bytes
-    requestHeaders: Headers
-    responseHeaders: Headers
 
     @property
-    def code(self) -> int | None:
-        """The answer's status, once set."""
+    def started(self) -> bool:
+        """The answer's head has gone out."""
 
     @property
-    def finished(self) -> bool | int:
-        """The answer has been finished."""
-
-    @property
-    def startedWriting(self) -> bool | int:
-        """The status line and headers have gone out."""
+    def finished(self) -> bool:
+        """The answer ended complete."""
 
     @property
     def connected(self) -> bool:
         """The client connection is still there."""
 
-    def setResponseCode(self, code: int, message: bytes | None = None) -> None: ...
+    @property
+    def status(self) -> int | None:
+        """The answer's status, once :meth:`respond` was called."""
 
-    def write(self, data: bytes) -> None: ...
+    def respond(self, head: ResponseHead) -> None:
+        """The answer's head, written with its first piece or its end."""
 
-    def finish(self) -> None: ...
+    def data(self, chunk: bytes) -> None:
+        """One piece of the answer's body (``b""``: the head goes now)."""
 
-    def loseConnection(self) -> None:
-        """Close after what was written has gone out."""
+    def end(self, ended: Ended) -> None:
+        """The answer ended: complete, it is finished; else the connection closes without
+        the body's end, so the client sees it was cut."""
 
     def abort(self) -> None:
         """Drop the connection now (a client that stopped reading)."""
 
-    def notifyFinish(self) -> Deferred[None]:
-        """Fires when the answer is done; fails when the client left first."""
-
     def on_lost(self, lost: Callable[[Failure], None]) -> None:
         """Calls ``lost`` once, should the client leave before the answer is finished."""
 
-    def registerProducer(self, producer: IPushProducer, streaming: bool) -> None: ...
-
-    def unregisterProducer(self) -> None: ...
+    def follow(self, flow: Flow | None) -> None:
+        """Pace ``flow`` by the client (paused while it reads nothing, stopped should it
+        leave); None: nothing from now on."""
 
 
 class UpstreamClient(Protocol):
-    """Sends one request to one engine and fires with its answer once the head has come."""
+    """Sends one request to one engine and fires with its response's head."""
 
     def request(
         self,
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Fields | Headers,
+        fields: Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
     ) -> Deferred[Answer]:
-        """See :meth:`nvpair.wire.upstream.Upstream.request`."""
+        """Send one request to one engine; fires with its answer once the head has come
+        (:meth:`nvpair.wire.upstream.Upstream.request`)."""

@@ -26,6 +26,7 @@ from nvpair.dispatch.attempt import Outgoing
 from nvpair.engines.table import LLAMACPP, RouteClass
 from nvpair.facades.facade import Facade
 from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.message import Fields
 from tests.fakes import Response
 from tests.onenode import one_node_path
 
@@ -162,6 +163,6 @@ def test_which_answers_commit_at_their_head(
     """Only a 2xx event stream that is not an inference answer; an inference stream still
     commits at its first byte (docs/request-path.md#the-commit-point), and a peer's request is
     classed by its path."""
-    outgoing = Outgoing(route, method, uri, Headers(), b"")
+    outgoing = Outgoing(route, method, uri, Fields(), b"")
     response = Response(status, b"", Headers({b"Content-Type": [content_type]}))
     assert attempt.relayed_at_head(outgoing, LLAMA_NODE, response.head) is at_head

@@ -32,7 +32,7 @@ OWNERS = {
     "dispatches": "delivery",
     "cut": "delivery",
 }
-MADE_WITH = {"admitted", "request", "created"}
+MADE_WITH = {"admitted", "request", "outgoing", "created"}
 
 
 def assignments(source: str, stem: str) -> set[tuple[str, str]]:

@@ -77,7 +77,7 @@ def test_held_bytes_are_spliced_back_in_front() -> None:
     relay.data(b"de")
     relay.end(COMPLETE)
     assert b"".join(request.written) == b"abcde"
-    assert request.finished and request.producer is None
+    assert request.finished and request.flow is None
     assert result(relay.done) == BodyEnd(True)
 
 
@@ -107,12 +107,7 @@ def test_attach_registers_upstream_as_streaming_producer() -> None:
     request = ClientRequest()
     relay.attach(request)
     assert upstream.state == "producing"
-    producer = request.producer
-    assert producer is not None
-    producer.pauseProducing()
-    assert upstream.state == "paused"
-    producer.resumeProducing()
-    assert upstream.state == "producing"
+    assert request.flow is upstream
 
 
 def test_eof_without_bytes_commits_as_empty() -> None:
@@ -178,7 +173,7 @@ def test_finish_after_an_unreported_disconnect_is_tolerated(error: type[Exceptio
     def boom() -> None:
         raise error("gone")
 
-    request.finish = boom  # type: ignore[method-assign]
+    request.end = lambda ended: boom()  # type: ignore[method-assign]
     relay.attach(request)
     relay.end(COMPLETE)
     assert result(relay.done).complete is True

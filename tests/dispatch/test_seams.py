@@ -119,7 +119,7 @@ def test_the_schedulings_owner_wait_bounds_the_wait_for_an_owner() -> None:
     h.nodes()
     h.clock.advance(1.0)  # the backoff
     h.clock.advance(2.9)
-    assert request.status() is None
+    assert request.status is None
     h.clock.advance(0.2)
     assert request.reason() == "no-owner-timeout"
     assert "--owner-wait 3s" in request.json()["error"]["message"]

@@ -114,5 +114,5 @@ def test_every_owner_down_names_the_nodes_of_every_engine() -> None:
     h.nodes(engine="llamacpp")
     with capturedLogs():
         request, _ = h.serve("qwen", engine="openai")
-    assert (request.status(), request.reason()) == (502, "no-owner")
+    assert (request.status, request.reason()) == (502, "no-owner")
     assert request.json()["error"]["message"] == 'every node that serves model "qwen" is down: a, b'

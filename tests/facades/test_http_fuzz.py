@@ -51,6 +51,8 @@ from nvpair.facades.facade import Admitted, RequestHandler
 from nvpair.facades.manager import FacadeManager
 from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.facade_reader import LINGER_SECONDS
+from nvpair.wire.message import COMPLETE, Fields, ResponseHead
+from nvpair.wire.web import ProxiedRequest
 from tests.httpwire import WireResponse, read_stream
 
 EXAMPLES = int(os.environ.get("NVPAIR_FUZZ_EXAMPLES", "300"))
@@ -194,24 +196,25 @@ class FixedAnswer(RequestHandler):
         self.called: list[float] = []
         self.answered: list[float] = []
 
-    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+    def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
         number = len(self.seen)
         self.seen.append(admitted)
         self.called.append(self.clock.seconds() if self.clock is not None else 0.0)
         gone: list[bool] = []
-        request.notifyFinish().addErrback(lambda _: gone.append(True))
+        request.on_lost(lambda _: gone.append(True))
 
         def answer() -> None:
             if gone:
                 return
             if self.clock is not None:
                 self.answered.append(self.clock.seconds())
-            request.setResponseCode(200)
-            request.setHeader(b"content-type", b"text/plain")
-            request.setHeader(b"content-length", str(len(HANDLER_BODY)).encode())
-            request.setHeader(HANDLER_MARK, str(number).encode())
-            request.write(HANDLER_BODY)
-            request.finish()
+            fields = Fields()
+            fields.put(b"Content-Type", b"text/plain")
+            fields.put(b"Content-Length", b"%d" % len(HANDLER_BODY))
+            fields.put(HANDLER_MARK, b"%d" % number)
+            request.respond(ResponseHead(200, fields=fields))
+            request.data(HANDLER_BODY)
+            request.end(COMPLETE)
 
         if self.clock is None:
             answer()

@@ -11,7 +11,6 @@ from OpenSSL import crypto
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
-from twisted.web.http_headers import Headers
 
 from nvpair.engines.table import OLLAMA, RouteClass
 from nvpair.facades.access import NO_ACCESS_LOG, NO_REFUSALS, AccessLog, Finished
@@ -19,6 +18,7 @@ from nvpair.facades.facade import FORBIDDEN, LOOPBACK_ONLY, Facade, no_prefix
 from nvpair.facades.peer import PeerFacade
 from nvpair.wire.cluster import Membership, load_membership
 from nvpair.wire.facade_server import FacadeSite, Gate
+from nvpair.wire.message import Fields
 from tests.certs import NodeIdentity, make_identity, write_cluster_dir
 from tests.test_facade_http import Broken, split
 
@@ -129,7 +129,7 @@ def test_without_access_a_non_loopback_caller_is_forbidden_and_loopback_served()
 
 def test_the_loopback_only_gate_forbids_every_caller_but_loopback() -> None:
     """As the loopback gate before ``[access]`` existed: no key asked, nobody named, no TLS."""
-    headers = Headers({b"host": [b"localhost"]})
+    headers = Fields.of({b"host": [b"localhost"]})
     assert LOOPBACK_ONLY.refusal(HOME, headers) is FORBIDDEN
     assert LOOPBACK_ONLY.refusal(HOME, headers, preflight=True, tls=True) is FORBIDDEN
     assert LOOPBACK_ONLY.refusal(LOOPBACK, headers) is None

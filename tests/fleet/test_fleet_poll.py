@@ -16,7 +16,6 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
-from twisted.web.http_headers import Headers
 
 from nvpair.control.state import ControlState, Discovery
 from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
@@ -50,7 +49,7 @@ class AgentClient:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Fields | Headers,
+        headers: Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
@@ -72,7 +71,7 @@ class ScriptedAgent:
         self,
         method: bytes,
         uri: bytes,
-        headers: Fields | Headers | None = None,
+        headers: Fields | None = None,
         bodyProducer: object = None,
     ) -> Deferred[Answer]:
         sent = Sent()
@@ -397,7 +396,7 @@ class Counting:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Fields | Headers,
+        headers: Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,

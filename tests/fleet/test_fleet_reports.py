@@ -13,7 +13,6 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
-from twisted.web.http_headers import Headers
 
 from nvpair.control.state import ControlState
 from nvpair.engines.loadstate import UNKNOWN, LoadState
@@ -51,7 +50,7 @@ class LoadAgent(ScriptedAgent):
         self,
         method: bytes,
         uri: bytes,
-        headers: Fields | Headers | None = None,
+        headers: Fields | None = None,
         bodyProducer: object = None,
     ) -> Deferred[Answer]:
         if not uri.endswith(b"/api/ps"):

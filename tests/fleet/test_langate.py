@@ -6,7 +6,6 @@ import ipaddress
 
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
-from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
 from nvpair.engines.caller import KEYLESS
@@ -14,6 +13,7 @@ from nvpair.fleet.lanconfig import Access, Key, LanTls, digest_of
 from nvpair.fleet.langate import LOOPBACK_ONLY, NOT_LISTED, TLS_REQUIRED, UNAUTHORIZED, LanGate
 from nvpair.fleet.lanpolicy import LAN_KEYLESS, caller_of
 from nvpair.wire.facade_server import Refusal
+from nvpair.wire.message import Fields
 from tests.certs import issue, make_ca
 
 LAN = (ipaddress.ip_network("192.168.1.0/24"),)
@@ -24,10 +24,11 @@ HOME = IPv6Address("TCP", "::ffff:192.168.1.7", 50000)  # a dual-stack listener'
 AWAY = IPv4Address("TCP", "10.0.0.7", 50000)
 
 
-def headers(authorization: bytes | None = None) -> Headers:
-    found = Headers()
+def headers(authorization: bytes | None = None) -> Fields:
+    """A head's fields, with ``authorization`` if given."""
+    found = Fields()
     if authorization is not None:
-        found.setRawHeaders(b"authorization", [authorization])
+        found.put(b"authorization", authorization)
     return found
 
 
@@ -143,13 +144,13 @@ from twisted.logger import globalLogPublisher
 from nvpair.fleet.lanconfig import Access, LanTls
 from nvpair.fleet.langate import LanGate
 from twisted.internet.address import IPv4Address
-from twisted.web.http_headers import Headers
+from nvpair.wire.message import Fields
 said = []
 globalLogPublisher.addObserver(lambda event: said.append(event.get("log_format", "")))
 gate = LanGate(Clock(), None)
 gate.reload(Access((ipaddress.ip_network("10.0.0.0/8"),), None, LanTls(b"c", b"k"), True))
 print(gate.tls is None, gate.access is not None and gate.access.tls is None)
-print(gate.refusal(IPv4Address("TCP", "10.0.0.7", 1), Headers()))
+print(gate.refusal(IPv4Address("TCP", "10.0.0.7", 1), Fields()))
 print([line for line in said if "restart" in line])
 """
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 from twisted.internet import task
-from twisted.web.http_headers import Headers
 
 from nvpair.control.state import ControlState
 from nvpair.fleet.credentials import Credential, read_credential
 from nvpair.fleet.file import FleetFileError, load_fleet
 from nvpair.fleet.polls import FleetService
 from nvpair.wire.bodies import read_body
-from nvpair.wire.message import Answer
+from nvpair.wire.message import Answer, Fields
 from nvpair.wire.upstream import Upstream
 from nvpair.wire.upstream_framing import request_head
 from tests.fleet.test_fleet_poll import Facades
@@ -226,10 +225,10 @@ def test_a_credential_mistake_is_one_line_without_the_secret(
 
 
 def test_the_nodes_credential_replaces_the_callers_whatever_its_case() -> None:
-    headers = Headers()
-    headers.addRawHeader(b"authorization", b"Bearer caller-one")
-    headers.addRawHeader(b"AUTHORIZATION", b"Bearer caller-two")
-    headers.addRawHeader(b"X-Keep", b"1")
+    headers = Fields()
+    headers.add(b"authorization", b"Bearer caller-one")
+    headers.add(b"AUTHORIZATION", b"Bearer caller-two")
+    headers.add(b"X-Keep", b"1")
     head = request_head(b"POST", b"/v1/chat/completions", b"h", headers, 2, b"Bearer node")
     assert b"caller" not in head
     assert head.lower().count(b"\r\nauthorization: ") == 1
@@ -237,7 +236,7 @@ def test_the_nodes_credential_replaces_the_callers_whatever_its_case() -> None:
 
 
 def test_without_a_credential_the_callers_authorization_goes_as_before() -> None:
-    headers = Headers({b"Authorization": [b"Bearer caller"]})
+    headers = Fields.of({b"Authorization": [b"Bearer caller"]})
     with_none = request_head(b"GET", b"/", b"h", headers, None, None)
     assert with_none == request_head(b"GET", b"/", b"h", headers, None)
     assert b"\r\nAuthorization: Bearer caller\r\n" in with_none
@@ -245,7 +244,7 @@ def test_without_a_credential_the_callers_authorization_goes_as_before() -> None
 
 def test_a_credential_that_would_break_the_head_is_refused() -> None:
     with pytest.raises(ValueError, match="CR, LF or NUL"):
-        request_head(b"GET", b"/", b"h", Headers(), None, b"Bearer a\r\nX: 1")
+        request_head(b"GET", b"/", b"h", Fields(), None, b"Bearer a\r\nX: 1")
 
 
 # -- over a real socket: every request to that node, and none to another --------------------------
@@ -286,13 +285,13 @@ async def test_the_upstream_sends_a_nodes_credential_to_it_alone(
     upstream = Upstream(reactor, 5.0)
     try:
         upstream.set_credentials({keyed.url: b"Bearer node-secret"})
-        headers = Headers({b"Authorization": [b"Bearer caller"]})
+        headers = Fields.of({b"Authorization": [b"Bearer caller"]})
         for url in (keyed.url, other.url, keyed.url):
             response = await upstream.request(url, b"POST", b"/v1/chat/completions", headers, b"{}")
             await _drain(response)
         assert authorizations(keyed) == [[b"Bearer node-secret"]] * 2
         assert authorizations(other) == [[b"Bearer caller"]]
-        assert list(headers.getAllRawHeaders()) == [(b"Authorization", [b"Bearer caller"])]
+        assert list(headers.items()) == [(b"Authorization", [b"Bearer caller"])]
         # Dropped by a reload: sent as the caller's again.
         upstream.set_credentials({})
         await _drain(await upstream.request(keyed.url, b"GET", b"/v1/models", headers, None))

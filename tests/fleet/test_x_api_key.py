@@ -9,7 +9,6 @@ import json
 
 import pytest
 from twisted.internet.task import Clock
-from twisted.web.http_headers import Headers
 
 from nvpair.common.reasons import Reason
 from nvpair.engines.caller import KEYLESS, Caller, Priority
@@ -18,6 +17,7 @@ from nvpair.fleet.adminconfig import AdminLan
 from nvpair.fleet.lanconfig import Access, Key, digest_of
 from nvpair.fleet.langate import ADMIN_UNAUTHORIZED, UNAUTHORIZED, LanGate
 from nvpair.fleet.lanpolicy import Verdict, api_key, caller_of, judge, loopback_caller, presented
+from nvpair.wire.message import Fields
 from nvpair.wire.upstream_framing import request_head
 from tests.fleet.test_facade_lan import _outgoing_headers, exchange, gate, request
 from tests.fleet.test_langate import HOME, LAN, LAPTOP, LOOPBACK
@@ -28,12 +28,12 @@ KEYED = Access(LAN, (LAPTOP,))
 ALICE = Key("alice", digest_of(b"nvp_alice"), ("qwen*",), priority=Priority.LOW)
 
 
-def fields(authorization: bytes | None = None, *x_api_key: bytes) -> Headers:
-    found = Headers()
+def fields(authorization: bytes | None = None, *x_api_key: bytes) -> Fields:
+    found = Fields()
     if authorization is not None:
-        found.setRawHeaders(b"authorization", [authorization])
-    if x_api_key:
-        found.setRawHeaders(b"x-api-key", list(x_api_key))
+        found.put(b"authorization", authorization)
+    for key in x_api_key:
+        found.add(b"x-api-key", key)
     return found
 
 
@@ -182,13 +182,13 @@ def test_the_callers_x_api_key_is_never_forwarded_where_access_is_in_force() -> 
     on as Authorization does: the proxy judged nothing, and it may be the engine's own key."""
     for caller in (caller_of(LAPTOP), KEYLESS):
         sent = _outgoing_headers(caller, x_api_key=b"nvp_laptop")
-        assert not sent.hasHeader(b"x-api-key") and sent.hasHeader(b"x-client")
-    assert _outgoing_headers(None, x_api_key=b"k").getRawHeaders(b"x-api-key") == [b"k"]
+        assert not sent.has(b"x-api-key") and sent.has(b"x-client")
+    assert _outgoing_headers(None, x_api_key=b"k").all_of(b"x-api-key") == [b"k"]
 
 
 def test_a_nodes_credential_leaves_no_caller_key_in_either_field() -> None:
     """The engine sees the node's key alone (docs/fleet-scheduling.md#node-credentials)."""
-    headers = Headers({b"X-Api-Key": [b"caller-key"], b"x-keep": [b"1"]})
+    headers = Fields.of({b"X-Api-Key": [b"caller-key"], b"x-keep": [b"1"]})
     head = request_head(b"POST", b"/v1/messages", b"h", headers, 2, b"Bearer node")
     assert b"caller-key" not in head and b"x-api-key" not in head.lower()
     assert b"\r\nAuthorization: Bearer node\r\n" in head and b"\r\nX-Keep: 1\r\n" in head

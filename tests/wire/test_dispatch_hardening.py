@@ -8,11 +8,10 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
-from twisted.web.http_headers import Headers
 
 from nvpair.control.state import Node
 from nvpair.dispatch.relay import BodyRelay, WriteDeadline
-from nvpair.wire.message import Answer
+from nvpair.wire.message import Answer, Fields
 from nvpair.wire.tls import PinnedPeers
 from nvpair.wire.upstream import Upstream
 from tests.fakes import Response, harness, node
@@ -62,7 +61,7 @@ def test_an_https_node_without_membership_fails_the_request_not_the_caller() -> 
     upstream = Upstream(
         MemoryReactorClock(), 1.0, PinnedPeers(lambda: None, lambda host, port: None)
     )
-    d = upstream.request("https://127.0.0.1:9", b"POST", b"/x", Headers(), b"{}")
+    d = upstream.request("https://127.0.0.1:9", b"POST", b"/x", Fields(), b"{}")
     failures: list[Any] = []
     d.addErrback(failures.append)
     assert failures and "not a cluster member" in str(failures[0].value)
@@ -101,7 +100,7 @@ def test_a_local_node_without_a_backend_is_no_candidate() -> None:
     local = Node("me", True, None, ("m",), frozenset({"m"}))
     h.nodes(local)
     client, _ = h.serve()
-    assert client.status() == 502 and client.reason() == "no-owner"
+    assert client.status == 502 and client.reason() == "no-owner"
     assert h.upstream.calls == [] and h.workload_events() == []
 
 
@@ -176,8 +175,9 @@ def test_a_client_paused_at_the_end_of_the_body_leaves_no_timer() -> None:
     client, _ = h.serve()
     response = h.upstream.calls[0].answer(Response(200))
     response.send(b"chunk")
-    assert client.producer is not None
-    client.producer.pauseProducing()  # the client stops reading...
+    flow = client.flow
+    assert flow is not None
+    flow.pause()  # the client stops reading...
     response.end()  # ...just as the body ends
     assert client.finished
     assert all(c.getTime() < 60 for c in h.clock.getDelayedCalls()), "deadline still armed"

@@ -22,6 +22,8 @@ from nvpair.facades.facade import Admitted, Facade, RequestHandler
 from nvpair.wire.facade_channel import FacadeChannel
 from nvpair.wire.facade_reader import LINGER_SECONDS
 from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.message import COMPLETE, Fields, ResponseHead
+from nvpair.wire.web import ProxiedRequest
 
 LOOPBACK = IPv4Address("TCP", "127.0.0.1", 40000)
 
@@ -30,12 +32,11 @@ class Recorder(RequestHandler):
     def __init__(self) -> None:
         self.seen: list[Admitted] = []
 
-    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+    def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
         self.seen.append(admitted)
-        request.setResponseCode(200)
-        request.setHeader(b"content-length", b"2")
-        request.write(b"ok")
-        request.finish()
+        request.respond(ResponseHead(200, fields=Fields.of([(b"Content-Length", b"2")])))
+        request.data(b"ok")
+        request.end(COMPLETE)
         return defer.succeed(None)
 
 

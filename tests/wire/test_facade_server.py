@@ -11,6 +11,7 @@ import json
 import tracemalloc
 from typing import Any
 
+import pytest
 import pytest_twisted
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,11 +20,9 @@ from twisted.internet import reactor as _reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from nvpair.engines.table import LLAMACPP
 from nvpair.facades.facade import Admitted, Facade, RequestHandler
@@ -34,7 +33,7 @@ from nvpair.wire.facade_reader import LINGER_BYTES, LINGER_QUIET, LINGER_SECONDS
 from nvpair.wire.facade_request import FacadeRequest
 from nvpair.wire.facade_server import FacadeSite
 from nvpair.wire.facade_types import Phase
-from nvpair.wire.headers import SPENT
+from nvpair.wire.message import COMPLETE, Fields, ResponseHead
 from tests.httpwire import read_stream, talk
 
 LOOPBACK = IPv4Address("TCP", "127.0.0.1", 40000)
@@ -54,12 +53,14 @@ class Held(RequestHandler):
         return defer.succeed(None)
 
 
+def respond(request: FacadeRequest, status: int = 200, *fields: tuple[bytes, bytes]) -> None:
+    request.respond(ResponseHead(status, fields=Fields.of(fields)))
+
+
 def answer(request: FacadeRequest, body: bytes = b"ok", length: bool = True) -> None:
-    request.setResponseCode(200)
-    if length:
-        request.setHeader(b"content-length", b"%d" % len(body))
-    request.write(body)
-    request.finish()
+    respond(request, 200, *[(b"Content-Length", b"%d" % len(body))] if length else [])
+    request.data(body)
+    request.end(COMPLETE)
 
 
 class Conn:
@@ -160,11 +161,11 @@ def test_an_answer_without_a_length_is_chunked_and_dated() -> None:
     conn = Conn()
     conn.send(get("/a"))
     request = conn.handler.requests[0]
-    request.setResponseCode(200)
-    request.write(b"one")
-    request.write(b"")
-    request.write(b"two")
-    request.finish()
+    respond(request)
+    request.data(b"one")
+    request.data(b"")
+    request.data(b"two")
+    request.end(COMPLETE)
     (response,) = read_stream(conn.transport.value(), [b"GET"], closed=False)
     assert response.values(b"transfer-encoding") == [b"chunked"] and response.body == b"onetwo"
     assert len(response.values(b"date")) == 1 and response.values(b"server") == []
@@ -174,8 +175,9 @@ def test_an_engines_date_is_kept_not_doubled() -> None:
     conn = Conn()
     conn.send(get("/a"))
     request = conn.handler.requests[0]
-    request.setHeader(b"date", b"Sun, 06 Nov 1994 08:49:37 GMT")
-    answer(request)
+    respond(request, 200, (b"Date", b"Sun, 06 Nov 1994 08:49:37 GMT"), (b"Content-Length", b"2"))
+    request.data(b"ok")
+    request.end(COMPLETE)
     (response,) = read_stream(conn.transport.value(), [b"GET"], closed=False)
     assert response.values(b"date") == [b"Sun, 06 Nov 1994 08:49:37 GMT"]
 
@@ -184,14 +186,13 @@ def test_head_and_204_answers_carry_no_body_whatever_is_written() -> None:
     conn = Conn()
     conn.send(b"HEAD /props HTTP/1.1\r\nHost: x\r\n\r\n" + get("/nothing"))
     head = conn.handler.requests[0]
-    head.setResponseCode(200)
-    head.setHeader(b"content-length", b"20")
-    head.write(b"twenty bytes of body")
-    head.finish()
+    respond(head, 200, (b"Content-Length", b"20"))
+    head.data(b"twenty bytes of body")
+    head.end(COMPLETE)
     nothing = conn.handler.requests[1]
-    nothing.setResponseCode(204)
-    nothing.write(b"ignored")
-    nothing.finish()
+    respond(nothing, 204)
+    nothing.data(b"ignored")
+    nothing.end(COMPLETE)
     data = conn.transport.value()
     responses = read_stream(data, [b"HEAD", b"GET"], closed=False)
     assert responses[0].values(b"content-length") == [b"20"] and responses[0].body == b""
@@ -199,52 +200,59 @@ def test_head_and_204_answers_carry_no_body_whatever_is_written() -> None:
     assert b"twenty" not in data and b"ignored" not in data
 
 
-@implementer(IPushProducer)
-class Producer:
+class Followed:
+    """A flow the answer follows: what it was told."""
+
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def pauseProducing(self) -> None:
+    def pause(self) -> None:
         self.calls.append("pause")
 
-    def resumeProducing(self) -> None:
+    def resume(self) -> None:
         self.calls.append("resume")
 
-    def stopProducing(self) -> None:
+    def stop(self, abort: bool = False) -> None:
         self.calls.append("stop")
 
 
-def test_a_full_client_socket_pauses_the_answers_producer_and_resumes_it() -> None:
+def test_a_full_client_socket_pauses_the_answers_flow_and_resumes_it() -> None:
     conn = Conn()
     conn.send(get("/a"))
     request = conn.handler.requests[0]
-    producer = Producer()
-    request.registerProducer(producer, True)
+    flow = Followed()
+    request.follow(flow)
     conn.protocol.pauseProducing()  # what the transport does when its buffer is full
     conn.protocol.resumeProducing()
-    assert producer.calls == ["pause", "resume"]
-    # Registered while the socket is full: paused at once.
+    assert flow.calls == ["pause", "resume"]
+    # Followed while the socket is full: paused at once.
     conn.protocol.pauseProducing()
-    late = Producer()
-    request.unregisterProducer()
-    request.registerProducer(late, True)
+    late = Followed()
+    request.follow(None)
+    request.follow(late)
     assert late.calls == ["pause"]
+    conn.protocol.resumeProducing()  # followed no more: only the late one is told
+    assert late.calls == ["pause", "resume"] and flow.calls == ["pause", "resume", "pause"]
 
 
-def test_a_client_that_leaves_stops_the_producer_and_fails_notify_finish() -> None:
+def test_a_client_that_leaves_stops_the_flow_and_is_told_of() -> None:
     conn = Conn()
     conn.send(get("/a"))
     request = conn.handler.requests[0]
-    producer = Producer()
-    request.registerProducer(producer, True)
-    finished = request.notifyFinish()
+    flow = Followed()
+    request.follow(flow)
     errors: list[Failure] = []
-    finished.addErrback(errors.append)
+    request.on_lost(errors.append)
     conn.protocol.connectionLost(Failure(ConnectionError("reset")))
-    assert producer.calls == ["stop"] and len(errors) == 1
+    assert flow.calls == ["stop"] and len(errors) == 1
     assert not request.connected
-    request.write(b"late")  # a write after the client left is dropped, never raised
-    assert request.notifyFinish().called
+    respond(request)
+    request.data(b"late")  # a write after the client left is dropped, never raised
+    request.on_lost(errors.append)
+    assert len(errors) == 2
+    gone = Followed()
+    request.follow(gone)  # nobody is left to read it
+    assert gone.calls == ["stop"]
 
 
 def test_on_lost_is_told_once_of_a_client_that_leaves_and_never_of_an_answer_finished() -> None:
@@ -253,7 +261,7 @@ def test_on_lost_is_told_once_of_a_client_that_leaves_and_never_of_an_answer_fin
     first = conn.handler.requests[0]
     told: list[Failure] = []
     first.on_lost(told.append)
-    first.finish()
+    answer(first)
     conn.protocol.connectionLost(Failure(ConnectionError("reset")))
     assert told == []  # its answer was finished before the client left
     second = conn.handler.requests[1]
@@ -575,20 +583,24 @@ def test_a_connection_is_in_one_named_phase_at_a_time() -> None:
     assert (lingering, refused.protocol.phase) == (Phase.LINGERING, Phase.CLOSING)
 
 
-def test_a_streaming_answer_keeps_no_copy_of_its_head_once_written() -> None:
-    """docs/performance.md#held-streams: the head is on the wire; a header set later reaches
-    nothing, as before, and the request holds no headers while the stream goes on."""
+def test_a_streaming_answer_keeps_no_head_once_its_own_is_written() -> None:
+    """docs/performance.md#held-streams: the answer's head is on the wire, and the request
+    holds neither it nor its own head's fields while the stream goes on; a field added to the
+    head later reaches nothing."""
     conn = Conn()
-    conn.send(get("/a"))
+    conn.send(get("/a", extra="X-Client: 1\r\n"))
     request = conn.handler.requests[0]
-    request.setResponseCode(200)
-    request.setHeader(b"content-type", b"text/event-stream")
-    request.write(b"data: 1\n\n")
-    assert request.responseHeaders is SPENT
-    request.setHeader(b"x-late", b"1")
-    assert list(request.responseHeaders.getAllRawHeaders()) == []
-    request.write(b"data: 2\n\n")
-    request.finish()
+    assert request.head.fields.first(b"X-Client") == b"1"
+    head = ResponseHead(200, fields=Fields.of([(b"Content-Type", b"text/event-stream")]))
+    request.respond(head)
+    request.data(b"data: 1\n\n")
+    assert request.head.fields == {} and request.status == 200 and request.started
+    with pytest.raises(RuntimeError):
+        request.respond(head)
+    assert all(getattr(request, name, None) is not head for name in request.__slots__)
+    head.fields.put(b"X-Late", b"1")
+    request.data(b"data: 2\n\n")
+    request.end(COMPLETE)
     (response,) = read_stream(conn.transport.value(), [b"GET"], closed=False)
     assert response.values(b"content-type") == [b"text/event-stream"]
     assert response.values(b"x-late") == [] and response.body == b"data: 1\n\ndata: 2\n\n"
@@ -603,13 +615,13 @@ def test_no_idle_timer_is_held_while_a_request_is_answered() -> None:
     assert idle is not None and len(idle) == 1  # the connection waits for its first request
     conn.send(get("/a"))
     request = conn.handler.requests[0]
-    request.setResponseCode(200)
-    request.write(b"data: 1\n\n")
+    respond(request)
+    request.data(b"data: 1\n\n")
     assert len(idle) == 0
     conn.clock.advance(1000.0)
     assert not conn.closed()
-    request.write(b"data: 2\n\n")
-    request.finish()
+    request.data(b"data: 2\n\n")
+    request.end(COMPLETE)
     assert len(idle) == 1
     (armed,) = conn.clock.getDelayedCalls()
     assert armed.getTime() == 1000.0 + 300.0
@@ -625,8 +637,8 @@ def test_a_request_answered_holds_no_parser_and_split_pipelined_bytes_still_pars
     conn = Conn()
     conn.send(get("/a"))
     first = conn.handler.requests[0]
-    first.setResponseCode(200)
-    first.write(b"data: 1\n\n")
+    respond(first)
+    first.data(b"data: 1\n\n")
     assert not has_parser(conn)
     second = post("/completion", b'{"n": 2}')
     conn.send(second[:7])
@@ -635,7 +647,7 @@ def test_a_request_answered_holds_no_parser_and_split_pipelined_bytes_still_pars
     conn.send(second[30:])
     # Parsed and queued: nothing half-read is left, so the parser goes again.
     assert not has_parser(conn)
-    first.finish()
+    first.end(COMPLETE)
     assert [a.path for a in conn.handler.admitted] == ["/a", "/completion"]
     assert conn.handler.admitted[1].body == b'{"n": 2}'
     answer(conn.handler.requests[1], b"B")

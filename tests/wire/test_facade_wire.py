@@ -37,7 +37,9 @@ from nvpair.facades.peer import PeerFacade
 from nvpair.wire.body_budget import BodyBudget
 from nvpair.wire.cluster import Membership, load_membership
 from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.message import COMPLETE, Fields, ResponseHead
 from nvpair.wire.sniffing import SniffingFactory
+from nvpair.wire.web import ProxiedRequest
 from tests import httpwire
 from tests.certs import NodeIdentity, make_identity, write_cluster_dir
 from tests.httpwire import Raw, WireResponse, read_stream
@@ -59,23 +61,23 @@ class Served(RequestHandler):
         self.admitted: list[Admitted] = []
         self.headers: list[list[tuple[bytes, list[bytes]]]] = []
 
-    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+    def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
         self.admitted.append(admitted)
-        self.headers.append(list(request.requestHeaders.getAllRawHeaders()))
+        self.headers.append(list(request.head.fields.items()))
         if admitted.path in ("/nothing", "/cached"):
             # An engine's length on a bodiless status (a HEAD relayed with its 204, say).
-            request.setResponseCode(204 if admitted.path == "/nothing" else 304)
-            request.setHeader(b"content-length", b"20")
+            status = 204 if admitted.path == "/nothing" else 304
+            request.respond(ResponseHead(status, fields=Fields.of([(b"Content-Length", b"20")])))
         elif admitted.path == "/stream":
-            request.setResponseCode(200)
-            request.write(b"streamed ")
-            request.write(b"without a length")
+            request.respond(ResponseHead(200))
+            request.data(b"streamed ")
+            request.data(b"without a length")
         else:
             body = b"%s %s %s" % (admitted.method, admitted.path.encode(), admitted.body)
-            request.setResponseCode(200)
-            request.setHeader(b"content-length", b"%d" % len(body))
-            request.write(body)
-        request.finish()
+            length = Fields.of([(b"Content-Length", b"%d" % len(body))])
+            request.respond(ResponseHead(200, fields=length))
+            request.data(body)
+        request.end(COMPLETE)
         return defer.succeed(None)
 
 
@@ -505,10 +507,10 @@ class Holding(RequestHandler):
     """The request path's stand-in that answers only when the test says."""
 
     def __init__(self) -> None:
-        self.requests: list[Any] = []
+        self.requests: list[ProxiedRequest] = []
         self.arrived: Deferred[None] = Deferred()
 
-    def handle(self, admitted: Admitted, request: Any) -> Deferred[None]:
+    def handle(self, admitted: Admitted, request: ProxiedRequest) -> Deferred[None]:
         self.requests.append(request)
         if not self.arrived.called:
             self.arrived.callback(None)
@@ -517,10 +519,9 @@ class Holding(RequestHandler):
     def answer_all(self) -> None:
         for request in self.requests:
             if not request.finished:
-                request.setResponseCode(200)
-                request.setHeader(b"content-length", b"2")
-                request.write(b"ok")
-                request.finish()
+                request.respond(ResponseHead(200, fields=Fields.of([(b"Content-Length", b"2")])))
+                request.data(b"ok")
+                request.end(COMPLETE)
 
 
 async def eventually(check: Any) -> None:

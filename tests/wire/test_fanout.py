@@ -14,7 +14,6 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.web.http_headers import Headers
 
 from nvpair.wire.fanout import GRACE, MAX_BODY, NodeReply, ask_all
 from nvpair.wire.message import Answer, Fields
@@ -41,7 +40,7 @@ class Scripted:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Fields | Headers,
+        headers: Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
@@ -52,7 +51,7 @@ class Scripted:
 
 
 def ask(upstream: Scripted, clock: Clock, *bases: str | None) -> Deferred[list[NodeReply | None]]:
-    return ask_all(upstream, clock, 10.0, list(bases), b"GET", b"/api/tags", Headers())
+    return ask_all(upstream, clock, 10.0, list(bases), b"GET", b"/api/tags", Fields())
 
 
 def test_answers_come_in_node_order() -> None:
@@ -161,7 +160,7 @@ class Watched:
         base_url: str,
         method: bytes,
         uri: bytes,
-        headers: Fields | Headers,
+        headers: Fields,
         body: bytes | None,
         connected: Callable[[], None] | None = None,
         resend: bool = False,
@@ -207,7 +206,7 @@ async def test_real_cancel_closes_upstreams_that_already_sent_headers(
     connection closed."""
     one, two = stalling(head=b'{"models":['), stalling(length=None)
     watched = Watched(upstream)
-    d = ask_all(watched, Clock(), 5.0, [one.url, two.url], b"GET", b"/api/tags", Headers())
+    d = ask_all(watched, Clock(), 5.0, [one.url, two.url], b"GET", b"/api/tags", Fields())
     await watched.headers_arrived(2)
     d.cancel()
     await one.lost_count(1)
@@ -221,7 +220,7 @@ async def test_real_node_timeout_closes_only_that_upstream(
     """At a node's bound its stalled exchange is closed; a healthy node's answer is kept."""
     stalled, healthy = stalling(), stalling(body=b'{"models":[]}')
     watched, clock = Watched(upstream), Clock()
-    d = ask_all(watched, clock, 5.0, [stalled.url, healthy.url], b"GET", b"/x", Headers())
+    d = ask_all(watched, clock, 5.0, [stalled.url, healthy.url], b"GET", b"/x", Fields())
     await watched.headers_arrived(2)
     clock.advance(5.0 + GRACE)
     await stalled.lost_count(1)

@@ -19,14 +19,13 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IOpenSSLContextFactory
 from twisted.internet.task import deferLater
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
-from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 from zope.interface import implementer
 
 from nvpair.wire.bodies import read_body
 from nvpair.wire.cluster import Membership, load_membership
-from nvpair.wire.message import Answer
+from nvpair.wire.message import Answer, Fields
 from nvpair.wire.tls import PinnedPeers, server_context
 from tests.certs import make_identity, write_cluster_dir
 
@@ -98,11 +97,11 @@ async def test_removing_a_pin_closes_the_pooled_connection_to_that_peer(tmp_path
     url = f"https://127.0.0.1:{port.getHost().port}"
     upstream = Upstream(reactor, 5.0, PinnedPeers(lambda: current[0], lambda host, p: "peer"))
     try:
-        answer = await upstream.request(url, b"GET", b"/", Headers(), None)
+        answer = await upstream.request(url, b"GET", b"/", Fields(), None)
         assert await read(answer) == b"hello"
         await until(lambda: server.opened == 1)
         # Kept alive: a second request reuses the pooled connection.
-        answer = await upstream.request(url, b"GET", b"/", Headers(), None)
+        answer = await upstream.request(url, b"GET", b"/", Fields(), None)
         assert await read(answer) == b"hello" and server.opened == 1
 
         # The peer's pin is removed from this node's cluster directory.
@@ -111,7 +110,7 @@ async def test_removing_a_pin_closes_the_pooled_connection_to_that_peer(tmp_path
         upstream.trust_changed()
         await until(lambda: server.closed == 1)
 
-        failed: Deferred[Any] = upstream.request(url, b"GET", b"/", Headers(), None)
+        failed: Deferred[Any] = upstream.request(url, b"GET", b"/", Fields(), None)
         try:
             await failed
         except Exception:
@@ -135,12 +134,12 @@ async def test_a_connection_busy_when_trust_changes_is_not_reused(tmp_path: Path
     url = f"https://127.0.0.1:{port.getHost().port}"
     upstream = Upstream(reactor, 5.0, PinnedPeers(lambda: current[0], lambda host, p: "peer"))
     try:
-        answer = await upstream.request(url, b"GET", b"/", Headers(), None)
+        answer = await upstream.request(url, b"GET", b"/", Fields(), None)
         # Trust changes (here: re-read, same pin) while the body is still unread.
         upstream.trust_changed()
         assert await read(answer) == b"hello"
         await until(lambda: server.closed == 1)
-        answer = await upstream.request(url, b"GET", b"/", Headers(), None)
+        answer = await upstream.request(url, b"GET", b"/", Fields(), None)
         assert await read(answer) == b"hello"
         assert server.opened == 2  # a fresh, freshly verified connection
     finally:
@@ -175,7 +174,7 @@ async def test_a_large_body_reaches_a_peer_over_tls_whole_and_in_order(tmp_path:
     expected = b"%d %s" % (len(body), hashlib.sha256(body).hexdigest().encode())
     try:
         for _ in range(2):  # a fresh connection (fed from the handshake on), then a pooled one
-            answer = await upstream.request(url, b"POST", b"/", Headers(), body)
+            answer = await upstream.request(url, b"POST", b"/", Fields(), body)
             assert await read(answer) == expected
     finally:
         await upstream.close()

@@ -33,12 +33,11 @@ from twisted.logger import ILogObserver, LogEvent, LogLevel, capturedLogs, globa
 from twisted.python.failure import Failure
 from twisted.web.client import URI, Agent
 from twisted.web.error import SchemeNotSupported
-from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
 from nvpair.common.logs import LogObserver
 from nvpair.wire.bodies import BodyTimeout, discard_body, read_body
-from nvpair.wire.message import Answer, End, Ended, NoAnswer
+from nvpair.wire.message import Answer, End, Ended, Fields, NoAnswer
 from nvpair.wire.upstream import Upstream, parse_target
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_pool import IDLE_TIMEOUT, MAX_PERSISTENT_PER_HOST, Pool
@@ -110,7 +109,7 @@ BASE = "http://127.0.0.1:8000"
 
 
 def get(upstream: Upstream, connected: Callable[[], None] | None = None) -> Deferred[Answer]:
-    return upstream.request(BASE, b"GET", b"/x", Headers(), None, connected)
+    return upstream.request(BASE, b"GET", b"/x", Fields(), None, connected)
 
 
 def answered(protocol: Any, d: Deferred[Answer], answer: bytes = OK) -> Answer:
@@ -243,7 +242,7 @@ def test_an_ip_literal_is_dialled_directly(base: str, host: str) -> None:
     """No resolver thread and no HostnameEndpoint attempt tick: a refused LAN node fails over
     at once (docs/retry-budget.md#retryable-failures)."""
     clock = MemoryReactorClock()
-    Upstream(clock, 5.0).request(base, b"GET", b"/", Headers(), None)
+    Upstream(clock, 5.0).request(base, b"GET", b"/", Fields(), None)
     assert [(c[0], c[1]) for c in clock.tcpClients] == [(host, 8000)]
 
 
@@ -273,7 +272,7 @@ def test_a_body_is_framed_as_agent_framed_it(
     states its empty body."""
     clock = MemoryReactorClock()
     upstream = Upstream(clock, 5.0)
-    upstream.request(BASE, method, b"/x", Headers({b"Accept": [b"*/*"]}), body)
+    upstream.request(BASE, method, b"/x", Fields.of({b"Accept": [b"*/*"]}), body)
     _, transport = dialled(clock)
     head = method + b" /x HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nAccept: */*\r\n"
     assert transport.value() == head + framing + b"\r\n" + (body or b"")
@@ -282,14 +281,14 @@ def test_a_body_is_framed_as_agent_framed_it(
 @pytest.mark.parametrize(
     ("base", "headers", "error"),
     [
-        ("ftp://127.0.0.1:21", Headers(), SchemeNotSupported),
-        ("https://127.0.0.1:8443", Headers(), SchemeNotSupported),  # no TLS policy
-        (BASE, Headers({b"X": [b"a\x00b"]}), ValueError),
-        ("http://127.0.0.1:notaport", Headers(), Exception),
+        ("ftp://127.0.0.1:21", Fields(), SchemeNotSupported),
+        ("https://127.0.0.1:8443", Fields(), SchemeNotSupported),  # no TLS policy
+        (BASE, Fields({b"X": [b"a\x00b"]}), ValueError),
+        ("http://127.0.0.1:notaport", Fields(), Exception),
     ],
 )
 def test_whatever_fails_while_starting_fails_the_deferred(
-    base: str, headers: Headers, error: type[Exception]
+    base: str, headers: Fields, error: type[Exception]
 ) -> None:
     d = Upstream(MemoryReactorClock(), 5.0).request(base, b"GET", b"/", headers, None)
     failure_of(d, error)
@@ -402,7 +401,7 @@ def upstream() -> Iterator[Upstream]:
 
 
 async def fetch(upstream: Upstream, engine: Engine, method: bytes = b"GET") -> bytes:
-    answer = await upstream.request(engine.url, method, b"/v1/models", Headers(), None)
+    answer = await upstream.request(engine.url, method, b"/v1/models", Fields(), None)
     return await read_body(answer, reactor, 5.0, 1 << 20)
 
 
@@ -413,7 +412,7 @@ def chunked(*chunks: bytes) -> bytes:
 
 @pytest_twisted.ensureDeferred
 async def test_the_request_on_the_wire(engine: Engine, upstream: Upstream) -> None:
-    headers = Headers({b"Content-Type": [b"application/json"], b"X-Multi": [b"a", b"b"]})
+    headers = Fields.of({b"Content-Type": [b"application/json"], b"X-Multi": [b"a", b"b"]})
     answer = await upstream.request(engine.url, b"POST", b"/api/chat?x=1", headers, b"{}")
     assert await read_body(answer, reactor, 5.0, 100) == b"{}"
     port = engine.url.rsplit(":", 1)[1].encode()
@@ -443,7 +442,7 @@ async def test_a_discarded_body_returns_its_connection_to_the_pool(
     engine: Engine, upstream: Upstream
 ) -> None:
     for _ in range(3):
-        answer = await upstream.request(engine.url, b"GET", b"/", Headers(), None)
+        answer = await upstream.request(engine.url, b"GET", b"/", Fields(), None)
         await discard_body(answer, reactor, 5.0, 1 << 20)
     assert len(engine.requests) == 3 and len(engine.peers) == 1
 
@@ -453,7 +452,7 @@ async def test_a_head_answer_with_content_length_ends_at_its_head(
     engine: Engine, upstream: Upstream
 ) -> None:
     engine.answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n", OK]
-    answer = await upstream.request(engine.url, b"HEAD", b"/props", Headers(), None)
+    answer = await upstream.request(engine.url, b"HEAD", b"/props", Fields(), None)
     assert answer.head.fields.all_of(b"content-length") == [b"20"]
     assert await read_body(answer, reactor, 5.0, 100) == b""
     assert await fetch(upstream, engine) == b"{}"
@@ -488,7 +487,7 @@ async def test_an_answer_before_the_body_was_sent_is_the_answer(
     send buffer. The answer is taken, and the connection stays in step for the next one."""
     engine.early = True
     body = b"x" * (8 << 20)
-    answer = await upstream.request(engine.url, b"POST", b"/", Headers(), body)
+    answer = await upstream.request(engine.url, b"POST", b"/", Fields(), body)
     assert engine.peers[0].skip > 0  # the engine had not read the whole request yet
     assert answer.head.status == 200 and await read_body(answer, reactor, 5.0, 100) == b"{}"
     assert await fetch(upstream, engine) == b"{}"
@@ -531,7 +530,7 @@ async def test_a_chunk_size_overflow_fails_the_body(engine: Engine, upstream: Up
     engine.answers = [
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffffff\r\n"
     ]
-    answer = await upstream.request(engine.url, b"GET", b"/v1/models", Headers(), None)
+    answer = await upstream.request(engine.url, b"GET", b"/v1/models", Fields(), None)
     ended: Deferred[Ended] = Deferred()
 
     class Body:
@@ -550,7 +549,7 @@ async def test_a_chunk_size_overflow_fails_the_body(engine: Engine, upstream: Up
 @pytest_twisted.ensureDeferred
 async def test_a_reset_mid_body_fails_the_body(engine: Engine, upstream: Upstream) -> None:
     engine.answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf"]
-    answer = await upstream.request(engine.url, b"GET", b"/", Headers(), None)
+    answer = await upstream.request(engine.url, b"GET", b"/", Fields(), None)
     got: Deferred[bytes] = Deferred()
     ended: Deferred[Ended] = Deferred()
 
@@ -574,7 +573,7 @@ async def test_a_stall_after_the_head_is_cut_by_the_readers_bound(
 ) -> None:
     """Nothing waits for ever on a silent engine: the body bound closes the connection."""
     engine.answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{"]
-    answer = await upstream.request(engine.url, b"GET", b"/", Headers(), None)
+    answer = await upstream.request(engine.url, b"GET", b"/", Fields(), None)
     clock = Clock()
     d = read_body(answer, clock, 30.0, 1 << 20)
     clock.advance(30)
@@ -587,7 +586,7 @@ async def test_cancelling_before_the_head_closes_the_connection(
     engine: Engine, upstream: Upstream
 ) -> None:
     engine.answers = [lambda peer: None]  # never answers
-    d = upstream.request(engine.url, b"POST", b"/api/chat", Headers(), b"{}")
+    d = upstream.request(engine.url, b"POST", b"/api/chat", Fields(), b"{}")
     await engine.until(lambda: bool(engine.requests))
     d.cancel()
     failure_of(d, CancelledError)
@@ -601,7 +600,7 @@ async def test_a_refused_dial_fails_as_the_endpoint_reports_it(upstream: Upstrea
     port = probe.getsockname()[1]
     probe.close()
     with pytest.raises(ConnectionRefusedError):
-        await upstream.request(f"http://127.0.0.1:{port}", b"GET", b"/", Headers(), None)
+        await upstream.request(f"http://127.0.0.1:{port}", b"GET", b"/", Fields(), None)
 
 
 @implementer(ILogObserver)
@@ -646,7 +645,7 @@ async def test_a_request_on_a_stale_kept_alive_connection_is_sent_again_once(
     request is sent once more on a fresh connection to the same engine and answered there."""
     engine.default = stale_after_first(reset=reset)
     for _ in range(3):
-        answer = await upstream.request(engine.url, method, b"/x", Headers(), b"{}", None, resend)
+        answer = await upstream.request(engine.url, method, b"/x", Fields(), b"{}", None, resend)
         assert answer.head.status == 200 and await read_body(answer, reactor, 5.0, 100) == b"{}"
     # 1st: a fresh connection; 2nd: its reuse closed, sent again on a 2nd connection; 3rd the same.
     assert [peer.count for peer in engine.peers] == [2, 2, 1]

@@ -46,6 +46,7 @@ from nvpair.wire.facade_reader import LINGER_SECONDS
 from nvpair.wire.facade_server import FacadeSite
 from nvpair.wire.facade_types import Phase
 from nvpair.wire.headers import HOP_BY_HOP, end_to_end
+from nvpair.wire.message import COMPLETE, ResponseHead
 from nvpair.wire.upstream_conn import UpstreamConnection
 from nvpair.wire.upstream_pool import IDLE_TIMEOUT, Pool
 from nvpair.wire.upstream_types import Key
@@ -192,10 +193,10 @@ class Recorder(RequestHandler):
             Parsed(
                 method=admitted.method,
                 target=admitted.uri,
-                version=getattr(request, "clientproto", b"HTTP/?")[5:],
-                headers=forwarded(request.requestHeaders.getAllRawHeaders()),
+                version=request.head.version[5:],
+                headers=forwarded(request.head.fields.items()),
                 body=admitted.body,
-                host=tuple(request.requestHeaders.getRawHeaders(b"host", [])),
+                host=tuple(request.head.fields.all_of(b"host")),
             )
         )
         self.clock.callLater(0, self._answer, request)
@@ -205,10 +206,9 @@ class Recorder(RequestHandler):
     def _answer(request: ProxiedRequest) -> None:
         if not request.connected:
             return
-        request.setResponseCode(200)
-        request.responseHeaders.setRawHeaders(b"content-length", [b"2"])
-        request.write(b"ok")
-        request.finish()
+        request.respond(ResponseHead(200, fields=wire.Fields.of({b"Content-Length": [b"2"]})))
+        request.data(b"ok")
+        request.end(COMPLETE)
 
 
 def facade_connection(
