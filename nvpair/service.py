@@ -47,10 +47,10 @@ from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.observe.listener import AdminListener
 from nvpair.observe.metrics import Metrics
 from nvpair.observe.recent import RecentWorkloads
-from nvpair.wire.body_budget import BodyBudget
-from nvpair.wire.cluster import ClusterWatch
-from nvpair.wire.connbounds import ConnectionCounts, lan_capacity
-from nvpair.wire.upstream import Upstream
+from nvpair.wire.client.upstream import Upstream
+from nvpair.wire.server.body_budget import BodyBudget
+from nvpair.wire.trust.cluster import ClusterWatch
+from nvpair.wire.trust.connbounds import ConnectionCounts, lan_capacity
 
 
 def raise_fd_limit(
@@ -205,7 +205,7 @@ def _peer_tls(
     node without one dials no peer and never loads pyOpenSSL (docs/performance.md#memory)."""
     if config.cluster_dir is None:
         return None
-    from nvpair.wire.tls import PinnedPeers
+    from nvpair.wire.trust.tls import PinnedPeers
 
     return PinnedPeers(lambda: cluster.membership, control.node_for_address)
 

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from nvpair.wire.cluster import fingerprint
+from nvpair.wire.trust.cluster import fingerprint
 
 
 @frozen

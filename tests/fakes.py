@@ -254,7 +254,7 @@ class ScriptedUpstream:
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
-        #: What a cancelled request fails with: nvpair.wire.upstream gives
+        #: What a cancelled request fails with: nvpair.wire.client.upstream gives
         #: ConnectingCancelledError while dialling, then plain CancelledError, and a connection
         #: that went NoAnswer. The request path must judge a cancel by who cancelled, never by
         #: this (test_dispatch.py covers each).

@@ -16,7 +16,7 @@ from nvpair.dispatch.requestpath import RequestPath
 from nvpair.dispatch.seams import PriorityScheduling
 from nvpair.dispatch.workload import Emit, Workloads
 from nvpair.service import request_bounds
-from nvpair.wire.upstream import Upstream
+from nvpair.wire.client.upstream import Upstream
 
 #: The global reactor, untyped: its listen*/connect* generics reject our factories.
 reactor: Any = _reactor

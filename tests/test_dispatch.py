@@ -408,7 +408,7 @@ def test_requester_leaving_while_connecting_is_not_a_transport_failure() -> None
 
 
 #: What an upstream client may fail a cancelled request with: Agent's two, and the plain
-#: CancelledError of nvpair.wire.upstream once connected.
+#: CancelledError of nvpair.wire.client.upstream once connected.
 CANCEL_ERRORS = [
     pytest.param(ResponseNeverReceived([Failure(CancelledError())]), id="agent-connected"),
     pytest.param(ConnectingCancelledError(HostnameEndpoint), id="dialling"),
@@ -574,7 +574,7 @@ def test_failure_copying_a_body_closes_the_client_and_still_releases() -> None:
 def test_a_committed_stream_keeps_one_copy_of_each_head() -> None:
     """docs/performance.md#held-streams: while a stream is relayed, the engine's fields live
     only in the client's answer (the answer lets go of them once written, and the request of
-    its own: tests/wire/test_facade_server.py), the client's in what the attempts sent."""
+    its own: tests/wire/server/test_facade_server.py), the client's in what the attempts sent."""
     h = harness()
     h.nodes(A)
     request, _ = h.serve()

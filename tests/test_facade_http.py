@@ -12,8 +12,8 @@ from twisted.internet.testing import StringTransport
 
 from nvpair.engines.table import LLAMACPP, OLLAMA, Engine
 from nvpair.facades.facade import Admitted, Facade, RequestHandler
-from nvpair.wire.facade_server import FacadeSite
 from nvpair.wire.message import COMPLETE, ResponseHead
+from nvpair.wire.server.site import FacadeSite
 from nvpair.wire.web import ProxiedRequest
 
 

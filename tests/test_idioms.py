@@ -117,8 +117,8 @@ def test_sends_are_gathered_in_one_place() -> None:
     """Whether a send leaves now depends on whether a read is being handled beneath it
     (docs/performance.md#one-send-per-read): that is decided in one place, in one block."""
     found = {name: uses for name, path in module_names().items() if (uses := gather_uses(path))}
-    assert list(found) == ["nvpair.wire.upstream_conn"]
-    assert [use.rpartition(" ")[2] for use in found["nvpair.wire.upstream_conn"]] == ["with"]
+    assert list(found) == ["nvpair.wire.client.connection"]
+    assert [use.rpartition(" ")[2] for use in found["nvpair.wire.client.connection"]] == ["with"]
 
 
 def test_the_gather_check_sees_a_hand_set_depth(tmp_path: Path) -> None:

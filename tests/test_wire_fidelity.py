@@ -19,7 +19,7 @@ from twisted.web.server import Site
 
 from nvpair.engines.table import LLAMACPP
 from nvpair.facades.facade import Facade
-from nvpair.wire.facade_server import FacadeSite
+from nvpair.wire.server.site import FacadeSite
 from tests.httpwire import Raw
 from tests.onenode import one_node_path
 

@@ -23,7 +23,7 @@ from nvpair.control.state import ControlState, Discovery, Node
 from nvpair.dispatch.outcome import Verdict, classify
 from nvpair.dispatch.relay import BodyRelay, First
 from nvpair.engines.table import ENGINES, RouteClass
-from nvpair.wire.bodies import discard_body
+from nvpair.wire.client.bodies import discard_body
 from nvpair.wire.headers import is_event_stream
 from nvpair.wire.message import Answer, Fields, ResponseHead
 from nvpair.wire.web import UpstreamClient

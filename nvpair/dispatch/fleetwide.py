@@ -1,11 +1,12 @@
 """Fleet-wide requests: model lists and CORS preflights, answered from every node at once.
 
 Every node of the engine is asked concurrently (bounded per node, see
-:func:`nvpair.wire.fanout.ask_all`) — for the ``openai`` facade every node of every engine, each
-at its own engine's URL (docs/openai-facade.md#models). What the answers mean is decided by the
-pure modules: :mod:`nvpair.engines.inventory` merges model lists, :mod:`nvpair.engines.cors`
-intersects browser permissions (docs/inventories.md, docs/browser-policy.md). No reservations
-and no workload events: nothing is dispatched for inference.
+:func:`nvpair.wire.client.fanout.ask_all`) — for the ``openai`` facade every node of every
+engine, each at its own engine's URL (docs/openai-facade.md#models). What the answers mean is
+decided by the pure modules: :mod:`nvpair.engines.inventory` merges model lists,
+:mod:`nvpair.engines.cors` intersects browser permissions (docs/inventories.md,
+docs/browser-policy.md). No reservations and no workload events: nothing is dispatched for
+inference.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from nvpair.engines.cors import Reply, inventory_grant, preflight
 from nvpair.engines.inventory import InvalidInventory, merge_inventories
 from nvpair.engines.modelnames import OtherName
 from nvpair.engines.table import ENGINES, Dialect, InventoryRoute
-from nvpair.wire.fanout import NodeReply, ask_all
+from nvpair.wire.client.fanout import NodeReply, ask_all
 from nvpair.wire.message import COMPLETE, Fields, ResponseHead
 
 #: Caller credentials never sent along with a preflight (docs/browser-policy.md).

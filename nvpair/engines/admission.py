@@ -1,7 +1,7 @@
 """Pure admission decisions: what a facade can tell from a request alone, without I/O.
 
 The loopback gate, Ollama's DNS-rebinding guard on ``Host``, and the model an inference body
-names (the request target's form is HTTP's, in :mod:`nvpair.wire.facade_server`). The facade
+names (the request target's form is HTTP's, in :mod:`nvpair.wire.server.site`). The facade
 (:mod:`nvpair.facades.facade`) applies them; keeping them here means each is tested as a plain
 function (docs/request-path.md#admission).
 """
@@ -164,7 +164,7 @@ MODEL_MEMBERS = ("model", "name", "source", "destination", "from")
 def _document(body: bytes | str) -> object:
     """The body as parsed, None when it is no JSON; ``body`` may be given as its text already
     decoded from UTF-8 (lone surrogates passed), as a large one is
-    (:meth:`nvpair.wire.facade_request.FacadeRequest.read_json`)."""
+    (:meth:`nvpair.wire.server.request.FacadeRequest.read_json`)."""
     try:
         if isinstance(body, str):
             return json.loads(body)

@@ -21,8 +21,8 @@ from nvpair.engines.admission import routing_path
 from nvpair.engines.table import Dialect, RouteClass
 from nvpair.facades import access
 from nvpair.facades.answers import head_refusal, write_error
-from nvpair.wire.facade_server import FacadeRequest, Refusal, origin_form
 from nvpair.wire.message import End, Ended, Fields
+from nvpair.wire.server.site import FacadeRequest, Refusal, origin_form
 
 #: How a personality would route a request from its method, routing path and headers (None:
 #: no head was read).

@@ -5,8 +5,8 @@ then handed to the request path. Pinned cluster peers have a facade of their own
 Admission is everything decided from the request alone that depends on the engine or the
 caller: the loopback gate or fleet mode's ``[access]``, Ollama's ``Host`` guard, the route
 class, the model named in the body. HTTP's own rules and the body cap are the wire's
-(:mod:`nvpair.wire.facade_server`), which asks this facade through its
-:class:`~nvpair.wire.facade_server.Gate`. A request refused here (400, 403) never becomes a
+(:mod:`nvpair.wire.server.site`), which asks this facade through its
+:class:`~nvpair.wire.server.site.Gate`. A request refused here (400, 403) never becomes a
 workload.
 """
 
@@ -36,8 +36,8 @@ from nvpair.engines.table import Dialect, RouteClass
 from nvpair.facades import access
 from nvpair.facades.answers import write_error
 from nvpair.facades.desk import FrontDesk, client_address, client_host
-from nvpair.wire.facade_server import FacadeRequest, Refusal
 from nvpair.wire.message import Fields
+from nvpair.wire.server.site import FacadeRequest, Refusal
 from nvpair.wire.web import ProxiedRequest
 
 if TYPE_CHECKING:
@@ -155,8 +155,8 @@ class RequestHandler:
 
 class Facade:
     """What one engine's listener serves loopback callers and, under fleet mode's ``[access]``,
-    LAN callers: the :class:`~nvpair.wire.facade_server.Gate` its connections
-    (:mod:`nvpair.wire.facade_server`) ask. Pinned cluster peers have their own
+    LAN callers: the :class:`~nvpair.wire.server.site.Gate` its connections
+    (:mod:`nvpair.wire.server.site`) ask. Pinned cluster peers have their own
     (:class:`nvpair.facades.peer.PeerFacade`).
 
     :param engine: the engine whose dialect this facade speaks.

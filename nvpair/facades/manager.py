@@ -28,11 +28,11 @@ from nvpair.facades.ports import (
     read_persisted_port,
     write_persisted_port,
 )
-from nvpair.wire.body_budget import BodyBudget
-from nvpair.wire.cluster import Membership
-from nvpair.wire.connbounds import ConnectionCounts
-from nvpair.wire.facade_server import FacadeSite, Gate
-from nvpair.wire.sniffing import SniffingFactory
+from nvpair.wire.server.body_budget import BodyBudget
+from nvpair.wire.server.site import FacadeSite, Gate
+from nvpair.wire.trust.cluster import Membership
+from nvpair.wire.trust.connbounds import ConnectionCounts
+from nvpair.wire.trust.sniffing import SniffingFactory
 
 
 class FacadeError(Exception):

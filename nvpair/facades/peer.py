@@ -19,9 +19,9 @@ from nvpair.engines.table import Dialect, RouteClass
 from nvpair.facades import access
 from nvpair.facades.desk import FrontDesk, client_host
 from nvpair.facades.facade import Admitted, RequestHandler
-from nvpair.wire.cluster import Membership
-from nvpair.wire.facade_server import FacadeRequest, Refusal
 from nvpair.wire.message import Fields
+from nvpair.wire.server.site import FacadeRequest, Refusal
+from nvpair.wire.trust.cluster import Membership
 
 
 def _as_peer(method: bytes, path: str, fields: Fields | None) -> RouteClass:
@@ -30,7 +30,7 @@ def _as_peer(method: bytes, path: str, fields: Fields | None) -> RouteClass:
 
 class PeerFacade:
     """What one engine's listener serves pinned peers over mutual TLS: the
-    :class:`~nvpair.wire.facade_server.Gate` their connections ask.
+    :class:`~nvpair.wire.server.site.Gate` their connections ask.
 
     :param engine: the engine whose dialect this facade speaks (its local backend serves).
     :param handler: the request path.

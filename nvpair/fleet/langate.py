@@ -32,9 +32,9 @@ from nvpair.fleet.lanpolicy import (
     loopback_caller,
 )
 from nvpair.fleet.throttle import FailedKeys
-from nvpair.wire.connbounds import source_of
-from nvpair.wire.facade_server import Refusal
 from nvpair.wire.message import Fields
+from nvpair.wire.server.site import Refusal
+from nvpair.wire.trust.connbounds import source_of
 
 if TYPE_CHECKING:
     from OpenSSL import SSL
@@ -139,7 +139,7 @@ class LanGate:
         if tls is None:
             return None
         try:
-            from nvpair.wire.lantls import lan_context
+            from nvpair.wire.trust.lantls import lan_context
 
             return lan_context(tls.cert_pem, tls.key_pem)
         except ImportError:

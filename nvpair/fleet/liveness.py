@@ -23,7 +23,7 @@ from twisted.logger import Logger
 
 from nvpair.common.durations import format_duration
 from nvpair.engines.table import ENGINES
-from nvpair.wire.bodies import discard_body
+from nvpair.wire.client.bodies import discard_body
 from nvpair.wire.message import Answer, Fields
 from nvpair.wire.web import UpstreamClient
 

@@ -13,7 +13,7 @@ from nvpair.engines.loadstate import Answer, LoadState
 from nvpair.engines.table import ENGINES
 from nvpair.fleet.file import base_url_hint
 from nvpair.fleet.loadpoll import read_load
-from nvpair.wire.fanout import ask
+from nvpair.wire.client.fanout import ask
 from nvpair.wire.message import Fields
 from nvpair.wire.web import UpstreamClient
 

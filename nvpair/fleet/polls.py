@@ -71,7 +71,8 @@ class FleetService(Service):
     :param cannot_serve: ends the process, given why: a facade of the file that cannot bind
         (docs/ports.md#bind-failures). None only logs it (a fleet built without a process).
     :param credentials: given each node URL's ``Authorization`` value, at once and at each
-        reload (the upstream client's :meth:`~nvpair.wire.upstream.Upstream.set_credentials`).
+        reload (the upstream client's
+        :meth:`~nvpair.wire.client.upstream.Upstream.set_credentials`).
     """
 
     log = Logger()

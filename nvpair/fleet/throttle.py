@@ -4,7 +4,7 @@ After :data:`FAILURES` failed keys within :data:`WINDOW` seconds an address is r
 ``too-many-auth-failures``, with ``Retry-After``) until the oldest of them is out of the
 window, whatever key it presents then: guessing a key costs a LAN machine at most ten tries a
 minute. The caller says what an address is: an IPv6 host counts by its /64, which it can rotate
-through freely (:func:`nvpair.wire.connbounds.source_of`).
+through freely (:func:`nvpair.wire.trust.connbounds.source_of`).
 
 Memory is bounded: at most ``addresses`` addresses are remembered. One still counting its
 failures may be forgotten (the one whose last failure is oldest first) to make room; a closed

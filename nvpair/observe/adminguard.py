@@ -19,10 +19,10 @@ from twisted.web.resource import IResource, Resource
 from nvpair.facades.answers import reason_phrase
 from nvpair.fleet.langate import LanGate
 from nvpair.observe.admin import QuietSite
-from nvpair.wire.connbounds import ConnectionCounts
-from nvpair.wire.facade_head import Refusal
 from nvpair.wire.message import Fields
-from nvpair.wire.sniffing import SniffingFactory
+from nvpair.wire.server.head import Refusal
+from nvpair.wire.trust.connbounds import ConnectionCounts
+from nvpair.wire.trust.sniffing import SniffingFactory
 
 #: Whether to serve a request: (peer, method, path, its head's fields, over TLS) -> its refusal
 #: or None.

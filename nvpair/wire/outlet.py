@@ -68,7 +68,7 @@ class _Transport(Protocol):
 
 class Gathering:
     """Sends gathered while an upstream read is handled: ``with GATHER:`` around the handling,
-    and only there (:meth:`nvpair.wire.upstream_conn.UpstreamConnection.dataReceived`). What
+    and only there (:meth:`nvpair.wire.client.connection.UpstreamConnection.dataReceived`). What
     any outlet sends meanwhile is held in it and leaves in one send as the block ends (see the
     module docstring).
 
@@ -98,7 +98,7 @@ class Gathering:
                 outlet.release()
 
 
-#: Entered by the upstream connection's ``dataReceived`` (nvpair.wire.upstream_conn), only.
+#: Entered by the upstream connection's ``dataReceived`` (nvpair.wire.client.connection), only.
 GATHER = Gathering()
 
 

@@ -2,9 +2,9 @@
 
 The request path answers a client through :class:`ProxiedRequest`, made of the message types
 (:mod:`nvpair.wire.message`): naming exactly what it uses lets mypy check both the real request
-(:class:`nvpair.wire.facade_request.FacadeRequest`) and the tests' stand-in against the same
-interface. The same goes for the upstream client: :class:`nvpair.wire.upstream.Upstream` and a
-scripted double are both an :class:`UpstreamClient`.
+(:class:`nvpair.wire.server.request.FacadeRequest`) and the tests' stand-in against the same
+interface. The same goes for the upstream client: :class:`nvpair.wire.client.upstream.Upstream`
+and a scripted double are both an :class:`UpstreamClient`.
 """
 
 from __future__ import annotations
@@ -79,4 +79,4 @@ class UpstreamClient(Protocol):
         resend: bool = False,
     ) -> Deferred[Answer]:
         """Send one request to one engine; fires with its answer once the head has come
-        (:meth:`nvpair.wire.upstream.Upstream.request`)."""
+        (:meth:`nvpair.wire.client.upstream.Upstream.request`)."""

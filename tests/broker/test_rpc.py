@@ -23,7 +23,7 @@ from nvpair.control.state import ControlState
 from nvpair.engines.table import LMSTUDIO, OLLAMA
 from nvpair.facades.facade import RequestHandler
 from nvpair.facades.manager import FacadeManager
-from nvpair.wire.body_budget import BodyBudget
+from nvpair.wire.server.body_budget import BodyBudget
 
 #: A port the stack's reactor refuses to bind, so bind failures (-32001) are reachable.
 TAKEN_PORT = 9999

@@ -25,8 +25,8 @@ from nvpair.dispatch import attempt
 from nvpair.dispatch.attempt import Outgoing
 from nvpair.engines.table import LLAMACPP, RouteClass
 from nvpair.facades.facade import Facade
-from nvpair.wire.facade_server import FacadeSite
 from nvpair.wire.message import Fields
+from nvpair.wire.server.site import FacadeSite
 from tests.fakes import Response
 from tests.onenode import one_node_path
 

@@ -15,7 +15,7 @@ from twisted.python.usage import UsageError
 from nvpair.facades.facade import RequestHandler
 from nvpair.facades.manager import FacadeError, FacadeManager
 from nvpair.facades.ports import parse_alias
-from nvpair.wire.body_budget import BodyBudget
+from nvpair.wire.server.body_budget import BodyBudget
 
 
 class Outbox:

@@ -49,9 +49,9 @@ from zope.interface import provider
 from nvpair.engines.table import ENGINES, OLLAMA, Engine
 from nvpair.facades.facade import Admitted, RequestHandler
 from nvpair.facades.manager import FacadeManager
-from nvpair.wire.body_budget import BodyBudget
-from nvpair.wire.facade_reader import LINGER_SECONDS
 from nvpair.wire.message import COMPLETE, Fields, ResponseHead
+from nvpair.wire.server.body_budget import BodyBudget
+from nvpair.wire.server.reader import LINGER_SECONDS
 from nvpair.wire.web import ProxiedRequest
 from tests.httpwire import WireResponse, read_stream
 

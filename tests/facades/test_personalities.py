@@ -16,9 +16,9 @@ from nvpair.engines.table import OLLAMA, RouteClass
 from nvpair.facades.access import NO_ACCESS_LOG, NO_REFUSALS, AccessLog, Finished
 from nvpair.facades.facade import FORBIDDEN, LOOPBACK_ONLY, Facade, no_prefix
 from nvpair.facades.peer import PeerFacade
-from nvpair.wire.cluster import Membership, load_membership
-from nvpair.wire.facade_server import FacadeSite, Gate
 from nvpair.wire.message import Fields
+from nvpair.wire.server.site import FacadeSite, Gate
+from nvpair.wire.trust.cluster import Membership, load_membership
 from tests.certs import NodeIdentity, make_identity, write_cluster_dir
 from tests.test_facade_http import Broken, split
 

@@ -30,7 +30,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThread
 
 from nvpair.facades.manager import FacadeManager
-from nvpair.wire.body_budget import BodyBudget
+from nvpair.wire.server.body_budget import BodyBudget
 from tests.httpwire import Malformed, WireResponse, read_stream
 from tests.integration.harness import free_port
 from tests.onenode import one_node_path

@@ -20,7 +20,7 @@ from nvpair.fleet.langate import (
     UNAUTHORIZED,
     LanGate,
 )
-from nvpair.wire.facade_head import Refusal
+from nvpair.wire.server.head import Refusal
 from tests.certs import issue, make_ca
 from tests.fleet.test_langate import AWAY, HOME, LAN, LAPTOP, LOOPBACK, headers
 

@@ -18,8 +18,8 @@ from nvpair.fleet.lanconfig import Access, Key, digest_of
 from nvpair.fleet.langate import LanGate
 from nvpair.fleet.lanpolicy import LAN_KEYLESS, caller_of
 from nvpair.observe.metrics import Metrics
-from nvpair.wire.facade_server import FacadeSite
 from nvpair.wire.message import Fields
+from nvpair.wire.server.site import FacadeSite
 from tests.test_facade_http import Broken, split
 
 LAPTOP = Key("laptop", digest_of(b"nvp_laptop"))

@@ -23,8 +23,8 @@ from nvpair.fleet.nodepoll import MAX_INVENTORY_BODY
 from nvpair.fleet.polls import FleetService
 from nvpair.fleet.scheduling import FleetScheduler
 from nvpair.sim import SimEngine
+from nvpair.wire.client.upstream import Upstream
 from nvpair.wire.message import Answer
-from nvpair.wire.upstream import Upstream
 from tests.fleet.test_fleet_poll import (
     BOUND,
     DIAL,
@@ -36,7 +36,7 @@ from tests.fleet.test_fleet_poll import (
     members,
     tags,
 )
-from tests.wire.test_bodies import FakeResponse
+from tests.wire.client.test_bodies import FakeResponse
 
 POLICY = HealthPolicy(3, 5.0, 120.0)
 

@@ -22,10 +22,10 @@ from nvpair.fleet.file import FacadeSpec, Fleet, FleetNode
 from nvpair.fleet.nodepoll import MAX_INVENTORY_BODY, POLL_GRACE
 from nvpair.fleet.polls import FleetService
 from nvpair.sim import SimEngine
+from nvpair.wire.client.upstream import Upstream
 from nvpair.wire.message import Answer, Fields
-from nvpair.wire.upstream import Upstream
 from nvpair.wire.web import UpstreamClient
-from tests.wire.test_bodies import FakeResponse, Sent, StallingUpstream, stalling_upstreams
+from tests.wire.client.test_bodies import FakeResponse, Sent, StallingUpstream, stalling_upstreams
 
 DIAL = 10.0
 INTERVAL = 5.0
@@ -369,7 +369,7 @@ async def test_real_stop_closes_a_poll_in_flight(
 @pytest_twisted.ensureDeferred
 async def test_real_polls_travel_through_the_shared_upstream_client(sim: SimEngine) -> None:
     """Polls go through the client the process shares (and shuts down with everything else)."""
-    from nvpair.wire.upstream import Upstream
+    from nvpair.wire.client.upstream import Upstream
 
     control = ControlState()
     upstream = Upstream(reactor, DIAL)

@@ -33,7 +33,7 @@ from tests.fleet.test_fleet_poll import (
     members,
     tags,
 )
-from tests.wire.test_bodies import FakeResponse
+from tests.wire.client.test_bodies import FakeResponse
 
 
 class LoadAgent(ScriptedAgent):

@@ -12,8 +12,8 @@ from nvpair.engines.caller import KEYLESS
 from nvpair.fleet.lanconfig import Access, Key, LanTls, digest_of
 from nvpair.fleet.langate import LOOPBACK_ONLY, NOT_LISTED, TLS_REQUIRED, UNAUTHORIZED, LanGate
 from nvpair.fleet.lanpolicy import LAN_KEYLESS, caller_of
-from nvpair.wire.facade_server import Refusal
 from nvpair.wire.message import Fields
+from nvpair.wire.server.site import Refusal
 from tests.certs import issue, make_ca
 
 LAN = (ipaddress.ip_network("192.168.1.0/24"),)

@@ -16,10 +16,10 @@ from nvpair.control.state import ControlState
 from nvpair.fleet.credentials import Credential, read_credential
 from nvpair.fleet.file import FleetFileError, load_fleet
 from nvpair.fleet.polls import FleetService
-from nvpair.wire.bodies import read_body
+from nvpair.wire.client.bodies import read_body
+from nvpair.wire.client.framing import request_head
+from nvpair.wire.client.upstream import Upstream
 from nvpair.wire.message import Answer, Fields
-from nvpair.wire.upstream import Upstream
-from nvpair.wire.upstream_framing import request_head
 from tests.fleet.test_fleet_poll import Facades
 from tests.rawengine import Engine, listening, reactor
 

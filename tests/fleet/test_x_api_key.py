@@ -17,8 +17,8 @@ from nvpair.fleet.adminconfig import AdminLan
 from nvpair.fleet.lanconfig import Access, Key, digest_of
 from nvpair.fleet.langate import ADMIN_UNAUTHORIZED, UNAUTHORIZED, LanGate
 from nvpair.fleet.lanpolicy import Verdict, api_key, caller_of, judge, loopback_caller, presented
+from nvpair.wire.client.framing import request_head
 from nvpair.wire.message import Fields
-from nvpair.wire.upstream_framing import request_head
 from tests.fleet.test_facade_lan import _outgoing_headers, exchange, gate, request
 from tests.fleet.test_langate import HOME, LAN, LAPTOP, LOOPBACK
 from tests.fleet.test_lanpolicy import ip

@@ -23,7 +23,7 @@ from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 
 from nvpair.fleet.lanconfig import new_key
-from nvpair.wire.connbounds import HANDSHAKES, PER_SOURCE, lan_capacity
+from nvpair.wire.trust.connbounds import HANDSHAKES, PER_SOURCE, lan_capacity
 from tests.integration.conftest import running_proxy, sims
 from tests.integration.harness import free_port, open_fds
 from tests.integration.netns import lan_namespace, more_addresses

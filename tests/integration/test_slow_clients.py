@@ -48,7 +48,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from nvpair.sim import SimEngine
-from nvpair.wire.sniffing import SNIFF_TIMEOUT
+from nvpair.wire.trust.sniffing import SNIFF_TIMEOUT
 from tests.httpwire import Malformed, WireResponse, read_stream
 from tests.integration.conftest import enabled_proxy_for, sims
 from tests.integration.harness import (

@@ -11,9 +11,9 @@ from twisted.internet.testing import MemoryReactorClock
 
 from nvpair.control.state import Node
 from nvpair.dispatch.relay import BodyRelay, WriteDeadline
+from nvpair.wire.client.upstream import Upstream
 from nvpair.wire.message import Answer, Fields
-from nvpair.wire.tls import PinnedPeers
-from nvpair.wire.upstream import Upstream
+from nvpair.wire.trust.tls import PinnedPeers
 from tests.fakes import Response, harness, node
 
 A, B = node("a", "m"), node("b", "m")

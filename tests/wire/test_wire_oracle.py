@@ -40,16 +40,16 @@ from twisted.python.failure import Failure
 from nvpair.engines.table import LLAMACPP
 from nvpair.facades.facade import Admitted, Facade, RequestHandler
 from nvpair.wire import message as wire
-from nvpair.wire.facade_channel import FacadeChannel
-from nvpair.wire.facade_head import origin_form
-from nvpair.wire.facade_reader import LINGER_SECONDS
-from nvpair.wire.facade_server import FacadeSite
-from nvpair.wire.facade_types import Phase
+from nvpair.wire.client.connection import UpstreamConnection
+from nvpair.wire.client.pool import IDLE_TIMEOUT, Pool
+from nvpair.wire.client.types import Key
 from nvpair.wire.headers import HOP_BY_HOP, end_to_end
 from nvpair.wire.message import COMPLETE, ResponseHead
-from nvpair.wire.upstream_conn import UpstreamConnection
-from nvpair.wire.upstream_pool import IDLE_TIMEOUT, Pool
-from nvpair.wire.upstream_types import Key
+from nvpair.wire.server.channel import FacadeChannel
+from nvpair.wire.server.head import origin_form
+from nvpair.wire.server.reader import LINGER_SECONDS
+from nvpair.wire.server.site import FacadeSite
+from nvpair.wire.server.types import Phase
 from nvpair.wire.web import ProxiedRequest
 from tests.httpwire import read_stream
 
