@@ -130,7 +130,7 @@ class FrontDesk:
         """An unexpected failure answers this request 500 and touches nothing else
         (docs/request-path.md#admission)."""
         self.log.failure("handling a request failed", failure, engine=self.engine.id)
-        if request.finished or request.channel is None:
+        if request.finished or not request.connected:
             return
         if not request.started:
             write_error(request, self.engine, Reason.INTERNAL)
@@ -140,8 +140,7 @@ class FrontDesk:
 
 def client_address(request: FacadeRequest) -> IAddress | None:
     """The address the request came from (over TLS, the TLS transport's underlying one)."""
-    channel = request.channel
-    return channel.peer if channel is not None and channel.transport is not None else None
+    return request.peer
 
 
 def client_host(request: FacadeRequest) -> str | None:

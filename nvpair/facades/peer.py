@@ -94,11 +94,7 @@ class PeerFacade:
         removed) carries nothing further. The connection is dropped, which the peer sees as a
         transport failure and fails over from."""
         membership = self._membership()
-        transport = request.channel.transport if request.channel is not None else None
-        # TLSMemoryBIOProtocol has getPeerCertificate (an X509 once the handshake is done) but
-        # declares no ISSLTransport.
-        peer_certificate = getattr(transport, "getPeerCertificate", None)
-        certificate = peer_certificate() if peer_certificate is not None else None
+        certificate = request.peer_certificate()
         if (
             membership is not None
             and certificate is not None

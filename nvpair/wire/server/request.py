@@ -12,13 +12,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from email.utils import formatdate
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from twisted.internet.interfaces import IAddress, ITransport
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
 from nvpair.wire.message import Ended, Fields, Flow, RequestHead, ResponseHead
+
+if TYPE_CHECKING:
+    from OpenSSL.crypto import X509
 from nvpair.wire.outlet import Outlet
 from nvpair.wire.server.body_budget import BodyBudget
 from nvpair.wire.server.head import OVERLOADED, TOO_LARGE, Refusal
@@ -175,6 +178,20 @@ class FacadeRequest:
     def connected(self) -> bool:
         """The client connection is still there."""
         return self.channel is not None
+
+    @property
+    def peer(self) -> IAddress | None:
+        """The client's address (over TLS, the TCP peer's); None once it has gone."""
+        channel = self.channel
+        return channel.peer if channel is not None and channel.transport is not None else None
+
+    def peer_certificate(self) -> X509 | None:
+        """The certificate the client presented over TLS (an X509 once the handshake is
+        done); None over plaintext, or once it has gone."""
+        channel = self.channel
+        # TLSMemoryBIOProtocol has getPeerCertificate but declares no ISSLTransport.
+        presented = getattr(channel and channel.transport, "getPeerCertificate", None)
+        return cast("X509 | None", presented()) if presented is not None else None
 
     # -- the answer --------------------------------------------------------------------------
 
