@@ -90,8 +90,8 @@ def test_metrics_cost_is_judged_on_same_round_ratios() -> None:
 
 
 def test_every_issue_target_is_judged() -> None:
-    """The table has the issues' thirty-one lines, each with a verdict even on no data."""
-    assert len(TARGETS) == 31
+    """The table has the issues' thirty-two lines, each with a verdict even on no data."""
+    assert len(TARGETS) == 32
     assert all(judge(t, {}).verdict is Verdict.NA for t in TARGETS)
 
 
@@ -159,3 +159,16 @@ def test_multiturn_judged_against_the_least_any_order_could_evaluate() -> None:
     table["mt_engine_cached"]["affinity-on"] = [50.0, 59.0]
     assert judge(counters, table).value == 3.0
     assert judge(counters, table).verdict is Verdict.MISS
+
+
+def test_issue_34s_guard_is_judged_against_the_floor_of_the_same_round() -> None:
+    """Added latency over the floor's added latency, and peak RSS over the floor's."""
+    added = next(t for t in TARGETS if "the floor's added latency" in t.name)
+    table = {"latency_p50_ms": {"nvpair": [0.6, 0.9], "floor": [0.8, 1.0], "direct": [0.4, 0.5]}}
+    # 0.2 / 0.4 = 0.5 and 0.4 / 0.5 = 0.8: the median 0.65 misses 0.6.
+    assert judge(added, table).verdict is Verdict.MISS
+    table["latency_p50_ms"]["nvpair"] = [0.5, 0.7]
+    assert judge(added, table).verdict is Verdict.PASS
+    rss = next(t for t in TARGETS if "peak RSS" in t.name)
+    assert judge(rss, {"held_rss_mb": {"nvpair": [88.0], "floor": [69.0]}}).verdict is Verdict.PASS
+    assert judge(rss, {"held_rss_mb": {"nvpair": [92.0], "floor": [69.0]}}).verdict is Verdict.MISS

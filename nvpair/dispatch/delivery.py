@@ -24,7 +24,7 @@ from nvpair.dispatch.relay import BodyEnd, WriteDeadline
 from nvpair.engines.inferstats import StatsReader
 from nvpair.engines.table import RouteClass
 from nvpair.wire.headers import framed_by_length, strip_hop_by_hop
-from nvpair.wire.message import Flow, ResponseHead
+from nvpair.wire.message import Fields, Flow, ResponseHead
 
 log = Logger(namespace="nvpair.dispatch.delivery")
 
@@ -132,6 +132,9 @@ def _answer_head(services: Services, job: Job, node: Node, head: ResponseHead) -
     answer's (nothing sets the answer's own before its commit), stripped of its hop's in place
     rather than copied value by value (docs/performance.md#headers)."""
     fields = strip_hop_by_hop(head.fields, request=False)
+    # The engine's head gives its fields up to the answer: the attempt's record of it, kept
+    # while the body streams, holds no second head (docs/performance.md#held-streams).
+    head.fields = Fields()
     if framed_by_length(job.admitted.method, head.status) and head.length is not None:
         # The client read Content-Length as the body's framing (``length``); putting it back
         # keeps the engine's framing (else the client would get chunked encoding).
