@@ -18,9 +18,11 @@ from nvpair.config import Config
 from nvpair.control.reservations import Reservations
 from nvpair.control.state import ControlState, Node
 from nvpair.dispatch.activity import NodeActivity
+from nvpair.dispatch.queueing import NO_QUEUE, FleetQueue
 from nvpair.dispatch.requestpath import SERVERS, RequestPath, Server
 from nvpair.dispatch.seams import NOT_COUNTED, NOT_RECORDED, PriorityScheduling, Scheduling
 from nvpair.dispatch.workload import Workloads
+from nvpair.engines.loadstate import UNKNOWN
 from nvpair.engines.table import FACADES, RouteClass
 from nvpair.facades.facade import Admitted
 from nvpair.fleet.health import HealthPolicy
@@ -364,13 +366,14 @@ def harness(
     metrics: Metrics | None = None,
     servers: Mapping[RouteClass, Server] = SERVERS,
     scheduling: Scheduling | None = None,
+    queue: bool = False,
     **overrides: Any,
 ) -> Harness:
     """A request path on a Clock; with ``fleet``, in standalone fleet mode with that passive
     health policy; with ``recent`` and ``metrics``, recording workloads and counting requests
     there as an admin listener's process does; ``servers`` in place of the route classes' own;
-    ``scheduling`` in place of the mode's (``overrides`` are :class:`~nvpair.config.Config`
-    fields)."""
+    ``scheduling`` in place of the mode's; with ``queue`` (and ``fleet``), fleet mode's queue
+    at its defaults (``overrides`` are :class:`~nvpair.config.Config` fields)."""
     clock = Clock()
     control = ControlState()
     upstream = ScriptedUpstream()
@@ -411,5 +414,6 @@ def harness(
         recorder=NOT_RECORDED if recent is None else recent,
         counter=NOT_COUNTED if metrics is None else metrics,
         servers=servers,
+        queue=FleetQueue(clock, lambda node: UNKNOWN) if queue else NO_QUEUE,
     )
     return Harness(clock, control, upstream, reservations, path, events, scheduler)

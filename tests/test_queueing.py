@@ -34,7 +34,7 @@ class Fleet:
     ) -> tuple[Deferred[Option | None], list[Option | None]]:
         waiter = self.queue.waiter(caller, Priority.NORMAL, ("llamacpp", "m"))
         options = [self.queue.option(node, "m", frozenset({"m"})) for node in nodes]
-        d = self.queue.take(waiter, lambda: options, until)
+        d = self.queue.take(waiter, lambda: options, until, alike=waiter)
         got: list[Option | None] = []
         d.addCallback(got.append)
         return d, got
@@ -126,7 +126,7 @@ def test_a_cold_model_waits_for_its_node_to_drain() -> None:
     cold = fleet.queue.option(A, "n", frozenset({"m", "n"}))
     assert not cold.warm
     got: list[Option | None] = []
-    fleet.queue.take(waiter, lambda: [cold], 100.0).addCallback(got.append)
+    fleet.queue.take(waiter, lambda: [cold], 100.0, alike=waiter).addCallback(got.append)
     assert got == []
     fleet.queue.release(Option(A, "m", True))
     assert got == [cold]
@@ -206,9 +206,9 @@ def test_a_box_that_swapped_is_not_sent_the_model_it_swapped_out() -> None:
     def ask(model: str) -> list[Option | None]:
         waiter = queue.waiter("x", Priority.NORMAL, ("ollama", model))
         got: list[Option | None] = []
-        queue.take(waiter, lambda: [queue.option(box, model, listed)], 100.0).addCallback(
-            got.append
-        )
+        queue.take(
+            waiter, lambda: [queue.option(box, model, listed)], 100.0, alike=waiter
+        ).addCallback(got.append)
         return got
 
     loading = ask("n")

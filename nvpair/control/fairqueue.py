@@ -208,6 +208,10 @@ class Turns:
         self._served = {c: n for c, n in self._served.items() if c in kept}
 
 
+def _itself(waiter: Waiter) -> Hashable:
+    return waiter
+
+
 def pump(
     waiting: Sequence[Waiter],
     options: Callable[[Waiter], Sequence[Option]],
@@ -215,6 +219,7 @@ def pump(
     turns: Turns,
     collate: float,
     now: float,
+    alike: Callable[[Waiter], Hashable] = _itself,
 ) -> list[tuple[Waiter, Option]]:
     """Every grant that can be made now, in the order they are made; the ledger and the turns
     account for each.
@@ -223,13 +228,39 @@ def pump(
     first startable option in fleet order — unless that option's node does not hold its model
     and another waiter (the first in turn) has a startable option there for a model it does
     hold: that one goes first, while the first has waited less than ``collate``.
+
+    :param alike: what waiters share when their options are the same places in some order (a
+        model, a caller's key, the nodes it tried): once one of them has nothing startable, none
+        has, for the rest of the pump, since each grant only takes room. A saturated fleet with
+        many waiting then asks for one ordering per kind, not one per waiter
+        (docs/fleet-scheduling.md#the-queue).
     """
     granted: list[tuple[Waiter, Option]] = []
+    # Within a pump nothing but the ledger changes, and a grant only takes room: a waiter's
+    # options are asked once, and a kind found with nothing startable stays so.
+    known: dict[Waiter, Sequence[Option]] = {}
+    stuck: set[Hashable] = set()
+
+    def options_of(waiter: Waiter) -> Sequence[Option]:
+        found = known.get(waiter)
+        if found is None:
+            found = known[waiter] = options(waiter)
+        return found
+
+    def startable(waiter: Waiter) -> Option | None:
+        kind = alike(waiter)
+        if kind in stuck:
+            return None
+        option = next((o for o in options_of(waiter) if ledger.startable(o)), None)
+        if option is None:
+            stuck.add(kind)
+        return option
+
     pending = sorted(waiting, key=turns.key)
     while pending:
         chosen: tuple[Waiter, Option] | None = None
         for waiter in pending:
-            option = next((o for o in options(waiter) if ledger.startable(o)), None)
+            option = startable(waiter)
             if option is not None:
                 chosen = (waiter, option)
                 break
@@ -237,7 +268,7 @@ def pump(
             break
         waiter, option = chosen
         if not option.warm and now - waiter.since < collate:
-            chosen = _collated(pending, waiter, option.node, options, ledger) or chosen
+            chosen = _collated(pending, waiter, option.node, options_of, ledger) or chosen
             waiter, option = chosen
         ledger.take(option)
         turns.served(waiter.caller)

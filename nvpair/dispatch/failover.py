@@ -181,13 +181,16 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
     nodes: dict[tuple[str, str], Node] = {}
 
     planned: list[Plan] = []
+    # The plan made just before a take, in the same turn: the take's first ask reads it rather
+    # than make the same order again (a fleet plan is most of a queued request's own cost).
+    fresh: list[Plan] = []
 
     def options() -> list[Option]:
         """The round's owners not yet tried, as the live snapshot has them now (the plan they
         came from is kept: the one a place was given from)."""
         nodes.clear()
         found = []
-        plan = candidates.plan(admitted)
+        plan = fresh.pop() if fresh else candidates.plan(admitted)
         planned[:] = [plan]
         for node in plan.candidates:
             key = (node.engine, node.id)
@@ -204,10 +207,7 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
             round_plan = candidates.plan(admitted)
             continue
         job.budget = job.budget.owners_back()
-        if not options():
-            if not tried:
-                round_plan = candidates.plan(admitted)
-                continue
+        if all((node.engine, node.id) in tried for node in round_plan.candidates):
             # Every owner has been tried: the round is over, as without the queue.
             if not await _round_over(services, job):
                 return
@@ -217,7 +217,15 @@ async def _serve_queued(services: Services, job: Job, outgoing: Outgoing, round_
         try:
             # max-wait bounds the time spent waiting, every wait of the request together.
             until = min(deadline, clock.seconds() + queue.options.max_wait - waiter.waited)
-            place = await queue.take(waiter, options, until)
+            # Waiters of one model, caller and tried owners have the same places to go.
+            alike = (waiter.group, waiter.caller, frozenset(tried))
+            fresh[:] = [round_plan]
+            try:
+                taking = queue.take(waiter, options, until, alike=alike)
+            finally:
+                # Read by the take's own pump, or by nobody: a later pump plans anew.
+                fresh.clear()
+            place = await taking
         except QueueFull:
             job.refuse(Reason.QUEUE_FULL, retry_after=_queue_retry(queue))
             return

@@ -45,16 +45,18 @@ class QueueFull(Exception):
 class _Entry:
     """A waiter's live part: what it is waiting with."""
 
-    __slots__ = ("deferred", "options", "since", "timer")
+    __slots__ = ("alike", "deferred", "options", "since", "timer")
 
     def __init__(
         self,
         deferred: Deferred[Option | None],
         options: Callable[[], Sequence[Option]],
+        alike: Hashable,
         since: float,
     ) -> None:
         self.deferred = deferred
         self.options = options
+        self.alike = alike
         self.since = since
         self.timer: IDelayedCall | None = None
 
@@ -122,7 +124,12 @@ class FleetQueue:
         return depths
 
     def take(
-        self, waiter: Waiter, options: Callable[[], Sequence[Option]], until: float
+        self,
+        waiter: Waiter,
+        options: Callable[[], Sequence[Option]],
+        until: float,
+        *,
+        alike: Hashable,
     ) -> Deferred[Option | None]:
         """A place for ``waiter``: at once (an already fired Deferred) when one is startable
         and the turns give it, else when one frees; None when ``until`` (clock time) comes
@@ -130,11 +137,13 @@ class FleetQueue:
 
         :param options: its owners not yet tried this round, in fleet order, asked again at
             every pump (discovery and load states change).
+        :param alike: equal for waiters whose options are the same places in some order
+            (:func:`~nvpair.control.fairqueue.pump`).
         :raises QueueFull: it would wait, and its group has ``max-depth`` waiting already (a
             request coming back after a failed attempt is never refused for it).
         """
         now = self._clock.seconds()
-        entry = _Entry(Deferred(lambda d: self._left(waiter)), options, now)
+        entry = _Entry(Deferred(lambda d: self._left(waiter)), options, alike, now)
         self._entries[waiter] = entry
         self.pump()
         if entry.deferred.called:
@@ -168,6 +177,7 @@ class FleetQueue:
             self._turns,
             self.options.collate,
             now,
+            alike=lambda waiter: entries[waiter].alike,
         )
         fired: list[tuple[_Entry, Option]] = []
         for waiter, option in granted:

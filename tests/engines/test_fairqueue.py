@@ -99,6 +99,39 @@ def test_a_node_serves_what_it_holds_before_it_swaps_for_at_most_collate() -> No
     assert [w for w, _ in granted][:1] == [first]
 
 
+def test_a_saturated_fleet_asks_one_ordering_per_kind_of_waiter() -> None:
+    """One slot frees with thirty alike waiting: the first in turn is granted it, and one more
+    is asked to learn there is nothing else, not all twenty-nine (a fleet plan each)."""
+    node = Option(("llamacpp", "a"), "m", True)
+    ledger = Ledger(lambda n: LoadState(slots=4), lambda n: None)
+    for _ in range(3):
+        ledger.take(node)
+    waiting = [Waiter(i, 0.0, "wrk", group="m") for i in range(30)]
+    asked: list[Waiter] = []
+
+    def options(waiter: Waiter) -> list[Option]:
+        asked.append(waiter)
+        return [node]
+
+    granted = pump(waiting, options, ledger, Turns(), 10.0, 1.0, alike=lambda w: w.group)
+    assert granted == [(waiting[0], node)]
+    assert asked == waiting[:2]
+
+
+def test_waiters_of_another_kind_are_still_asked() -> None:
+    """A kind with nothing startable says nothing of another (a model on another node)."""
+    full, free = Option(("llamacpp", "a"), "m", True), Option(("llamacpp", "b"), "n", True)
+    ledger = Ledger(lambda n: LoadState(slots=1), lambda n: None)
+    ledger.take(full)
+    waiting = [Waiter(0, 0.0, "x", group="m"), Waiter(1, 0.0, "x", group="m")]
+    waiting.append(Waiter(2, 0.0, "x", group="n"))
+    of = {"m": [full], "n": [free]}
+    granted = pump(
+        waiting, lambda w: of[str(w.group)], ledger, Turns(), 10.0, 1.0, alike=lambda w: w.group
+    )
+    assert granted == [(waiting[2], free)]
+
+
 # -- the property -------------------------------------------------------------------------------
 
 NODES: list[NodeId] = [("ollama", "n0"), ("ollama", "n1"), ("llamacpp", "n2")]
@@ -137,7 +170,21 @@ class World:
         # The copy reads the world's loads and parallel settings, as the real ledger does.
         shadow._load, shadow._parallel = self.load, lambda node: self.parallel[node]
         pending = list(self.waiting)
-        granted = pump(self.waiting, self.options, self.ledger, self.turns, 10.0, self.now)
+        # Each waiter judged alone: what the pump grants when it asks every waiter.
+        alone_ledger, alone_turns = copy.deepcopy(self.ledger), copy.deepcopy(self.turns)
+        alone_ledger._load, alone_ledger._parallel = self.load, lambda node: self.parallel[node]
+        alone = pump(self.waiting, self.options, alone_ledger, alone_turns, 10.0, self.now)
+        # Waiters of one model have the same options here: judged by kind, the same grants.
+        granted = pump(
+            self.waiting,
+            self.options,
+            self.ledger,
+            self.turns,
+            10.0,
+            self.now,
+            alike=lambda waiter: waiter.group,
+        )
+        assert granted == alone
         for waiter, option in granted:
             assert waiter in pending
             # Never over capacity; a load only on a node with nothing of ours in flight.
