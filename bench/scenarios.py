@@ -227,9 +227,12 @@ def held_streams(plan: Plan, results: Results, work: Path, names: Sequence[str])
         f"held streams: {plan.held_streams} opened at {plan.held_rate:.0f}/s, "
         f"{plan.held_chunks} chunks {plan.held_interval:g} s apart"
     )
+    # A place for every stream on each node: held streams measure the proxies, not an engine's
+    # queue (the simulated engines have had llama.cpp's four slots since issue 30).
+    places = plan.held_streams
     with (
-        node(tokens=tokens, interval=plan.held_interval) as a,
-        node(tokens=tokens, interval=plan.held_interval) as b,
+        node(tokens=tokens, interval=plan.held_interval, parallel=places) as a,
+        node(tokens=tokens, interval=plan.held_interval, parallel=places) as b,
     ):
         for r in range(plan.rounds):
             for name in names:
