@@ -198,7 +198,7 @@ class Attempts:
             answer (its status and body unchanged) instead of failing.
         :param cancelled: whether the request itself (the parent scope) was cancelled. A
             failure is classified by reading it, never by the exception's type: a cancelled
-            dial fails with ``ConnectingCancelledError`` or ``ResponseNeverReceived``, which
+            dial fails with ``ConnectingCancelledError`` or ``NoAnswer``, which
             would otherwise pass for a transport error and keep a gone requester's loop going.
         """
         state = AttemptState(node)
