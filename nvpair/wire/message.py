@@ -55,7 +55,8 @@ def canonical(name: bytes | str) -> bytes:
     found = CANONICAL.get(name)
     if found is not None:
         return found
-    data = name.encode("latin-1") if isinstance(name, str) else name
+    # A token is ASCII: text that is not even Latin-1 is no token either.
+    data = name.encode("latin-1", "replace") if isinstance(name, str) else name
     if _TOKEN.fullmatch(data) is None:
         raise InvalidName(f"invalid field name {data!r}")
     lowered = data.lower()
